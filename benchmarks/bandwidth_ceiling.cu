@@ -1,0 +1,31 @@
+// The memory-bandwidth ceiling every other kvsift target is a fraction of: a device-to-device copy
+// (bytes read + bytes written) and a streaming read (16-byte loads over a buffer far beyond L2).
+#include <benchmark/benchmark.h>
+
+#include "support/bench_support.cuh"
+
+namespace {
+
+void BM_DeviceCopy(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(state.range(0)) << 20;
+  kvsift_bench::DeviceArray<float> src(bytes / 4), dst(bytes / 4);
+  kvsift_bench::fill_uniform(src.get(), src.n, -1.f, 1.f, 1);
+  kvsift_bench::time_gpu(state, 2.0 * bytes, [&](cudaStream_t s) {
+    KVSIFT_BENCH_CUDA(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, s));
+  });
+}
+
+void BM_StreamingRead(benchmark::State& state) {
+  const std::size_t bytes = std::size_t(state.range(0)) << 20;
+  kvsift_bench::DeviceArray<float> src(bytes / 4), sink(1);
+  kvsift_bench::fill_uniform(src.get(), src.n, -1.f, 1.f, 2);
+  kvsift_bench::time_gpu(state, double(bytes), [&](cudaStream_t s) {
+    kvsift_bench::launch_stream_read(src.get(), bytes, sink.get(), s);
+  });
+}
+
+}  // namespace
+
+// Sizes in MiB: 64 MiB is near the L2 (60 MB), 1-4 GiB are pure HBM.
+BENCHMARK(BM_DeviceCopy)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StreamingRead)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);

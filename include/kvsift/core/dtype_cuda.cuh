@@ -1,0 +1,35 @@
+#pragma once
+// dtype_traits for CUDA's own 16-bit types, so views and kernels can be instantiated over an engine's
+// __half / __nv_bfloat16 buffers directly. They share the conversions of kvsift's storage types.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kvsift/core/dtype.hpp"
+
+namespace kvsift {
+
+static_assert(sizeof(__half) == sizeof(half_t) && alignof(__half) == alignof(half_t),
+              "kvsift::half_t must be layout-compatible with __half");
+static_assert(sizeof(__nv_bfloat16) == sizeof(bfloat16_t) && alignof(__nv_bfloat16) == alignof(bfloat16_t),
+              "kvsift::bfloat16_t must be layout-compatible with __nv_bfloat16");
+
+template <>
+struct dtype_traits<__half> {
+  using accum_type = float;
+  static constexpr DType dtype = DType::kFloat16;
+  static constexpr const char* name = "float16";
+  KVSIFT_HD static float to_float(__half x) { return __half2float(x); }
+  KVSIFT_HD static __half from_float(float x) { return __float2half_rn(x); }
+};
+
+template <>
+struct dtype_traits<__nv_bfloat16> {
+  using accum_type = float;
+  static constexpr DType dtype = DType::kBFloat16;
+  static constexpr const char* name = "bfloat16";
+  KVSIFT_HD static float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+  KVSIFT_HD static __nv_bfloat16 from_float(float x) { return __float2bfloat16_rn(x); }
+};
+
+}  // namespace kvsift

@@ -1,0 +1,87 @@
+#pragma once
+// IndexSet: selected positions, one row per (batch, kv_head) or whatever the producer's rows are.
+//
+// Row r holds counts[r] int32 entries at indices + r * row_stride, in ascending order unless the
+// producer documents otherwise. Entries are token positions (Granularity::kToken) or block numbers
+// (kBlock; block j covers tokens [j * block_size, (j + 1) * block_size)). Consumers skip entries
+// outside the sequence, so a stale or padded row never reads out of bounds. The same type feeds
+// gather attention, cache compaction and the LycheeDecode handoff between layers.
+
+#include <cstdint>
+
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
+
+namespace kvsift {
+
+enum class Granularity : int { kToken, kBlock };
+
+inline const char* to_string(Granularity g) { return g == Granularity::kToken ? "token" : "block"; }
+
+template <class Index = std::int32_t>
+struct IndexSetT {
+  Index* indices = nullptr;           // [rows, row_stride]
+  Index* counts = nullptr;            // [rows]
+  int rows = 0;
+  int capacity = 0;                   // entries a row can hold
+  std::int64_t row_stride = 0;        // in entries; >= capacity
+  Granularity granularity = Granularity::kToken;
+  int block_size = 1;                 // tokens per entry; 1 for token granularity
+
+  KVSIFT_HD Index* row(int r) const { return indices + r * row_stride; }
+  // Entries in row r, clamped to [0, capacity].
+  KVSIFT_HD int count(int r) const {
+    const int n = counts[r];
+    return n < 0 ? 0 : (n > capacity ? capacity : n);
+  }
+
+  Status validate(const char* name = "index_set") const {
+    KVSIFT_REQUIRE(rows >= 0, kInvalidArgument, name, ".rows = ", rows, " must be >= 0");
+    KVSIFT_REQUIRE(capacity >= 0, kInvalidArgument, name, ".capacity = ", capacity, " must be >= 0");
+    KVSIFT_REQUIRE(row_stride >= capacity, kInvalidArgument, name, ".row_stride = ", row_stride,
+                   " must be >= capacity = ", capacity);
+    if (granularity == Granularity::kToken) {
+      KVSIFT_REQUIRE(block_size == 1, kInvalidArgument, name, ".block_size = ", block_size,
+                     " must be 1 for token granularity");
+    } else {
+      KVSIFT_REQUIRE(granularity == Granularity::kBlock, kInvalidArgument, name, ".granularity = ",
+                     static_cast<int>(granularity), " is not token or block");
+      KVSIFT_REQUIRE(block_size > 0 && (block_size & (block_size - 1)) == 0, kInvalidArgument, name,
+                     ".block_size = ", block_size, " must be a power of two");
+    }
+    if (rows == 0) return Status();
+    KVSIFT_REQUIRE(capacity == 0 || indices != nullptr, kNullPointer, name, ".indices is null");
+    KVSIFT_REQUIRE_NOT_NULL(counts, (std::string(name) + ".counts").c_str());
+    return Status();
+  }
+};
+
+using IndexSet = IndexSetT<std::int32_t>;
+using ConstIndexSet = IndexSetT<const std::int32_t>;
+
+inline IndexSet make_index_set(std::int32_t* indices, std::int32_t* counts, int rows, int capacity,
+                               Granularity granularity = Granularity::kToken, int block_size = 1) {
+  IndexSet s;
+  s.indices = indices;
+  s.counts = counts;
+  s.rows = rows;
+  s.capacity = capacity;
+  s.row_stride = capacity;
+  s.granularity = granularity;
+  s.block_size = granularity == Granularity::kToken ? 1 : block_size;
+  return s;
+}
+
+inline ConstIndexSet as_const(const IndexSet& s) {
+  ConstIndexSet c;
+  c.indices = s.indices;
+  c.counts = s.counts;
+  c.rows = s.rows;
+  c.capacity = s.capacity;
+  c.row_stride = s.row_stride;
+  c.granularity = s.granularity;
+  c.block_size = s.block_size;
+  return c;
+}
+
+}  // namespace kvsift

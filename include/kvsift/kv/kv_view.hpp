@@ -1,0 +1,100 @@
+#pragma once
+// The KV-view concept: what a kernel needs from an engine's KV cache.
+//
+// A view is a small trivially-copyable struct passed to kernels by value. For batch index b, KV head h
+// and token t < length(b), it yields pointers to the head_dim contiguous elements of that token's K
+// and V rows. That is all: kernels never assume how rows are arranged, so ContiguousKV, PagedKV and
+// any engine-specific layout run through the same kernels. Required members:
+//
+//   using value_type = T;                       // float, half_t, bfloat16_t, __half or __nv_bfloat16
+//   int batch, num_kv_heads, head_dim;          // data members
+//   KVSIFT_HD T* k_row(int b, int h, int t) const;
+//   KVSIFT_HD T* v_row(int b, int h, int t) const;
+//   KVSIFT_HD int length(int b) const;          // tokens of sequence b; never beyond what is addressable
+//   Status validate() const;                    // host-side parameter check
+//
+// check_kv_view<View>() turns a mismatch into one readable static_assert instead of a template error
+// deep inside a kernel. docs/integration.md walks through writing a view for a custom layout.
+
+#include <type_traits>
+#include <utility>
+
+#include "kvsift/core/dtype.hpp"
+#include "kvsift/core/status.hpp"
+
+namespace kvsift {
+namespace detail {
+
+template <class V, class = void>
+struct has_value_type : std::false_type {};
+template <class V>
+struct has_value_type<V, std::void_t<typename V::value_type>> : std::true_type {};
+
+template <class V, class = void>
+struct has_shape_members : std::false_type {};
+template <class V>
+struct has_shape_members<V, std::void_t<decltype(int(std::declval<const V&>().batch)),
+                                        decltype(int(std::declval<const V&>().num_kv_heads)),
+                                        decltype(int(std::declval<const V&>().head_dim))>> : std::true_type {};
+
+template <class V, class = void>
+struct has_k_row : std::false_type {};
+template <class V>
+struct has_k_row<V, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const V&>().k_row(0, 0, 0)),
+                                                           const typename V::value_type*>>> : std::true_type {};
+
+template <class V, class = void>
+struct has_v_row : std::false_type {};
+template <class V>
+struct has_v_row<V, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const V&>().v_row(0, 0, 0)),
+                                                           const typename V::value_type*>>> : std::true_type {};
+
+template <class V, class = void>
+struct has_length : std::false_type {};
+template <class V>
+struct has_length<V, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const V&>().length(0)), int>>>
+    : std::true_type {};
+
+template <class V, class = void>
+struct has_validate : std::false_type {};
+template <class V>
+struct has_validate<V, std::enable_if_t<std::is_same_v<decltype(std::declval<const V&>().validate()), Status>>>
+    : std::true_type {};
+
+template <class V, bool HasValueType = has_value_type<V>::value>
+struct value_type_supported : std::false_type {};
+template <class V>
+struct value_type_supported<V, true> : is_supported_dtype<std::remove_const_t<typename V::value_type>> {};
+
+}  // namespace detail
+
+template <class V>
+inline constexpr bool is_kv_view_v = detail::has_value_type<V>::value && detail::has_shape_members<V>::value &&
+                                     detail::has_k_row<V>::value && detail::has_v_row<V>::value &&
+                                     detail::has_length<V>::value && detail::has_validate<V>::value &&
+                                     std::is_trivially_copyable_v<V>;
+
+// Call at the top of every op templated on a view. Each assert names the member that is missing.
+template <class V>
+constexpr bool check_kv_view() {
+  static_assert(detail::has_value_type<V>::value,
+                "kvsift KV view: missing `using value_type = T;` (the element type of K and V)");
+  static_assert(detail::value_type_supported<V>::value,
+                "kvsift KV view: value_type must be float, kvsift::half_t, kvsift::bfloat16_t, __half or "
+                "__nv_bfloat16 (optionally const)");
+  static_assert(detail::has_shape_members<V>::value,
+                "kvsift KV view: missing int members `batch`, `num_kv_heads` and `head_dim`");
+  static_assert(detail::has_k_row<V>::value,
+                "kvsift KV view: missing `KVSIFT_HD value_type* k_row(int batch, int kv_head, int token) const`");
+  static_assert(detail::has_v_row<V>::value,
+                "kvsift KV view: missing `KVSIFT_HD value_type* v_row(int batch, int kv_head, int token) const`");
+  static_assert(detail::has_length<V>::value,
+                "kvsift KV view: missing `KVSIFT_HD int length(int batch) const` (clamped to what is addressable)");
+  static_assert(detail::has_validate<V>::value, "kvsift KV view: missing `kvsift::Status validate() const`");
+  static_assert(std::is_trivially_copyable_v<V>,
+                "kvsift KV view: the view is passed to kernels by value and must be trivially copyable "
+                "(no std::vector, no virtual functions, no user-defined copy)");
+  return true;
+}
+
+}  // namespace kvsift

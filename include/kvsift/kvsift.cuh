@@ -1,0 +1,10 @@
+#pragma once
+// kvsift umbrella for CUDA translation units: the host-only API plus the CUDA backend (kvsift::cuda).
+
+#include "kvsift/kvsift.hpp"
+
+#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/dtype_cuda.cuh"
+#include "kvsift/core/reduce.cuh"
+#include "kvsift/ops/copy_kv_to_dense.cuh"

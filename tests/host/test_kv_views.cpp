@@ -1,0 +1,190 @@
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "kvsift/kvsift.hpp"
+#include "support/kv_fixtures.hpp"
+
+using kvsift::PageLayout;
+using kvsift_test::ContiguousFixture;
+using kvsift_test::ContiguousLayout;
+using kvsift_test::KVShape;
+using kvsift_test::PagedFixture;
+
+namespace {
+KVShape random_shape(std::mt19937_64& rng) {
+  return KVShape{kvsift_test::uniform_int(rng, 1, 3), kvsift_test::uniform_int(rng, 1, 4),
+                 kvsift_test::uniform_int(rng, 1, 70), kvsift_test::uniform_int(rng, 1, 9)};
+}
+
+// Every live element read through the view's k_row/v_row equals the fixture's encoding.
+template <class View>
+void check_every_row(const View& kv, const KVShape& s) {
+  for (int b = 0; b < kv.batch; ++b)
+    for (int h = 0; h < kv.num_kv_heads; ++h)
+      for (int t = 0; t < kv.length(b); ++t)
+        for (int i = 0; i < kv.head_dim; ++i) {
+          REQUIRE(kv.k_row(b, h, t)[i] == kvsift_test::encode(s, b, h, t, i));
+          REQUIRE(kv.v_row(b, h, t)[i] == -kvsift_test::encode(s, b, h, t, i));
+        }
+}
+}  // namespace
+
+TEST_CASE("ContiguousKV address math matches brute force for BHSD, BSHD and padded strides") {
+  auto rng = kvsift_test::make_rng(10);
+  for (int trial = 0; trial < 30; ++trial) {
+    for (auto layout : {ContiguousLayout::kBHSD, ContiguousLayout::kBSHD, ContiguousLayout::kPadded}) {
+      const KVShape s = random_shape(rng);
+      ContiguousFixture f(rng, s, layout);
+      const auto kv = f.view(f.k.data(), f.v.data(), f.lengths.data());
+      REQUIRE(kv.validate().ok());
+      check_every_row(kv, s);
+    }
+  }
+}
+
+TEST_CASE("make_bhsd and make_bshd produce the documented strides") {
+  float k = 0, v = 0;
+  std::int32_t len = 0;
+  const auto a = kvsift::make_bhsd(&k, &v, 2, 3, 5, 7, &len);
+  CHECK(a.k_row(1, 2, 3) - &k == ((1 * 3 + 2) * 5 + 3) * 7);
+  const auto b = kvsift::make_bshd(&k, &v, 2, 3, 5, 7, &len);
+  CHECK(b.v_row(1, 2, 3) - &v == ((1 * 5 + 3) * 3 + 2) * 7);
+}
+
+TEST_CASE("PagedKV address math matches brute force for random page permutations") {
+  auto rng = kvsift_test::make_rng(11);
+  for (int trial = 0; trial < 30; ++trial)
+    for (auto layout : {PageLayout::kNHD, PageLayout::kHND})
+      for (int page_size : {1, 3, 16, 64}) {
+        const KVShape s = random_shape(rng);
+        PagedFixture f(rng, s, page_size, layout, trial % 2 ? kvsift_test::uniform_int(rng, 1, 9) : 0);
+        const auto kv = f.view(f.k.data(), f.v.data(), f.block_table.data(), f.lengths.data());
+        REQUIRE(kv.validate().ok());
+        REQUIRE(kv.validate_block_table_host().ok());
+        check_every_row(kv, f.shape);
+      }
+}
+
+TEST_CASE("lengths are clamped to what a view can address") {
+  std::vector<float> k(2 * 4 * 3), v(k.size());
+  std::vector<std::int32_t> len = {-5, 99};
+  const auto kv = kvsift::make_bhsd(k.data(), v.data(), 2, 1, 4, 3, len.data());
+  CHECK(kv.length(0) == 0);
+  CHECK(kv.length(1) == 4);
+  std::vector<std::int32_t> table = {0, 1};
+  const auto paged = kvsift::make_paged(k.data(), v.data(), table.data(), 2, 1, 2, 1, 4, 3, PageLayout::kNHD, len.data());
+  CHECK(paged.length(1) == 4);
+}
+
+TEST_CASE("copy_kv_to_dense on the host reads through both views") {
+  auto rng = kvsift_test::make_rng(12);
+  const KVShape s{3, 2, 40, 8};
+  PagedFixture f(rng, s, 16, PageLayout::kHND);
+  const auto kv = f.view(f.k.data(), f.v.data(), f.block_table.data(), f.lengths.data());
+  const int max_tokens = 37;  // shorter than the capacity: rows beyond it are not written
+  std::vector<float> k_out(std::size_t(s.batch) * s.heads * max_tokens * s.head_dim, 7.f), v_out(k_out);
+  REQUIRE(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, max_tokens, k_out.data(), v_out.data()).ok());
+  CHECK(k_out == kvsift_test::expected_dense(f.shape, f.lengths, max_tokens, 1.f, 7.f));
+  CHECK(v_out == kvsift_test::expected_dense(f.shape, f.lengths, max_tokens, -1.f, 7.f));
+}
+
+TEST_CASE("ContiguousKV validation names the bad parameter and value") {
+  std::vector<float> k(64), v(64);
+  std::int32_t len = 4;
+  const auto good = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 4, 8, &len);
+  REQUIRE(good.validate().ok());
+  auto expect = [](kvsift::ContiguousKV<float> kv, kvsift::StatusCode code, const std::string& msg) {
+    const auto st = kv.validate();
+    CHECK(st.code() == code);
+    CHECK(st.message() == msg);
+  };
+  auto bad = good; bad.num_kv_heads = 0;
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.num_kv_heads = 0 must be > 0");
+  bad = good; bad.head_dim = -1;
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.head_dim = -1 must be > 0");
+  bad = good; bad.k = nullptr;
+  expect(bad, kvsift::StatusCode::kNullPointer, "kv.k is null");
+  bad = good; bad.lengths = nullptr;
+  expect(bad, kvsift::StatusCode::kNullPointer, "kv.lengths is null");
+  bad = good; bad.v_token_stride = 4;
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.v_token_stride = 4 must be >= head_dim = 8");
+  bad = good; bad.k_batch_stride = -1;
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.k_batch_stride = -1 must be >= 0");
+  bad = good; bad.batch = 0; bad.k = nullptr;  // an empty batch needs no memory
+  CHECK(bad.validate().ok());
+}
+
+TEST_CASE("PagedKV validation names the bad parameter and checks block tables on the host") {
+  std::vector<float> k(4 * 16 * 2 * 8), v(k.size());
+  std::vector<std::int32_t> table = {3, 1, 0, 2}, len = {32, 20};
+  const auto good = kvsift::make_paged(k.data(), v.data(), table.data(), 2, 2, 4, 2, 16, 8, PageLayout::kNHD, len.data());
+  REQUIRE(good.validate().ok());
+  REQUIRE(good.validate_block_table_host().ok());
+  auto bad = good; bad.page_size = 0;
+  CHECK(bad.validate().message() == "kv.page_size = 0 must be > 0");
+  bad = good; bad.block_table_stride = 1;
+  CHECK(bad.validate().message() == "kv.block_table_stride = 1 must be >= max_pages = 2");
+  bad = good; bad.page_stride = 10;
+  CHECK(bad.validate().message() == "kv.page_stride = 10 must be >= page_size * num_kv_heads * head_dim = 256");
+  bad = good; bad.block_table = nullptr;
+  CHECK(bad.validate().code() == kvsift::StatusCode::kNullPointer);
+  bad = good; bad.layout = static_cast<PageLayout>(7);
+  CHECK(bad.validate().message() == "kv.layout = 7 is not NHD or HND");
+  table[3] = 4;  // page id outside the pool of 4
+  CHECK(good.validate_block_table_host().message() == "kv.block_table[1][1] = 4 is outside the page pool [0, 4)");
+  len[1] = 16;  // the bad entry is now beyond the sequence and never read
+  CHECK(good.validate_block_table_host().ok());
+}
+
+namespace {
+// A custom engine layout: K and V of one sequence interleaved per token ([t][k|v][heads][dim]).
+struct InterleavedKV {
+  using value_type = float;
+  float* base;
+  int batch, num_kv_heads, head_dim, capacity;
+  const std::int32_t* lengths;
+  KVSIFT_HD float* k_row(int b, int h, int t) const {
+    return base + ((std::int64_t(b) * capacity + t) * 2 * num_kv_heads + h) * head_dim;
+  }
+  KVSIFT_HD float* v_row(int b, int h, int t) const { return k_row(b, h, t) + std::int64_t(num_kv_heads) * head_dim; }
+  KVSIFT_HD int length(int b) const { return lengths[b] < capacity ? lengths[b] : capacity; }
+  kvsift::Status validate() const { return kvsift::Status(); }
+};
+struct NotAView {
+  using value_type = float;
+  int batch, num_kv_heads, head_dim;
+};
+}  // namespace
+
+TEST_CASE("the view concept accepts shipped and custom views and rejects incomplete ones") {
+  static_assert(kvsift::is_kv_view_v<kvsift::ContiguousKV<float>>);
+  static_assert(kvsift::is_kv_view_v<kvsift::ContiguousKV<const kvsift::bfloat16_t>>);
+  static_assert(kvsift::is_kv_view_v<kvsift::PagedKV<kvsift::half_t>>);
+  static_assert(kvsift::is_kv_view_v<InterleavedKV>);
+  static_assert(kvsift::check_kv_view<InterleavedKV>());
+  static_assert(!kvsift::is_kv_view_v<NotAView>);
+  static_assert(!kvsift::is_kv_view_v<int>);
+
+  // The custom view runs through an op unchanged.
+  const int B = 2, H = 2, S = 5, D = 3;
+  std::vector<float> base(std::size_t(B) * S * 2 * H * D);
+  for (std::size_t i = 0; i < base.size(); ++i) base[i] = float(i + 1);
+  std::vector<std::int32_t> len = {5, 3};
+  InterleavedKV kv{base.data(), B, H, D, S, len.data()};
+  std::vector<float> k_out(std::size_t(B) * H * S * D, 0.f), v_out(k_out);
+  REQUIRE(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, S, k_out.data(), v_out.data()).ok());
+  CHECK(k_out[((1 * H + 1) * S + 2) * D + 1] == base[((1 * S + 2) * 2 * H + 1) * D + 1]);
+  CHECK(v_out[((1 * H + 1) * S + 2) * D + 1] == base[((1 * S + 2) * 2 * H + H + 1) * D + 1]);
+  CHECK(k_out[((1 * H + 0) * S + 4) * D + 0] == 0.f);  // beyond length 3: untouched
+}
+
+TEST_CASE("copy_kv_to_dense rejects bad arguments with a Status") {
+  std::vector<float> k(64), v(64), out(64);
+  std::int32_t len = 4;
+  const auto kv = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 4, 8, &len);
+  CHECK(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, -1, out.data(), out.data()).message() ==
+        "max_tokens = -1 must be >= 0");
+  CHECK(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, 4, nullptr, out.data()).message() == "k_out is null");
+}
