@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# One call on a GPU machine checks everything: builds the GPU preset, runs all tests (GPU ones must
+# pass, not skip), runs compute-sanitizer memcheck and racecheck over every GPU test binary, and
+# runs the benchmarks. Logs go to $LOG_DIR (default build/gpu-check-logs; $OUT when that is set).
+#
+#   scripts/gpu-check.sh                      everything
+#   SKIP_BENCH=1 scripts/gpu-check.sh         no benchmarks
+#   SKIP_SANITIZER=1 scripts/gpu-check.sh     no compute-sanitizer
+#   ONLY=topk scripts/gpu-check.sh            only GPU tests / benchmarks whose name contains "topk"
+#   BENCH_ARGS="--benchmark_min_time=0.2" scripts/gpu-check.sh
+#   SANITIZER_TIMEOUT=300                     seconds per sanitizer run (default 600)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+LOG_DIR=${LOG_DIR:-${OUT:-build/gpu-check-logs}}
+mkdir -p "$LOG_DIR"
+ONLY=${ONLY:-}
+status=0
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$LOG_DIR/gpu.txt"
+
+cmake --preset gpu >"$LOG_DIR/configure.log" 2>&1 || { tail -30 "$LOG_DIR/configure.log"; exit 1; }
+if ! cmake --build --preset gpu --parallel "$(nproc)" >"$LOG_DIR/build.log" 2>&1; then
+  grep -E "error|Error" "$LOG_DIR/build.log" | head -40; exit 1
+fi
+note "build: ok"
+
+# Every GPU test must run (a skip on a GPU machine is a failure here) and pass.
+ctest_args=(--test-dir build/gpu --output-on-failure --parallel 4)
+[ -n "$ONLY" ] && ctest_args+=(-R "$ONLY")
+ctest "${ctest_args[@]}" -LE consumer >"$LOG_DIR/ctest.log" 2>&1; rc=$?
+grep -E "tests passed|Skipped|Failed|\*\*\*" "$LOG_DIR/ctest.log"
+if [ $rc -ne 0 ] || grep -q "Skipped" "$LOG_DIR/ctest.log"; then status=1; note "tests: FAILED or skipped (see ctest.log)"; else note "tests: all passed"; fi
+
+gpu_tests=$(ls build/gpu/tests/test_*_gpu 2>/dev/null | grep -- "${ONLY}" || true)
+if [ -z "${SKIP_SANITIZER:-}" ]; then
+  for t in $gpu_tests; do
+    for tool in memcheck racecheck; do
+      log="$LOG_DIR/sanitizer-$(basename "$t")-$tool.log"
+      timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$t" >"$log" 2>&1; rc=$?
+      line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
+      if [ $rc -ne 0 ]; then status=1; note "$tool $(basename "$t"): FAILED rc=$rc ${line}"; else note "$tool $(basename "$t"): ${line:-clean}"; fi
+    done
+  done
+fi
+
+if [ -z "${SKIP_BENCH:-}" ]; then
+  for b in $(ls build/gpu/benchmarks/bench_* 2>/dev/null | grep -- "${ONLY}"); do
+    name=$(basename "$b")
+    "$b" --benchmark_counters_tabular=true ${BENCH_ARGS:-} --benchmark_out="$LOG_DIR/$name.json" \
+      --benchmark_out_format=json >"$LOG_DIR/$name.txt" 2>&1 || { status=1; note "$name: FAILED"; }
+    cat "$LOG_DIR/$name.txt"
+  done
+fi
+
+echo; echo "==== gpu-check summary"; printf '%s\n' "${summary[@]}"
+exit $status
