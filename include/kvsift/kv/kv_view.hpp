@@ -13,6 +13,9 @@
 //   KVSIFT_HD int length(int b) const;          // tokens of sequence b; never beyond what is addressable
 //   Status validate() const;                    // host-side parameter check
 //
+// Optional: `int capacity` or `int capacity() const`, the tokens a sequence can hold; ops that write
+// through a view (cache compaction) check their output size against it.
+//
 // check_kv_view<View>() turns a mismatch into one readable static_assert instead of a template error
 // deep inside a kernel. docs/integration.md walks through writing a view for a custom layout.
 
@@ -61,6 +64,17 @@ template <class V>
 struct has_validate<V, std::enable_if_t<std::is_same_v<decltype(std::declval<const V&>().validate()), Status>>>
     : std::true_type {};
 
+template <class V, class = void>
+struct has_capacity_function : std::false_type {};
+template <class V>
+struct has_capacity_function<V, std::void_t<decltype(int(std::declval<const V&>().capacity()))>> : std::true_type {};
+
+template <class V, class = void>
+struct has_capacity_member : std::false_type {};
+template <class V>
+struct has_capacity_member<V, std::enable_if_t<std::is_member_object_pointer_v<decltype(&V::capacity)>>>
+    : std::true_type {};
+
 template <class V, bool HasValueType = has_value_type<V>::value>
 struct value_type_supported : std::false_type {};
 template <class V>
@@ -73,6 +87,20 @@ inline constexpr bool is_kv_view_v = detail::has_value_type<V>::value && detail:
                                      detail::has_k_row<V>::value && detail::has_v_row<V>::value &&
                                      detail::has_length<V>::value && detail::has_validate<V>::value &&
                                      std::is_trivially_copyable_v<V>;
+
+// Tokens a view can hold per sequence, when it says (an optional member: `int capacity` or
+// `int capacity() const`); -1 when it does not, and ops that write through a view then trust the caller.
+template <class V>
+int kv_capacity(const V& kv) {
+  if constexpr (detail::has_capacity_function<V>::value) {
+    return kv.capacity();
+  } else if constexpr (detail::has_capacity_member<V>::value) {
+    return kv.capacity;
+  } else {
+    (void)kv;
+    return -1;
+  }
+}
 
 // Call at the top of every op templated on a view. Each assert names the member that is missing.
 template <class V>

@@ -1,0 +1,166 @@
+#pragma once
+// cluster_flags: ClusterAttn's density clustering (DBAC) of per-token scores into contiguous clusters.
+//
+// For each row p[0, n) (n = row_lengths[r]):
+//   1. block max-pool: blocks of `block` tokens (the tail block may be shorter); for block k its
+//      maximum M[k] and the lowest position A[k] holding it;
+//   2. density threshold: block k is a cluster centre when M[k] > theta; the centre is at A[k];
+//   3. neighbourhood: token j is flagged when it lies within the radius of a centre;
+// and writes flags[r][j] = 1 for flagged tokens, 0 for the others. The shared top-k then ranks
+// flagged tokens ahead of all others (FlagFirstKey), which is exactly "keep the clusters; if they
+// overflow the budget keep their best tokens; if they underflow, fill from the gaps by score".
+//
+// The paper leaves two relations open (specs: ClusterAttn open questions Q1/Q2); both are switchable:
+//   BlockRule::kPrefixSplit (A, default)  block = ceil(n / num_block)
+//   BlockRule::kBudgetSplit (B)           block = max(1, floor(budget / num_block))
+//   RadiusRule::kHalfBlock (r1, default)  tokens within floor(block / 2) of a centre
+//   RadiusRule::kBudgetBlocks (r2)        whole blocks within R = floor(ceil(budget / block) / (2 * centres))
+//                                         blocks of a centre's block
+//   RadiusRule::kFixed (r3)               tokens within `fixed_radius` of a centre
+// With no centre the flags are all 0 and the selection degenerates to plain top-k of the scores.
+
+#include <cstdint>
+#include <vector>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/strided_view.hpp"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/ops/score_pooling.hpp"
+
+namespace kvsift {
+
+enum class BlockRule : int { kPrefixSplit, kBudgetSplit };
+enum class RadiusRule : int { kHalfBlock, kBudgetBlocks, kFixed };
+
+struct ClusterParams {
+  int num_block = 128;   // cluster granularity; calibrate per dataset (calibrate_num_block)
+  float theta = 2e-3f;   // density threshold on the block maximum (strict >)
+  int budget = 0;        // K: prefix tokens the selection will keep (Cp - W)
+  BlockRule block_rule = BlockRule::kPrefixSplit;
+  RadiusRule radius_rule = RadiusRule::kHalfBlock;
+  int fixed_radius = 0;  // tokens, for RadiusRule::kFixed
+};
+
+namespace detail {
+
+KVSIFT_HD inline int cluster_block_size(const ClusterParams& p, int n) {
+  if (p.block_rule == BlockRule::kPrefixSplit) {
+    const int b = (n + p.num_block - 1) / p.num_block;
+    return b < 1 ? 1 : b;
+  }
+  const int b = p.budget / p.num_block;
+  return b < 1 ? 1 : b;
+}
+
+// Radius in tokens (kHalfBlock, kFixed) or in blocks (kBudgetBlocks, which needs the centre count).
+KVSIFT_HD inline int cluster_radius(const ClusterParams& p, int block, int centres) {
+  switch (p.radius_rule) {
+    case RadiusRule::kHalfBlock: return block / 2;
+    case RadiusRule::kFixed: return p.fixed_radius;
+    case RadiusRule::kBudgetBlocks: {
+      if (centres == 0) return 0;
+      const int blocks_in_budget = (p.budget + block - 1) / block;
+      return blocks_in_budget / (2 * centres);
+    }
+  }
+  return 0;
+}
+
+// Block k of a row: max and the lowest position of it (-1 when the block is empty or all NaN).
+KVSIFT_HD inline int block_argmax(const float* row, int n, int block, int k, float* max_out) {
+  const int lo = k * block, hi = lo + block < n ? lo + block : n;
+  int arg = -1;
+  float m = -INFINITY;
+  for (int t = lo; t < hi; ++t)
+    if (row[t] > m || (arg < 0 && row[t] == m)) {
+      m = row[t];
+      arg = t;
+    }
+  *max_out = m;
+  return arg;
+}
+
+// Is token j flagged, given each block's centre (-1 = none)? Looks only at blocks that can reach j.
+KVSIFT_HD inline bool near_centre(const std::int32_t* centre_of_block, int num_blocks, int block, int j,
+                                  const ClusterParams& p, int radius) {
+  if (p.radius_rule == RadiusRule::kBudgetBlocks) {
+    const int kb = j / block;
+    const int lo = kb - radius < 0 ? 0 : kb - radius;
+    const int hi = kb + radius >= num_blocks ? num_blocks - 1 : kb + radius;
+    for (int k = lo; k <= hi; ++k)
+      if (centre_of_block[k] >= 0) return true;
+    return false;
+  }
+  const int lo_tok = j - radius < 0 ? 0 : j - radius;
+  const int lo = lo_tok / block, hi_raw = (j + radius) / block;
+  const int hi = hi_raw >= num_blocks ? num_blocks - 1 : hi_raw;
+  for (int k = lo; k <= hi; ++k) {
+    const int c = centre_of_block[k];
+    if (c >= 0 && (c - j <= radius && j - c <= radius)) return true;
+  }
+  return false;
+}
+
+inline Status validate_cluster_flags(const StridedView2D<const float>& scores, const ClusterParams& p,
+                                     const StridedView2D<std::uint8_t>& flags) {
+  KVSIFT_REQUIRE(p.num_block >= 1, kInvalidArgument, "num_block = ", p.num_block, " must be >= 1");
+  KVSIFT_REQUIRE(p.theta >= 0.f, kInvalidArgument, "theta = ", p.theta, " must be >= 0");
+  KVSIFT_REQUIRE(p.budget >= 0, kInvalidArgument, "budget = ", p.budget, " must be >= 0");
+  KVSIFT_REQUIRE(p.block_rule == BlockRule::kPrefixSplit || p.block_rule == BlockRule::kBudgetSplit,
+                 kInvalidArgument, "block_rule = ", static_cast<int>(p.block_rule), " is not a BlockRule");
+  KVSIFT_REQUIRE(p.radius_rule == RadiusRule::kHalfBlock || p.radius_rule == RadiusRule::kBudgetBlocks ||
+                     p.radius_rule == RadiusRule::kFixed,
+                 kInvalidArgument, "radius_rule = ", static_cast<int>(p.radius_rule), " is not a RadiusRule");
+  KVSIFT_REQUIRE(p.fixed_radius >= 0, kInvalidArgument, "fixed_radius = ", p.fixed_radius, " must be >= 0");
+  KVSIFT_TRY(scores.validate("scores"));
+  KVSIFT_TRY(flags.validate("flags"));
+  KVSIFT_REQUIRE(flags.rows >= scores.rows && flags.cols >= scores.cols, kInvalidArgument, "flags = ", flags.rows,
+                 " x ", flags.cols, " must be at least scores = ", scores.rows, " x ", scores.cols);
+  return Status();
+}
+
+}  // namespace detail
+
+// Scratch: the centre of every block of every row (int32 [rows, cols]) and the centre count per row.
+inline std::size_t cluster_flags_workspace_bytes(std::int64_t rows, std::int64_t cols) {
+  WorkspaceCarver ws(nullptr, 0);
+  ws.take<std::int32_t>(std::size_t(rows * cols));
+  ws.take<std::int32_t>(std::size_t(rows));
+  return ws.required_bytes();
+}
+
+namespace host {
+
+// The workspace arguments mirror the CUDA signature; the host needs none.
+inline Status cluster_flags(Exec, StridedView2D<const float> scores, const std::int32_t* row_lengths,
+                            const ClusterParams& params, StridedView2D<std::uint8_t> flags, void* workspace = nullptr,
+                            std::size_t workspace_bytes = 0) {
+  (void)workspace;
+  (void)workspace_bytes;
+  KVSIFT_TRY(detail::validate_cluster_flags(scores, params, flags));
+  std::vector<std::int32_t> centre;
+  for (std::int64_t r = 0; r < scores.rows; ++r) {
+    const int n = detail::clamp_row_length(row_lengths, r, scores.cols);
+    if (n == 0) continue;
+    const int block = detail::cluster_block_size(params, n);
+    const int num_blocks = (n + block - 1) / block;
+    centre.assign(num_blocks, -1);
+    int centres = 0;
+    for (int k = 0; k < num_blocks; ++k) {
+      float m;
+      const int arg = detail::block_argmax(scores.row(r), n, block, k, &m);
+      if (arg >= 0 && m > params.theta) {
+        centre[k] = arg;
+        ++centres;
+      }
+    }
+    const int radius = detail::cluster_radius(params, block, centres);
+    for (int j = 0; j < n; ++j)
+      flags(r, j) = detail::near_centre(centre.data(), num_blocks, block, j, params, radius) ? 1 : 0;
+  }
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

@@ -1,0 +1,111 @@
+#pragma once
+// compact_kv: write the kept part of a prompt's KV cache into a destination view.
+//
+// Stage 3 of prompt-cache compression. For destination row r = b * H_dst + h (H_dst = dst.num_kv_heads)
+// the kept prefix positions kept.row(r)[0, n) (ascending, n = kept.count(r)) go to destination slots
+// [0, n), then the last w = min(window, L) prompt tokens [L - w, L) to slots [n, n + w), where
+// L = src.length(b). Source head = h / (H_dst / H_src), so a destination with one head per query head
+// (the SnapKV reference layout) is filled from the shared KV head.
+//
+// Outputs: new_lengths[b] = n + w (same for every head of a sequence when the selection gave every
+// head the same count, as the compression policies do; the op writes the count of head 0), and
+// optionally positions[r * positions_stride + s], the original position of slot s. Keys are stored
+// post-RoPE, so nothing is re-rotated: decode continues at position L + t, not at new_length + t.
+//
+// Aliasing: the destination must not overlap the source rows still to be read. Compaction into fresh
+// pages (or a fresh tensor) is always safe; in-place compaction into the same storage is not supported
+// by the CUDA backend (slots are written in parallel).
+// Entries of `kept` outside [0, L - w) are skipped (their slots are not written) rather than read out
+// of bounds; the policies never produce them.
+
+#include <cstdint>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/kv/index_set.hpp"
+#include "kvsift/kv/kv_view.hpp"
+
+namespace kvsift {
+
+struct CompactOutputs {
+  std::int32_t* new_lengths = nullptr;   // [batch], required
+  std::int32_t* positions = nullptr;     // [dst rows, positions_stride], optional
+  std::int64_t positions_stride = 0;     // >= slots written per row (kept capacity + window)
+};
+
+namespace detail {
+
+template <class Src, class Dst>
+Status validate_compact_kv(const Src& src, const ConstIndexSet& kept, int window, const Dst& dst,
+                           const CompactOutputs& out) {
+  KVSIFT_TRY(src.validate());
+  KVSIFT_TRY(dst.validate());
+  KVSIFT_TRY(kept.validate("kept"));
+  KVSIFT_REQUIRE(window >= 0, kInvalidArgument, "window = ", window, " must be >= 0");
+  KVSIFT_REQUIRE(dst.batch == src.batch, kInvalidArgument, "dst.batch = ", dst.batch, " must equal src.batch = ",
+                 src.batch);
+  KVSIFT_REQUIRE(dst.head_dim == src.head_dim, kInvalidArgument, "dst.head_dim = ", dst.head_dim,
+                 " must equal src.head_dim = ", src.head_dim);
+  KVSIFT_REQUIRE(dst.num_kv_heads % src.num_kv_heads == 0, kInvalidArgument, "dst.num_kv_heads = ",
+                 dst.num_kv_heads, " must be a multiple of src.num_kv_heads = ", src.num_kv_heads);
+  KVSIFT_REQUIRE(kept.granularity == Granularity::kToken, kInvalidArgument, "kept.granularity must be token");
+  KVSIFT_REQUIRE(kept.rows >= dst.batch * dst.num_kv_heads, kInvalidArgument, "kept.rows = ", kept.rows,
+                 " must be >= dst.batch * dst.num_kv_heads = ", dst.batch * dst.num_kv_heads);
+  const int needed = kept.capacity + window;
+  const int cap = kv_capacity(dst);
+  KVSIFT_REQUIRE(cap < 0 || cap >= needed, kInsufficientSpace, "dst capacity = ", cap,
+                 " is smaller than kept.capacity + window = ", needed);
+  KVSIFT_REQUIRE(dst.batch == 0 || out.new_lengths != nullptr, kNullPointer, "new_lengths is null");
+  KVSIFT_REQUIRE(out.positions == nullptr || out.positions_stride >= needed, kInvalidArgument,
+                 "positions_stride = ", out.positions_stride, " must be >= kept.capacity + window = ", needed);
+  return Status();
+}
+
+// Source position of destination slot s of row r, or -1 when the slot stays empty.
+KVSIFT_HD inline int compact_source_position(const ConstIndexSet& kept, int r, int s, int len, int window) {
+  const int w = window < len ? window : len;
+  const int n = kept.count(r);
+  if (s < n) {
+    const int p = kept.row(r)[s];
+    return (p >= 0 && p < len - w) ? p : -1;
+  }
+  return s < n + w ? len - w + (s - n) : -1;
+}
+
+}  // namespace detail
+
+namespace host {
+
+template <class Src, class Dst>
+Status compact_kv(Exec, const Src& src, ConstIndexSet kept, int window, const Dst& dst, CompactOutputs out) {
+  static_assert(check_kv_view<Src>());
+  static_assert(check_kv_view<Dst>());
+  KVSIFT_TRY(detail::validate_compact_kv(src, kept, window, dst, out));
+  const int group = dst.num_kv_heads / src.num_kv_heads;
+  const int slots = kept.capacity + window;
+  for (int b = 0; b < dst.batch; ++b) {
+    const int len = src.length(b);
+    for (int h = 0; h < dst.num_kv_heads; ++h) {
+      const int r = b * dst.num_kv_heads + h;
+      for (int s = 0; s < slots; ++s) {
+        const int p = detail::compact_source_position(kept, r, s, len, window);
+        if (out.positions) out.positions[r * out.positions_stride + s] = p;
+        if (p < 0) continue;
+        const auto* ks = src.k_row(b, h / group, p);
+        const auto* vs = src.v_row(b, h / group, p);
+        auto* kd = dst.k_row(b, h, s);
+        auto* vd = dst.v_row(b, h, s);
+        for (int e = 0; e < src.head_dim; ++e) {
+          kd[e] = ks[e];
+          vd[e] = vs[e];
+        }
+      }
+    }
+    const int w = window < len ? window : len;
+    out.new_lengths[b] = kept.count(b * dst.num_kv_heads) + w;
+  }
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

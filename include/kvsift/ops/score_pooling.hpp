@@ -1,0 +1,77 @@
+#pragma once
+// pool_scores: SnapKV's smoothing of per-token scores before top-k, so neighbours of a strong token
+// are kept with it. A 1-D pool along each row with an odd kernel, stride 1 and "same" padding of
+// kernel / 2 on both sides, exactly as torch's avg_pool1d / max_pool1d with padding = kernel // 2:
+//
+//   kAvg:  out[j] = (sum of in[t], t in [j - p, j + p] and inside the row) / kernel   (pads count as 0)
+//   kMax:  out[j] = max of in[t], t in [j - p, j + p] and inside the row             (pads are -inf)
+//
+// Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
+
+#include <cstdint>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/strided_view.hpp"
+
+namespace kvsift {
+
+enum class PoolKind : int { kAvg, kMax };
+
+struct PoolParams {
+  PoolKind kind = PoolKind::kMax;
+  int kernel = 7;  // odd, >= 1; 1 is the identity
+};
+
+namespace detail {
+
+KVSIFT_HD inline int clamp_row_length(const std::int32_t* row_lengths, std::int64_t r, std::int64_t cols) {
+  const int n = row_lengths ? row_lengths[r] : int(cols);
+  return n < 0 ? 0 : (n > cols ? int(cols) : n);
+}
+
+KVSIFT_HD inline float pool_at(const float* row, int n, int j, PoolParams p) {
+  const int half = p.kernel / 2;
+  const int lo = j - half < 0 ? 0 : j - half;
+  const int hi = j + half >= n ? n - 1 : j + half;
+  if (p.kind == PoolKind::kMax) {
+    float m = -INFINITY;
+    for (int t = lo; t <= hi; ++t) m = row[t] > m ? row[t] : m;
+    return m;
+  }
+  float s = 0.f;
+  for (int t = lo; t <= hi; ++t) s += row[t];
+  return s / float(p.kernel);
+}
+
+inline Status validate_pool_scores(const StridedView2D<const float>& in, const PoolParams& p,
+                                   const StridedView2D<float>& out) {
+  KVSIFT_REQUIRE(p.kernel >= 1 && p.kernel % 2 == 1, kInvalidArgument, "pool.kernel = ", p.kernel,
+                 " must be odd and >= 1");
+  KVSIFT_REQUIRE(p.kind == PoolKind::kAvg || p.kind == PoolKind::kMax, kInvalidArgument, "pool.kind = ",
+                 static_cast<int>(p.kind), " is not kAvg or kMax");
+  KVSIFT_TRY(in.validate("scores"));
+  KVSIFT_TRY(out.validate("pooled"));
+  KVSIFT_REQUIRE(out.rows >= in.rows && out.cols >= in.cols, kInvalidArgument, "pooled = ", out.rows, " x ",
+                 out.cols, " must be at least scores = ", in.rows, " x ", in.cols);
+  KVSIFT_REQUIRE(in.data != out.data || in.rows == 0, kInvalidArgument,
+                 "pooled must not alias scores (each output reads its neighbours)");
+  return Status();
+}
+
+}  // namespace detail
+
+namespace host {
+
+inline Status pool_scores(Exec, StridedView2D<const float> in, const std::int32_t* row_lengths, PoolParams params,
+                          StridedView2D<float> out) {
+  KVSIFT_TRY(detail::validate_pool_scores(in, params, out));
+  for (std::int64_t r = 0; r < in.rows; ++r) {
+    const int n = detail::clamp_row_length(row_lengths, r, in.cols);
+    for (int j = 0; j < n; ++j) out(r, j) = detail::pool_at(in.row(r), n, j, params);
+  }
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

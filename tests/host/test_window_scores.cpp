@@ -1,0 +1,141 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kvsift/ops/window_scores.hpp"
+#include "support/prompt_fixtures.hpp"
+
+using namespace kvsift;
+
+namespace {
+// Brute force: the full masked attention matrix of the scored queries, softmax per row, column sums.
+std::vector<double> brute_column_sums(kvsift_test::Prompt& p, int b, int hq, int nq, int window) {
+  const int L = p.lengths[b], d = p.head_dim, G = p.q_heads / p.kv_heads;
+  const double scale = 1.0 / std::sqrt(double(d));
+  std::vector<std::vector<double>> A(nq, std::vector<double>(L, 0.0));
+  for (int i = 0; i < nq; ++i) {
+    const int pos = L - nq + i;
+    double m = -INFINITY;
+    for (int j = 0; j < L; ++j) {
+      if (j > pos) { A[i][j] = -INFINITY; continue; }
+      double s = 0;
+      for (int e = 0; e < d; ++e)
+        s += double(p.q[((std::size_t(b) * p.q_rows + i) * p.q_heads + hq) * d + e]) *
+             double(p.k[((std::size_t(b) * p.kv_heads + hq / G) * p.capacity + j) * d + e]);
+      A[i][j] = s * scale;
+      m = std::max(m, A[i][j]);
+    }
+    double z = 0;
+    for (int j = 0; j < L; ++j) z += std::exp(A[i][j] - m);
+    for (int j = 0; j < L; ++j) A[i][j] = std::exp(A[i][j] - m) / z;
+  }
+  std::vector<double> col(std::max(0, L - window), 0.0);
+  for (int j = 0; j < L - window; ++j)
+    for (int i = 0; i < nq; ++i) col[j] += A[i][j];
+  return col;
+}
+}  // namespace
+
+TEST_CASE("window_scores equals the column sums of the materialised softmax") {
+  auto rng = kvsift_test::make_rng(40);
+  for (int trial = 0; trial < 6; ++trial) {
+    const int group = trial % 2 ? 4 : 1, W = kvsift_test::uniform_int(rng, 1, 9);
+    kvsift_test::Prompt p(rng, 2, 2, group, kvsift_test::uniform_int(rng, W + 1, 60), 16, W);
+    auto kv = p.view();
+    for (auto mode : {ScoreHeads::kKvHeadMean, ScoreHeads::kQueryHead}) {
+      const int heads = mode == ScoreHeads::kKvHeadMean ? p.kv_heads : p.q_heads;
+      std::vector<float> out(std::size_t(p.batch) * heads * p.capacity, -7.f);
+      WindowScoreParams params;
+      params.window = W;
+      params.num_queries = W;
+      params.heads = mode;
+      REQUIRE(host::window_scores(host::Exec{}, kv, p.queries(), params,
+                                  make_strided_view(out.data(), p.batch * heads, p.capacity)).ok());
+      for (int b = 0; b < p.batch; ++b)
+        for (int h = 0; h < heads; ++h) {
+          std::vector<double> expect(std::max(0, p.lengths[b] - W), 0.0);
+          const int first = mode == ScoreHeads::kKvHeadMean ? h * group : h;
+          const int n = mode == ScoreHeads::kKvHeadMean ? group : 1;
+          for (int g = 0; g < n; ++g) {
+            auto c = brute_column_sums(p, b, first + g, std::min(W, p.lengths[b]), W);
+            for (std::size_t j = 0; j < c.size(); ++j) expect[j] += c[j] / n;
+          }
+          const float* row = out.data() + (std::size_t(b) * heads + h) * p.capacity;
+          for (std::size_t j = 0; j < expect.size(); ++j) REQUIRE(row[j] == doctest::Approx(expect[j]).epsilon(1e-5));
+          for (int j = int(expect.size()); j < p.capacity; ++j) REQUIRE(row[j] == -7.f);  // untouched
+        }
+    }
+  }
+}
+
+TEST_CASE("window_scores: a supplied log-sum-exp gives the same sums; all-query mode is H2O's") {
+  auto rng = kvsift_test::make_rng(41);
+  const int W = 5;
+  kvsift_test::Prompt p(rng, 1, 2, 2, 40, 8, 40);  // q rows for every position (H2O), window uses the last W
+  auto kv = p.view();
+  // Window queries are the last W rows of the all-position Q tensor.
+  QueryRows<float> window_q = p.queries();
+  window_q.data += std::size_t(40 - W) * p.q_heads * p.head_dim;
+  window_q.capacity = W;
+  std::vector<float> lse(std::size_t(p.q_heads) * W);
+  for (int h = 0; h < p.q_heads; ++h)
+    for (int i = 0; i < W; ++i) {
+      const int pos = 40 - W + i;
+      double m = -INFINITY, s = 0;
+      std::vector<double> l(pos + 1);
+      for (int j = 0; j <= pos; ++j) {
+        double dot = 0;
+        for (int e = 0; e < 8; ++e) dot += double(window_q.row(0, i, h)[e]) * double(kv.k_row(0, h / 2, j)[e]);
+        l[j] = dot / std::sqrt(8.0);
+        m = std::max(m, l[j]);
+      }
+      for (double x : l) s += std::exp(x - m);
+      lse[h * W + i] = float(m + std::log(s));
+    }
+  std::vector<float> a(2 * 40), b(2 * 40), h2o(2 * 40);
+  WindowScoreParams params;
+  params.window = W;
+  params.num_queries = W;
+  REQUIRE(host::window_scores(host::Exec{}, kv, window_q, params, make_strided_view(a.data(), 2, 40)).ok());
+  params.lse = lse.data();
+  REQUIRE(host::window_scores(host::Exec{}, kv, window_q, params, make_strided_view(b.data(), 2, 40)).ok());
+  for (int j = 0; j < 2 * 40; ++j) CHECK(b[j] == doctest::Approx(a[j]).epsilon(1e-5));
+
+  params.lse = nullptr;
+  params.num_queries = kAllQueries;
+  REQUIRE(host::window_scores(host::Exec{}, kv, p.queries(), params, make_strided_view(h2o.data(), 2, 40)).ok());
+  for (int h = 0; h < 2; ++h) {
+    std::vector<double> e(35, 0.0);
+    for (int g = 0; g < 2; ++g) {
+      auto c = brute_column_sums(p, 0, h * 2 + g, 40, W);
+      for (int j = 0; j < 35; ++j) e[j] += c[j] / 2;
+    }
+    for (int j = 0; j < 35; ++j) CHECK(h2o[h * 40 + j] == doctest::Approx(e[j]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("window_scores rejects bad parameters with a named Status") {
+  auto rng = kvsift_test::make_rng(42);
+  kvsift_test::Prompt p(rng, 1, 2, 3, 20, 8, 4);
+  auto kv = p.view();
+  std::vector<float> out(2 * 20);
+  WindowScoreParams params;
+  params.window = 4;
+  params.num_queries = 4;
+  auto run = [&](WindowScoreParams pp, QueryRows<float> q) {
+    return host::window_scores(host::Exec{}, kv, q, pp, make_strided_view(out.data(), 2, 20));
+  };
+  auto bad = params;
+  bad.window = -1;
+  CHECK(run(bad, p.queries()).message() == "window = -1 must be >= 0");
+  bad = params;
+  bad.num_queries = 9;
+  CHECK(run(bad, p.queries()).message() == "num_queries = 9 exceeds q.capacity = 4");
+  auto q = p.queries();
+  q.num_heads = 5;
+  CHECK(run(params, q).message() == "q.num_heads = 5 must be a positive multiple of kv.num_kv_heads = 2");
+  q = p.queries();
+  q.data = nullptr;
+  CHECK(run(params, q).code() == StatusCode::kNullPointer);
+}
