@@ -8,3 +8,4 @@
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/ops/copy_kv_to_dense.cuh"
+#include "kvsift/ops/topk.cuh"

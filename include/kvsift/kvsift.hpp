@@ -15,3 +15,4 @@
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
+#include "kvsift/ops/topk.hpp"

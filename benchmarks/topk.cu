@@ -1,0 +1,62 @@
+// cuda::topk on fp32 scores: per-head token selection (rows = batch x KV heads, n = context length,
+// k = budget) and the block case (n = 2048 block scores, k = 64). Bytes counted: the scores read once
+// plus the positions and counts written, so `of_ceiling` is the fraction of the one-pass read floor.
+// The torch.topk baseline for the same shapes is benchmarks/torch_topk.py.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "kvsift/ops/topk.cuh"
+#include "support/bench_support.cuh"
+
+namespace {
+
+void BM_TopK(benchmark::State& state) {
+  const int rows = int(state.range(0));
+  const int n = int(state.range(1));
+  const int k = int(state.range(2));
+  kvsift::TopKParams params;
+  params.k = k;
+  params.sink = int(state.range(3));
+  params.recent = int(state.range(4));
+
+  kvsift_bench::DeviceArray<float> scores(std::size_t(rows) * n);
+  kvsift_bench::DeviceArray<std::int32_t> indices(std::size_t(rows) * k), counts(rows), lengths(rows);
+  kvsift_bench::fill_uniform(scores.get(), scores.n, -1.f, 1.f, 0x70c0u + rows + n);
+  const std::vector<std::int32_t> full(std::size_t(rows), n);  // lengths live on the device, as in decoding
+  KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
+  params.lengths = lengths.get();
+
+  const auto view = kvsift::make_strided_view<const float>(scores.get(), rows, n);
+  const auto out = kvsift::make_index_set(indices.get(), counts.get(), rows, k);
+  const kvsift::Status st = kvsift::cuda::topk(kvsift::cuda::Exec{}, view, params, out);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  const double bytes = double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0;
+  kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t s) {
+    (void)kvsift::cuda::topk(kvsift::cuda::on_stream(s), view, params, out);
+  });
+}
+
+void token_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {8, 32, 64, 256})
+    for (int n : {32768, 131072})
+      for (int k : {1024, 2048, 4096}) b->Args({rows, n, k, 0, 0});
+}
+
+void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {8, 64, 256}) b->Args({rows, 2048, 64, 0, 0});  // block scores, 64 blocks kept
+  b->Args({32, 131072, 4096, 128, 256});                          // LycheeDecode token mode
+}
+
+}  // namespace
+
+BENCHMARK(BM_TopK)
+    ->Apply(token_shapes)
+    ->Apply(block_and_forced_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);

@@ -1,0 +1,316 @@
+#pragma once
+// The per-row radix select behind cuda::topk (contract in ops/topk.hpp, design in docs/ops/topk.md).
+//
+// One row is handled by one thread-block cluster of `cluster_size` CTAs (1 for short rows). CTA c of
+// the cluster owns the slice [c * slice, (c + 1) * slice) of the row. The row is read from global
+// memory once: each CTA turns its slice into order keys, keeps them in shared memory and histograms
+// the top digit on the way. Each radix pass then sums the CTAs' histograms through distributed shared
+// memory (DSMEM), finds the digit holding the budget-th key, and narrows the prefix; later passes and
+// the output compaction read only shared memory. A slice too large for shared memory is re-read from
+// global memory (L2) on every pass instead: slower, same result.
+//
+// Output is written in position order with no sort: every warp owns a contiguous run of the slice, so
+// warp and CTA prefix counts of "key > kth" and "key == kth" give each selected position its offset,
+// and the equal keys taken are the lowest-positioned ones (the tie rule).
+
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+#include <cstdint>
+
+#include "kvsift/ops/topk.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kTopkThreads = 512;
+inline constexpr int kTopkWarps = kTopkThreads / 32;
+inline constexpr int kTopkDigitBits = 11;
+inline constexpr int kTopkBins = 1 << kTopkDigitBits;
+inline constexpr int kTopkBinsPerThread = kTopkBins / kTopkThreads;  // 4: one int4 per thread
+inline constexpr int kTopkMaxCluster = 8;                            // portable cluster size
+inline constexpr int kTopkLoadUnroll = 8;                            // 16-byte loads in flight per thread
+static_assert(kTopkBinsPerThread == 4, "the digit search reads one int4 of bins per thread");
+
+template <class T, class Key>
+struct TopkKernelArgs {
+  const T* scores;
+  std::int64_t score_stride;  // elements
+  int cols;
+  TopKParams params;
+  std::int32_t* out_indices;
+  std::int32_t* out_counts;
+  std::int64_t out_stride;
+  int capacity;
+  T* values;  // optional, out_stride apart
+  Key key;
+  int cluster_size;  // CTAs per row
+  int slice;         // positions per CTA, a multiple of 8
+  bool cached;       // the slice's keys fit the dynamic shared memory
+  bool vector_loads; // every row starts 16-byte aligned
+};
+
+// The cluster view the kernel needs. Clusters exist from sm_90; a cluster of one CTA degenerates to
+// block barriers and local pointers, which is all older GPUs are launched with.
+struct TopkCluster {
+  int size;
+  __device__ __forceinline__ void sync() const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (size > 1) {
+      cooperative_groups::this_cluster().sync();
+      return;
+    }
+#endif
+    __syncthreads();
+  }
+  template <class P>
+  __device__ __forceinline__ P* peer(P* local, int rank) const {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (size > 1) return cooperative_groups::this_cluster().map_shared_rank(local, rank);
+#endif
+    (void)rank;
+    return local;
+  }
+};
+
+// Adds one digit per lane to a shared histogram. A warp whose valid lanes share one digit (ties, equal
+// leading bits, later passes) makes one atomic instead of 32 serialized ones.
+__device__ __forceinline__ void histogram_add(int* hist, bool valid, int digit) {
+  const unsigned lanes = __ballot_sync(0xffffffffu, valid);
+  if (lanes == 0u) return;
+  const int lo = int(__reduce_min_sync(0xffffffffu, valid ? unsigned(digit) : 0xffffffffu));
+  const int hi = int(__reduce_max_sync(0xffffffffu, valid ? unsigned(digit) : 0u));
+  const int lane = threadIdx.x % 32;
+  if (lo == hi) {
+    if (lane == __ffs(lanes) - 1) atomicAdd(hist + lo, __popc(lanes));
+  } else if (valid) {
+    atomicAdd(hist + digit, 1);
+  }
+}
+
+// Calls visit(valid, position, key) for the positions [lo, hi) of a row read from global memory, with
+// warp-uniform trip counts (visit may use warp collectives). With vector loads, kTopkLoadUnroll
+// 16-byte loads are issued per thread before any is used, which keeps enough bytes in flight to
+// stream the row at HBM speed.
+template <class T, class Key, class Visit>
+__device__ __forceinline__ void for_each_global_key(const TopkKernelArgs<T, Key>& a, const T* row_scores,
+                                                    std::int64_t row, int lo, int hi, Visit&& visit) {
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  int scalar_from = lo;
+  if (a.vector_loads) {
+    const int first_vector = lo / kPerVector;
+    const int end_vector = hi / kPerVector;  // vectors wholly below hi
+    const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
+    for (int base = first_vector; base < end_vector; base += kTopkThreads * kTopkLoadUnroll) {
+      uint4 loaded[kTopkLoadUnroll];
+#pragma unroll
+      for (int u = 0; u < kTopkLoadUnroll; ++u) {
+        const int v = base + u * kTopkThreads + int(threadIdx.x);
+        loaded[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kTopkLoadUnroll; ++u) {
+        const int v = base + u * kTopkThreads + int(threadIdx.x);
+        const T* elems = reinterpret_cast<const T*>(&loaded[u]);
+#pragma unroll
+        for (int e = 0; e < kPerVector; ++e) {
+          const int pos = v * kPerVector + e;
+          const bool valid = v < end_vector && pos >= lo;
+          visit(valid, pos, valid ? a.key(elems[e], row, pos) : typename Key::key_type(0));
+        }
+      }
+    }
+    scalar_from = end_vector * kPerVector > lo ? end_vector * kPerVector : lo;
+  }
+  for (int base = scalar_from; base < hi; base += kTopkThreads) {
+    const int pos = base + int(threadIdx.x);
+    const bool valid = pos < hi;
+    visit(valid, pos, valid ? a.key(row_scores[pos], row, pos) : typename Key::key_type(0));
+  }
+}
+
+template <class T, class Key>
+__global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(TopkKernelArgs<T, Key> a) {
+  using K = typename Key::key_type;
+  using BlockScan = cub::BlockScan<int, kTopkThreads>;
+  extern __shared__ __align__(16) unsigned char topk_dynamic_smem[];
+  K* cache = reinterpret_cast<K*>(topk_dynamic_smem);
+  __shared__ __align__(16) int hist[2][kTopkBins];  // ping-pong: peers may still read the last pass's
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int found_digit, found_above;
+  __shared__ int warp_gt[kTopkWarps], warp_eq[kTopkWarps];
+  __shared__ int cta_gt, cta_eq;            // read by peers through DSMEM
+  __shared__ int out_base, eq_still_needed; // this CTA's first output offset; equal keys left to take
+
+  const TopkCluster cluster{a.cluster_size};
+  const int rank = int(blockIdx.x) % a.cluster_size;
+  const std::int64_t row = blockIdx.x / a.cluster_size;
+  const int tid = int(threadIdx.x);
+  const T* row_scores = a.scores + row * a.score_stride;
+  std::int32_t* row_out = a.out_indices + row * a.out_stride;
+  T* row_values = a.values ? a.values + row * a.out_stride : nullptr;
+
+  const int len = a.params.lengths ? a.params.lengths[row] : a.cols;
+  const int k = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
+  const TopKRowPlan plan = plan_topk_row(a.cols, len, k, a.capacity, a.params.sink, a.params.recent);
+
+  auto emit = [&](int offset, int position) {
+    row_out[offset] = position;
+    if (row_values) row_values[offset] = row_scores[position];
+  };
+
+  // Forced ranges, spread over the whole cluster.
+  const int forced = plan.forced();
+  for (int f = rank * kTopkThreads + tid; f < forced; f += a.cluster_size * kTopkThreads) {
+    if (f < plan.sink_end) emit(f, f);
+    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
+  }
+  if (rank == 0 && tid == 0) a.out_counts[row] = plan.count();
+
+  // This CTA's part of the scored region.
+  const int slice_lo = rank * a.slice;
+  const int lo = slice_lo > plan.sink_end ? slice_lo : plan.sink_end;
+  const int slice_hi = slice_lo + a.slice;
+  const int hi_raw = slice_hi < plan.recent_begin ? slice_hi : plan.recent_begin;
+  const int hi = hi_raw > lo ? hi_raw : lo;
+
+  if (plan.budget == 0) return;  // the same decision in every CTA of the cluster: no barrier is skipped
+  if (plan.budget == plan.region()) {
+    for (int i = lo + tid; i < hi; i += kTopkThreads) emit(i, i);  // take the whole region, in place
+    return;
+  }
+
+  // ---- radix select: find kth (the budget-th largest key) and how many keys equal to it to take ----
+  constexpr int kPasses = (Key::kBits + kTopkDigitBits - 1) / kTopkDigitBits;
+  K prefix = 0;  // the known top bits of kth, i.e. kth >> prev_shift
+  int prev_shift = Key::kBits;
+  int need = plan.budget;
+#pragma unroll 1
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = Key::kBits - kTopkDigitBits * (pass + 1) > 0 ? Key::kBits - kTopkDigitBits * (pass + 1) : 0;
+    const K digit_mask = (K(1) << (prev_shift - shift)) - 1;
+    int* h = hist[pass & 1];
+    for (int b = tid; b < kTopkBins; b += kTopkThreads) h[b] = 0;
+    __syncthreads();
+
+    auto count = [&](bool valid, int /*pos*/, K key) {
+      const bool match = valid && (pass == 0 || (key >> prev_shift) == prefix);
+      histogram_add(h, match, int((key >> shift) & digit_mask));
+    };
+    if (pass == 0 && a.cached) {
+      for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key) {
+        if (valid) cache[pos - slice_lo] = key;
+        count(valid, pos, key);
+      });
+    } else if (a.cached) {
+      for (int base = lo; base < hi; base += kTopkThreads) {
+        const int pos = base + tid;
+        const bool valid = pos < hi;
+        count(valid, pos, valid ? cache[pos - slice_lo] : K(0));
+      }
+    } else {
+      for_each_global_key(a, row_scores, row, lo, hi, count);
+    }
+    cluster.sync();
+
+    // Sum the cluster's histograms. Thread t owns bins [4q, 4q + 4) with q = last - t, so an exclusive
+    // scan in thread order counts the keys in higher digits.
+    const int q = kTopkThreads - 1 - tid;
+    int4 bins = make_int4(0, 0, 0, 0);
+    for (int r = 0; r < a.cluster_size; ++r) {
+      const int4 v = cluster.peer(reinterpret_cast<int4*>(h), r)[q];
+      bins.x += v.x;
+      bins.y += v.y;
+      bins.z += v.z;
+      bins.w += v.w;
+    }
+    int above = 0;
+    BlockScan(scan_storage).ExclusiveSum(bins.x + bins.y + bins.z + bins.w, above);
+    const int counts[4] = {bins.w, bins.z, bins.y, bins.x};  // descending digits 4q+3 .. 4q
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (above < need && above + counts[j] >= need) {
+        found_digit = 4 * q + 3 - j;
+        found_above = above;
+      }
+      above += counts[j];
+    }
+    __syncthreads();
+    prefix = (prefix << (prev_shift - shift)) | K(found_digit);
+    need -= found_above;
+    prev_shift = shift;
+  }
+  const K kth = prefix;  // all kBits known
+
+  // ---- ordered compaction: warp w owns a contiguous run of [lo, hi) ----
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int per_warp = ((hi - lo + kTopkWarps - 1) / kTopkWarps + 31) / 32 * 32;
+  const int warp_lo = lo + warp * per_warp < hi ? lo + warp * per_warp : hi;
+  const int warp_hi = warp_lo + per_warp < hi ? warp_lo + per_warp : hi;
+  auto key_at = [&](int pos) {
+    return a.cached ? cache[pos - slice_lo] : a.key(row_scores[pos], row, pos);
+  };
+
+  int gt = 0, eq = 0;
+  for (int base = warp_lo; base < warp_hi; base += 32) {
+    const int pos = base + lane;
+    const bool valid = pos < warp_hi;
+    const K key = valid ? key_at(pos) : K(0);
+    gt += __popc(__ballot_sync(0xffffffffu, valid && key > kth));
+    eq += __popc(__ballot_sync(0xffffffffu, valid && key == kth));
+  }
+  if (lane == 0) {
+    warp_gt[warp] = gt;
+    warp_eq[warp] = eq;
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int g = 0, e = 0;
+    for (int w = 0; w < kTopkWarps; ++w) {
+      const int wg = warp_gt[w], we = warp_eq[w];
+      warp_gt[w] = g;  // now exclusive prefixes
+      warp_eq[w] = e;
+      g += wg;
+      e += we;
+    }
+    cta_gt = g;
+    cta_eq = e;
+  }
+  cluster.sync();
+  if (tid == 0) {
+    // Lower ranks hold lower positions: their selections come first, their equal keys are taken first.
+    int selected_before = 0, eq_before = 0;
+    for (int r = 0; r < rank; ++r) {
+      const int peer_gt = *cluster.peer(&cta_gt, r);
+      const int peer_eq = *cluster.peer(&cta_eq, r);
+      const int peer_take = need - eq_before;
+      selected_before += peer_gt + (peer_take < 0 ? 0 : (peer_take > peer_eq ? peer_eq : peer_take));
+      eq_before += peer_eq;
+    }
+    out_base = plan.sink_end + selected_before;
+    eq_still_needed = need - eq_before;
+  }
+  cluster.sync();  // publishes out_base; no CTA leaves while a peer may still read its counters
+
+  const int eq_budget = eq_still_needed > 0 ? eq_still_needed : 0;
+  int offset = out_base + warp_gt[warp] + (warp_eq[warp] < eq_budget ? warp_eq[warp] : eq_budget);
+  int eq_seen = warp_eq[warp];
+  for (int base = warp_lo; base < warp_hi; base += 32) {
+    const int pos = base + lane;
+    const bool valid = pos < warp_hi;
+    const K key = valid ? key_at(pos) : K(0);
+    const bool is_eq = valid && key == kth;
+    const unsigned eq_lanes = __ballot_sync(0xffffffffu, is_eq);
+    const bool take = (valid && key > kth) || (is_eq && eq_seen + __popc(eq_lanes & lanes_below) < eq_budget);
+    const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
+    if (take) emit(offset + __popc(take_lanes & lanes_below), pos);
+    offset += __popc(take_lanes);
+    eq_seen += __popc(eq_lanes);
+  }
+}
+
+}  // namespace detail
+}  // namespace kvsift

@@ -1,0 +1,241 @@
+#pragma once
+// topk: batched per-row top-k selection with ragged lengths, forced sink/recent ranges and key
+// transforms. Parameters, key policies, validation and the host reference live here; the CUDA radix
+// select is in topk.cuh. Full contract: docs/ops/topk.md.
+//
+// Row r of `scores` uses positions [0, len_r), len_r = lengths[r] clamped to [0, scores.cols]
+// (scores.cols when `lengths` is null). Its budget is k_r = per_row_k[r] (or params.k) clamped to
+// [0, out.capacity]. The first `sink` and the last `recent` positions are always selected and count
+// inside the budget; the rest of the budget goes to the best keys of the positions in between. The
+// row's output is written to out.row(r) in ascending position order, its size to out.counts[r]:
+//
+//   forced = |[0, sink) ∪ [len - recent, len)| (clipped to the row)
+//   count  = forced + clamp(k_r - forced, 0, len - forced)      == max(forced, min(k_r, len))
+//
+// Order: a larger key is better; equal keys go to the lower position, so the result is unique and
+// every backend returns the same bits. With the default ScoreKey, NaN ranks below every number,
+// -inf < finite < +inf, and -0 equals +0.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
+#include "kvsift/core/dtype.hpp"
+#include "kvsift/core/strided_view.hpp"
+#include "kvsift/kv/index_set.hpp"
+
+namespace kvsift {
+
+// Per-call parameters. Pointers live in the backend's memory space (host memory for host::Exec,
+// device memory for cuda::Exec) and are read only by the op, never by the launcher.
+struct TopKParams {
+  int k = 0;                              // budget per row when per_row_k is null
+  const std::int32_t* per_row_k = nullptr;  // [rows] optional; values are clamped to [0, out.capacity]
+  const std::int32_t* lengths = nullptr;    // [rows] optional; values are clamped to [0, scores.cols]
+  int sink = 0;                           // first `sink` positions always selected
+  int recent = 0;                         // last `recent` positions always selected
+};
+
+namespace detail {
+
+// Monotone map from a float to uint32: a > b  <=>  key(a) > key(b). NaN maps to 0, below -inf
+// (whose key is 0x007fffff); -0 is folded onto +0 so the two tie and the lower position wins.
+KVSIFT_HD inline std::uint32_t float_order_key(float x) {
+  std::uint32_t u = float_to_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;
+  if (u == 0x80000000u) u = 0u;
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+template <int Bits>
+using order_key_t = std::conditional_t<(Bits > 32), std::uint64_t, std::uint32_t>;
+
+}  // namespace detail
+
+// Key policies. A policy is a small trivially-copyable type with
+//   static constexpr int kBits;             significant low bits of the key (<= 64)
+//   using key_type = uint32_t or uint64_t;  large enough for kBits
+//   key_type operator()(T score, int64_t row, int32_t position) const;   larger key = better
+//   Status validate() const;                 host-side check of the policy's own pointers
+// The kernels run their radix passes over exactly kBits bits, so narrow keys cost fewer passes.
+
+// The plain score. fp16 and bf16 keep only the bits their values can differ in (19 and 16), which
+// saves a radix pass; the order is the same as for the widened float.
+template <class T>
+struct ScoreKey {
+  static constexpr int kBits = dtype_traits<T>::dtype == DType::kFloat32   ? 32
+                               : dtype_traits<T>::dtype == DType::kFloat16 ? 19
+                                                                           : 16;
+  using key_type = detail::order_key_t<kBits>;
+  KVSIFT_HD key_type operator()(T score, std::int64_t /*row*/, std::int32_t /*position*/) const {
+    return key_type(detail::float_order_key(dtype_traits<T>::to_float(score)) >> (32 - kBits));
+  }
+  Status validate() const { return Status(); }
+};
+
+// Flagged positions first, then by score: ClusterAttn keeps every token inside a cluster ahead of
+// all others (key = flag << score_bits | score key). flags[row * row_stride + position] != 0 marks
+// a flagged position; the pointer lives in the backend's memory space.
+template <class T>
+struct FlagFirstKey {
+  static constexpr int kScoreBits = ScoreKey<T>::kBits;
+  static constexpr int kBits = kScoreBits + 1;
+  using key_type = detail::order_key_t<kBits>;
+
+  const std::uint8_t* flags = nullptr;
+  std::int64_t row_stride = 0;
+
+  KVSIFT_HD key_type operator()(T score, std::int64_t row, std::int32_t position) const {
+    const key_type flag = flags[row * row_stride + position] != 0 ? 1u : 0u;
+    return (flag << kScoreBits) | key_type(ScoreKey<T>{}(score, row, position));
+  }
+  Status validate() const {
+    KVSIFT_REQUIRE_NOT_NULL(flags, "key.flags");
+    KVSIFT_REQUIRE(row_stride >= 0, kInvalidArgument, "key.row_stride = ", row_stride, " must be >= 0");
+    return Status();
+  }
+};
+
+// What one row selects; computed the same way by every backend (and by tests).
+struct TopKRowPlan {
+  int len = 0;           // live positions [0, len)
+  int sink_end = 0;      // forced sink: [0, sink_end)
+  int recent_begin = 0;  // forced recent: [recent_begin, len); scored region: [sink_end, recent_begin)
+  int budget = 0;        // positions chosen by key from the scored region
+
+  KVSIFT_HD int region() const { return recent_begin - sink_end; }
+  KVSIFT_HD int forced() const { return len - region(); }
+  KVSIFT_HD int count() const { return forced() + budget; }
+};
+
+KVSIFT_HD inline TopKRowPlan plan_topk_row(int cols, int len, int k, int capacity, int sink, int recent) {
+  TopKRowPlan p;
+  p.len = len < 0 ? 0 : (len > cols ? cols : len);
+  const int budget = k < 0 ? 0 : (k > capacity ? capacity : k);
+  p.sink_end = sink < p.len ? sink : p.len;
+  const int recent_start = recent < p.len ? p.len - recent : 0;
+  p.recent_begin = recent_start > p.sink_end ? recent_start : p.sink_end;
+  const int wanted = budget - p.forced();
+  p.budget = wanted < 0 ? 0 : (wanted > p.region() ? p.region() : wanted);
+  return p;
+}
+
+namespace detail {
+
+template <class Key, class = void>
+struct has_key_policy_members : std::false_type {};
+template <class Key>
+struct has_key_policy_members<Key, std::void_t<decltype(Key::kBits), typename Key::key_type,
+                                               decltype(std::declval<const Key&>().validate())>>
+    : std::true_type {};
+
+template <class T, class Key>
+constexpr bool check_key_policy() {
+  static_assert(has_key_policy_members<Key>::value,
+                "a top-k key policy needs kBits, key_type, operator()(T, int64_t, int32_t) and validate()");
+  static_assert(Key::kBits > 0 && Key::kBits <= 64, "Key::kBits must be in [1, 64]");
+  static_assert(std::is_same_v<typename Key::key_type, std::uint32_t> ||
+                    std::is_same_v<typename Key::key_type, std::uint64_t>,
+                "Key::key_type must be uint32_t or uint64_t");
+  static_assert(Key::kBits <= int(8 * sizeof(typename Key::key_type)), "Key::kBits does not fit Key::key_type");
+  static_assert(std::is_trivially_copyable_v<Key>, "a key policy is passed to kernels by value");
+  return true;
+}
+
+template <class T, class Key>
+Status validate_topk(const StridedView2D<const T>& scores, const TopKParams& p, const IndexSet& out,
+                     const T* values, const Key& key) {
+  KVSIFT_TRY(scores.validate("scores"));
+  KVSIFT_REQUIRE(scores.cols <= INT32_MAX, kInvalidArgument, "scores.cols = ", scores.cols,
+                 " must fit int32 positions");
+  KVSIFT_REQUIRE(scores.row_stride >= 0, kInvalidArgument, "scores.row_stride = ", scores.row_stride,
+                 " must be >= 0");
+  KVSIFT_REQUIRE(reinterpret_cast<std::uintptr_t>(scores.data) % alignof(T) == 0, kMisaligned,
+                 "scores.data = ", static_cast<const void*>(scores.data), " must be aligned to ", alignof(T),
+                 " bytes");
+  KVSIFT_TRY(out.validate("out"));
+  KVSIFT_REQUIRE(out.rows >= scores.rows, kInvalidArgument, "out.rows = ", out.rows, " must be >= scores.rows = ",
+                 scores.rows);
+  KVSIFT_REQUIRE(p.k >= 0, kInvalidArgument, "k = ", p.k, " must be >= 0");
+  KVSIFT_REQUIRE(p.k <= out.capacity, kInvalidArgument, "k = ", p.k, " exceeds out.capacity = ", out.capacity);
+  KVSIFT_REQUIRE(p.sink >= 0, kInvalidArgument, "sink = ", p.sink, " must be >= 0");
+  KVSIFT_REQUIRE(p.recent >= 0, kInvalidArgument, "recent = ", p.recent, " must be >= 0");
+  KVSIFT_REQUIRE(std::int64_t(p.sink) + p.recent <= out.capacity, kInvalidArgument, "sink + recent = ",
+                 std::int64_t(p.sink) + p.recent, " exceeds out.capacity = ", out.capacity,
+                 " (forced positions must fit the output)");
+  if (scores.rows > 0 && out.capacity > 0) {
+    KVSIFT_REQUIRE(reinterpret_cast<std::uintptr_t>(out.indices) % alignof(std::int32_t) == 0, kMisaligned,
+                   "out.indices = ", static_cast<const void*>(out.indices), " must be aligned to 4 bytes");
+  }
+  KVSIFT_REQUIRE(reinterpret_cast<std::uintptr_t>(values) % alignof(T) == 0, kMisaligned, "values = ",
+                 static_cast<const void*>(values), " must be aligned to ", alignof(T), " bytes");
+  KVSIFT_TRY(key.validate());
+  return Status();
+}
+
+}  // namespace detail
+
+// Scratch memory the op needs, from shapes alone (no device memory touched). Every current path keeps
+// its state in shared memory and needs none; callers should still ask and pass what this returns, so
+// a later split-row path can use it without an API change.
+template <class T, class Key = ScoreKey<T>>
+std::size_t topk_workspace_bytes(const StridedView2D<const T>& /*scores*/, const TopKParams& /*params*/,
+                                 const IndexSet& /*out*/) {
+  return 0;
+}
+
+namespace host {
+
+// Reference: per row, sort the scored region by (key descending, position ascending), keep the first
+// `budget`, add the forced ranges, write ascending positions. `values` (optional) receives the score
+// of each selected position at the same offset, with row stride out.row_stride.
+template <class T, class Key = ScoreKey<T>>
+Status topk(Exec, StridedView2D<const T> scores, const TopKParams& params, IndexSet out, T* values = nullptr,
+            Key key = Key{}, void* workspace = nullptr, std::size_t workspace_bytes = 0) {
+  static_assert(detail::check_key_policy<T, Key>());
+  (void)workspace;
+  (void)workspace_bytes;
+  KVSIFT_TRY(detail::validate_topk(scores, params, out, values, key));
+  using K = typename Key::key_type;
+  const int cols = static_cast<int>(scores.cols);
+  std::vector<std::pair<K, int>> candidates;
+  std::vector<int> chosen;
+  for (int r = 0; r < scores.rows; ++r) {
+    const int len = params.lengths ? params.lengths[r] : cols;
+    const int k = params.per_row_k ? params.per_row_k[r] : params.k;
+    const TopKRowPlan plan = plan_topk_row(cols, len, k, out.capacity, params.sink, params.recent);
+    const T* row = scores.row(r);
+
+    candidates.clear();
+    for (int i = plan.sink_end; i < plan.recent_begin; ++i) candidates.emplace_back(key(row[i], r, i), i);
+    auto better = [](const std::pair<K, int>& a, const std::pair<K, int>& b) {
+      return a.first != b.first ? a.first > b.first : a.second < b.second;
+    };
+    std::partial_sort(candidates.begin(), candidates.begin() + plan.budget, candidates.end(), better);
+    chosen.clear();
+    for (int j = 0; j < plan.budget; ++j) chosen.push_back(candidates[j].second);
+    std::sort(chosen.begin(), chosen.end());
+
+    std::int32_t* dst = out.row(r);
+    int o = 0;
+    auto emit = [&](int position) {
+      dst[o] = position;
+      if (values) values[r * out.row_stride + o] = row[position];
+      ++o;
+    };
+    for (int i = 0; i < plan.sink_end; ++i) emit(i);
+    for (int i : chosen) emit(i);
+    for (int i = plan.recent_begin; i < plan.len; ++i) emit(i);
+    out.counts[r] = o;
+  }
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

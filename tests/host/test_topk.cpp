@@ -1,0 +1,287 @@
+// host::topk against a brute force that sorts every row with std::sort on the scores themselves
+// (no order keys), then the parameter checks.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kvsift/ops/topk.hpp"
+#include "support/random.hpp"
+
+using kvsift::bfloat16_t;
+using kvsift::half_t;
+
+namespace {
+
+// a ranks before b: flag first (when flags are given), then the larger score; NaN below everything,
+// -0 == +0; ties to the lower position.
+struct BruteOrder {
+  const std::vector<float>* row;
+  const std::vector<std::uint8_t>* flags;
+  bool operator()(int a, int b) const {
+    if (flags && (*flags)[a] != (*flags)[b]) return (*flags)[a] > (*flags)[b];
+    const float x = (*row)[a], y = (*row)[b];
+    const bool nx = std::isnan(x), ny = std::isnan(y);
+    if (nx != ny) return ny;
+    if (!nx && x != y) return x > y;
+    return a < b;
+  }
+};
+
+// Selected positions of one row, by the documented rule written out directly.
+std::vector<int> brute_force_row(const std::vector<float>& row, const std::vector<std::uint8_t>* flags, int len,
+                                 int k, int capacity, int sink, int recent) {
+  len = std::clamp(len, 0, int(row.size()));
+  k = std::clamp(k, 0, capacity);
+  std::vector<bool> forced(std::size_t(len), false);
+  for (int i = 0; i < len; ++i) forced[i] = i < sink || i >= len - recent;
+  const int n_forced = int(std::count(forced.begin(), forced.end(), true));
+  std::vector<int> rest;
+  for (int i = 0; i < len; ++i)
+    if (!forced[i]) rest.push_back(i);
+  std::sort(rest.begin(), rest.end(), BruteOrder{&row, flags});
+  const int take = std::clamp(k - n_forced, 0, int(rest.size()));
+  std::vector<int> out;
+  for (int i = 0; i < len; ++i)
+    if (forced[i]) out.push_back(i);
+  out.insert(out.end(), rest.begin(), rest.begin() + take);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+struct Case {
+  int rows = 1, cols = 1, stride_pad = 0, capacity = 1;
+  kvsift::TopKParams params;
+  std::vector<std::int32_t> lengths, per_row_k;
+};
+
+template <class T>
+void check_against_brute_force(const Case& c, const std::vector<float>& scores_f, const std::vector<std::uint8_t>* flags) {
+  const std::int64_t stride = c.cols + c.stride_pad;
+  std::vector<T> scores(std::size_t(std::max<std::int64_t>(c.rows * stride, 1)));
+  for (int r = 0; r < c.rows; ++r)
+    for (int i = 0; i < c.cols; ++i) scores[r * stride + i] = kvsift::from_float<T>(scores_f[std::size_t(r) * c.cols + i]);
+  std::vector<std::int32_t> indices(std::size_t(c.rows) * c.capacity + 1, -7), counts(std::size_t(c.rows) + 1, -7);
+  std::vector<T> values(indices.size());
+  kvsift::TopKParams p = c.params;
+  p.lengths = c.lengths.empty() ? nullptr : c.lengths.data();
+  p.per_row_k = c.per_row_k.empty() ? nullptr : c.per_row_k.data();
+  auto out = kvsift::make_index_set(indices.data(), counts.data(), c.rows, c.capacity);
+  const auto view = kvsift::make_strided_view<const T>(scores.data(), c.rows, c.cols, stride);
+  kvsift::Status st;
+  if (flags) {
+    kvsift::FlagFirstKey<T> key;
+    key.flags = flags->data();
+    key.row_stride = c.cols;
+    st = kvsift::host::topk(kvsift::host::Exec{}, view, p, out, values.data(), key);
+  } else {
+    st = kvsift::host::topk(kvsift::host::Exec{}, view, p, out, values.data());
+  }
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  for (int r = 0; r < c.rows; ++r) {
+    // The brute force sees the values the op sees (after rounding to T).
+    std::vector<float> row(std::size_t(c.cols));
+    std::vector<std::uint8_t> row_flags;
+    for (int i = 0; i < c.cols; ++i) row[i] = kvsift::to_float(scores[r * stride + i]);
+    if (flags) row_flags.assign(flags->begin() + std::ptrdiff_t(r) * c.cols, flags->begin() + std::ptrdiff_t(r + 1) * c.cols);
+    const int len = p.lengths ? p.lengths[r] : c.cols;
+    const int k = p.per_row_k ? p.per_row_k[r] : p.k;
+    const auto expected = brute_force_row(row, flags ? &row_flags : nullptr, len, k, c.capacity, p.sink, p.recent);
+    INFO("row ", r, " len ", len, " k ", k, " sink ", p.sink, " recent ", p.recent);
+    REQUIRE(counts[r] == int(expected.size()));
+    for (int j = 0; j < counts[r]; ++j) {
+      REQUIRE(indices[std::size_t(r) * c.capacity + j] == expected[j]);
+      const T v = values[std::size_t(r) * c.capacity + j];
+      const T want = scores[r * stride + expected[j]];
+      CHECK(std::memcmp(&v, &want, sizeof(T)) == 0);
+    }
+  }
+}
+
+std::vector<float> random_scores(std::mt19937_64& rng, std::size_t n) { return kvsift_test::random_values<float>(rng, n, -4.f, 4.f); }
+
+}  // namespace
+
+TEST_CASE("topk host: random rows, every dtype, ragged lengths, per-row k") {
+  auto rng = kvsift_test::make_rng(301);
+  for (int trial = 0; trial < 40; ++trial) {
+    Case c;
+    c.rows = kvsift_test::uniform_int(rng, 1, 6);
+    c.cols = kvsift_test::uniform_int(rng, 1, 3000);
+    c.stride_pad = kvsift_test::uniform_int(rng, 0, 5);
+    c.capacity = kvsift_test::uniform_int(rng, 1, c.cols + 10);
+    c.params.k = kvsift_test::uniform_int(rng, 0, c.capacity);
+    c.params.sink = kvsift_test::uniform_int(rng, 0, 2) ? 0 : kvsift_test::uniform_int(rng, 0, c.capacity / 3);
+    c.params.recent = kvsift_test::uniform_int(rng, 0, 2) ? 0 : kvsift_test::uniform_int(rng, 0, c.capacity / 3);
+    if (trial % 2) {
+      for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, -2, c.cols + 3));
+    }
+    if (trial % 3 == 0) {
+      for (int r = 0; r < c.rows; ++r) c.per_row_k.push_back(kvsift_test::uniform_int(rng, -2, c.capacity + 3));
+    }
+    const auto s = random_scores(rng, std::size_t(c.rows) * c.cols);
+    CAPTURE(trial);
+    check_against_brute_force<float>(c, s, nullptr);
+    check_against_brute_force<half_t>(c, s, nullptr);
+    check_against_brute_force<bfloat16_t>(c, s, nullptr);
+  }
+}
+
+TEST_CASE("topk host: ties, equal leading bits, +-inf, NaN, signed zeros") {
+  auto rng = kvsift_test::make_rng(302);
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int pattern = 0; pattern < 5; ++pattern) {
+    Case c;
+    c.rows = 3;
+    c.cols = 1000;
+    c.capacity = 400;
+    c.params.k = 300;
+    std::vector<float> s(std::size_t(c.rows) * c.cols);
+    for (auto& x : s) {
+      const int u = kvsift_test::uniform_int(rng, 0, 9);
+      switch (pattern) {
+        case 0: x = float(u % 3); break;                                       // many equal values
+        case 1: x = 1.0f + float(u) * std::numeric_limits<float>::epsilon(); break;  // equal leading bits
+        case 2: x = u == 0 ? inf : (u == 1 ? -inf : float(u)); break;
+        case 3: x = u < 3 ? nan : (u == 3 ? -inf : float(u) - 5.f); break;
+        default: x = u < 5 ? 0.0f : -0.0f; break;
+      }
+    }
+    CAPTURE(pattern);
+    check_against_brute_force<float>(c, s, nullptr);
+    check_against_brute_force<half_t>(c, s, nullptr);
+    check_against_brute_force<bfloat16_t>(c, s, nullptr);
+  }
+}
+
+TEST_CASE("topk host: k = 1, k = len, k > len, len = 0") {
+  auto rng = kvsift_test::make_rng(303);
+  Case c;
+  c.rows = 4;
+  c.cols = 257;
+  c.capacity = 300;
+  c.lengths = {0, 1, 257, 100};
+  const auto s = random_scores(rng, std::size_t(c.rows) * c.cols);
+  for (int k : {0, 1, 100, 257, 300}) {
+    c.params.k = k;
+    CAPTURE(k);
+    check_against_brute_force<float>(c, s, nullptr);
+  }
+}
+
+TEST_CASE("topk host: forced sink and recent ranges overlap or exceed the row") {
+  auto rng = kvsift_test::make_rng(304);
+  Case c;
+  c.rows = 5;
+  c.cols = 600;
+  c.capacity = 700;
+  c.lengths = {0, 3, 200, 383, 600};
+  const auto s = random_scores(rng, std::size_t(c.rows) * c.cols);
+  for (int sink : {0, 128, 400}) {
+    for (int recent : {0, 256}) {
+      for (int k : {0, 50, 384, 500, 700}) {
+        c.params.sink = sink;
+        c.params.recent = recent;
+        c.params.k = k;
+        CAPTURE(sink);
+        CAPTURE(recent);
+        CAPTURE(k);
+        check_against_brute_force<float>(c, s, nullptr);
+      }
+    }
+  }
+}
+
+TEST_CASE("topk host: forced positions counted inside the budget (LycheeDecode token mode)") {
+  std::vector<float> s(5000);
+  std::iota(s.begin(), s.end(), 0.f);  // the best scores sit in the recent window
+  std::vector<std::int32_t> idx(1024), count(1);
+  kvsift::TopKParams p;
+  p.k = 1024;
+  p.sink = 128;
+  p.recent = 256;
+  const auto st = kvsift::host::topk(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(s.data(), 1, 5000), p,
+                                     kvsift::make_index_set(idx.data(), count.data(), 1, 1024));
+  REQUIRE(st.ok());
+  CHECK(count[0] == 1024);
+  CHECK(idx[0] == 0);
+  CHECK(idx[127] == 127);
+  CHECK(idx[128] == 5000 - 256 - 640);  // 640 = 1024 - 384 chosen by score: the highest below the window
+  CHECK(idx[1023] == 4999);
+}
+
+TEST_CASE("topk host: composite keys put flagged positions first") {
+  auto rng = kvsift_test::make_rng(305);
+  for (int trial = 0; trial < 10; ++trial) {
+    Case c;
+    c.rows = 3;
+    c.cols = kvsift_test::uniform_int(rng, 10, 2000);
+    c.capacity = c.cols;
+    c.params.k = kvsift_test::uniform_int(rng, 0, c.cols);
+    std::vector<std::uint8_t> flags(std::size_t(c.rows) * c.cols);
+    const int density = kvsift_test::uniform_int(rng, 0, 10);
+    for (auto& f : flags) f = kvsift_test::uniform_int(rng, 0, 9) < density ? std::uint8_t(1 + trial) : 0;
+    const auto s = random_scores(rng, flags.size());
+    CAPTURE(trial);
+    check_against_brute_force<float>(c, s, &flags);
+    check_against_brute_force<half_t>(c, s, &flags);
+    check_against_brute_force<bfloat16_t>(c, s, &flags);
+  }
+}
+
+TEST_CASE("topk host: bad parameters are reported by name") {
+  std::vector<float> s(64, 1.f);
+  std::vector<std::int32_t> idx(32), count(2);
+  const auto view = kvsift::make_strided_view<const float>(s.data(), 2, 32);
+  const auto out = kvsift::make_index_set(idx.data(), count.data(), 2, 16);
+  kvsift::host::Exec exec;
+  auto expect = [&](kvsift::Status st, kvsift::StatusCode code, const char* needle) {
+    CHECK(st.code() == code);
+    CHECK_MESSAGE(st.message().find(needle) != std::string::npos, st.to_string());
+  };
+  kvsift::TopKParams p;
+  p.k = -1;
+  expect(kvsift::host::topk(exec, view, p, out), kvsift::StatusCode::kInvalidArgument, "k = -1");
+  p.k = 17;
+  expect(kvsift::host::topk(exec, view, p, out), kvsift::StatusCode::kInvalidArgument, "k = 17 exceeds out.capacity");
+  p.k = 4;
+  p.sink = -3;
+  expect(kvsift::host::topk(exec, view, p, out), kvsift::StatusCode::kInvalidArgument, "sink = -3");
+  p.sink = 10;
+  p.recent = 7;
+  expect(kvsift::host::topk(exec, view, p, out), kvsift::StatusCode::kInvalidArgument, "sink + recent = 17");
+  p.sink = p.recent = 0;
+  expect(kvsift::host::topk(exec, kvsift::make_strided_view<const float>(s.data(), 2, -1), p, out),
+         kvsift::StatusCode::kInvalidArgument, "scores.cols = -1");
+  expect(kvsift::host::topk(exec, kvsift::make_strided_view<const float>(nullptr, 2, 32), p, out),
+         kvsift::StatusCode::kNullPointer, "scores.data");
+  expect(kvsift::host::topk(exec, kvsift::make_strided_view<const float>(s.data(), 2, 32, 16), p, out),
+         kvsift::StatusCode::kInvalidArgument, "scores.row_stride = 16");
+  const auto* odd = reinterpret_cast<const float*>(reinterpret_cast<const char*>(s.data()) + 1);
+  expect(kvsift::host::topk(exec, kvsift::make_strided_view<const float>(odd, 1, 8), p, out),
+         kvsift::StatusCode::kMisaligned, "scores.data");
+  expect(kvsift::host::topk(exec, view, p, kvsift::make_index_set(nullptr, count.data(), 2, 16)),
+         kvsift::StatusCode::kNullPointer, "out.indices");
+  expect(kvsift::host::topk(exec, view, p, kvsift::make_index_set(idx.data(), nullptr, 2, 16)),
+         kvsift::StatusCode::kNullPointer, "out.counts");
+  expect(kvsift::host::topk(exec, view, p, kvsift::make_index_set(idx.data(), count.data(), 1, 16)),
+         kvsift::StatusCode::kInvalidArgument, "out.rows = 1");
+  expect(kvsift::host::topk(exec, view, p, out, static_cast<float*>(nullptr), kvsift::FlagFirstKey<float>{}),
+         kvsift::StatusCode::kNullPointer, "key.flags");
+  // Valid corner: zero rows, k = 0.
+  CHECK(kvsift::host::topk(exec, kvsift::make_strided_view<const float>(s.data(), 0, 32), p, out).ok());
+}
+
+TEST_CASE("topk: workspace query needs no device memory") {
+  std::vector<std::int32_t> idx(16), count(1);
+  kvsift::TopKParams p;
+  CHECK(kvsift::topk_workspace_bytes<float>(kvsift::make_strided_view<const float>(nullptr, 1, 1 << 20), p,
+                                            kvsift::make_index_set(idx.data(), count.data(), 1, 16)) == 0);
+}
