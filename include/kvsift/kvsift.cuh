@@ -9,3 +9,4 @@
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/ops/copy_kv_to_dense.cuh"
 #include "kvsift/ops/topk.cuh"
+#include "kvsift/gates/gates.cuh"

@@ -16,3 +16,4 @@
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/gates/gates.hpp"

@@ -1,0 +1,111 @@
+#pragma once
+// Output mixing for gate training (specs/lycheedecode.md §6.2): in each layer l >= 1 the student's
+// attention output of query head h is
+//
+//   O[t, h, :] = z[h / G] * O_dense[t, h, :] + (1 - z[h / G]) * O_sparse[t, h, :]
+//
+// with z the layer's gate vector [kv_heads] broadcast over the G = q_heads / kv_heads query heads of
+// each KV head (layer 0 is never mixed; that is the caller's loop). Backward:
+//
+//   dL/dO_dense = z dL/dO,   dL/dO_sparse = (1 - z) dL/dO,   dL/dz[j] = sum over t, the G heads of j, d of
+//   dL/dO * (O_dense - O_sparse).
+//
+// Layout: O, O_dense, O_sparse and dL/dO are [tokens, q_heads, head_dim], rows `token_stride`
+// elements apart (default q_heads * head_dim), heads contiguous within a row. Element type float,
+// half_t or bfloat16_t (CUDA: also __half / __nv_bfloat16); z and dL/dz are float. Arithmetic in
+// float, and the mix is evaluated as fma(z, dense - sparse, sparse) on both backends so they agree
+// bitwise.
+
+#include <cstdint>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/dtype.hpp"
+#include "kvsift/gates/detail/scalar_math.hpp"
+
+namespace kvsift {
+
+struct GateMixShape {
+  std::int64_t tokens = 0;
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  std::int64_t token_stride = -1;  // elements between consecutive tokens; -1 = q_heads * head_dim
+
+  KVSIFT_HD std::int64_t row_stride() const { return token_stride < 0 ? std::int64_t(q_heads) * head_dim : token_stride; }
+  KVSIFT_HD int group_size() const { return q_heads / kv_heads; }
+  KVSIFT_HD std::int64_t offset(std::int64_t t, int h, int d) const { return t * row_stride() + std::int64_t(h) * head_dim + d; }
+};
+
+namespace detail {
+
+inline Status validate_gate_mix_shape(const GateMixShape& s) {
+  KVSIFT_REQUIRE(s.tokens >= 0, kInvalidArgument, "shape.tokens = ", s.tokens, " must be >= 0");
+  KVSIFT_REQUIRE(s.kv_heads > 0, kInvalidArgument, "shape.kv_heads = ", s.kv_heads, " must be > 0");
+  KVSIFT_REQUIRE(s.q_heads > 0 && s.q_heads % s.kv_heads == 0, kInvalidArgument, "shape.q_heads = ", s.q_heads,
+                 " must be a positive multiple of shape.kv_heads = ", s.kv_heads);
+  KVSIFT_REQUIRE(s.head_dim > 0, kInvalidArgument, "shape.head_dim = ", s.head_dim, " must be > 0");
+  KVSIFT_REQUIRE(s.token_stride < 0 || s.token_stride >= std::int64_t(s.q_heads) * s.head_dim, kInvalidArgument,
+                 "shape.token_stride = ", s.token_stride, " must be >= q_heads * head_dim = ",
+                 std::int64_t(s.q_heads) * s.head_dim);
+  return Status();
+}
+
+KVSIFT_HD inline float mix_value(float z, float dense, float sparse) { return gm::fma(z, dense - sparse, sparse); }
+
+}  // namespace detail
+
+namespace host {
+
+template <class T>
+Status gate_mix_forward(Exec, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse, T* o) {
+  KVSIFT_TRY(detail::validate_gate_mix_shape(shape));
+  if (shape.tokens == 0) return Status();
+  KVSIFT_REQUIRE_NOT_NULL(z, "z");
+  KVSIFT_REQUIRE_NOT_NULL(o_dense, "o_dense");
+  KVSIFT_REQUIRE_NOT_NULL(o_sparse, "o_sparse");
+  KVSIFT_REQUIRE_NOT_NULL(o, "o");
+  for (std::int64_t t = 0; t < shape.tokens; ++t)
+    for (int h = 0; h < shape.q_heads; ++h) {
+      const float zj = z[h / shape.group_size()];
+      for (int d = 0; d < shape.head_dim; ++d) {
+        const std::int64_t i = shape.offset(t, h, d);
+        o[i] = from_float<T>(detail::mix_value(zj, to_float(o_dense[i]), to_float(o_sparse[i])));
+      }
+    }
+  return Status();
+}
+
+// Any of grad_dense, grad_sparse (same layout as O) and grad_z ([kv_heads], overwritten) may be null.
+template <class T>
+Status gate_mix_backward(Exec, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse,
+                         const T* grad_o, T* grad_dense, T* grad_sparse, float* grad_z) {
+  KVSIFT_TRY(detail::validate_gate_mix_shape(shape));
+  if (grad_z)
+    for (int j = 0; j < shape.kv_heads; ++j) grad_z[j] = 0.f;
+  if (shape.tokens == 0) return Status();
+  KVSIFT_REQUIRE_NOT_NULL(z, "z");
+  KVSIFT_REQUIRE_NOT_NULL(grad_o, "grad_o");
+  if (grad_z) {
+    KVSIFT_REQUIRE_NOT_NULL(o_dense, "o_dense");
+    KVSIFT_REQUIRE_NOT_NULL(o_sparse, "o_sparse");
+  }
+  const int g = shape.group_size();
+  for (int j = 0; j < shape.kv_heads; ++j) {
+    double dz = 0.0;
+    for (std::int64_t t = 0; t < shape.tokens; ++t)
+      for (int h = j * g; h < (j + 1) * g; ++h)
+        for (int d = 0; d < shape.head_dim; ++d) {
+          const std::int64_t i = shape.offset(t, h, d);
+          const float go = to_float(grad_o[i]);
+          if (grad_dense) grad_dense[i] = from_float<T>(z[j] * go);
+          if (grad_sparse) grad_sparse[i] = from_float<T>((1.f - z[j]) * go);
+          if (grad_z) dz += double(go) * double(to_float(o_dense[i]) - to_float(o_sparse[i]));
+        }
+    if (grad_z) grad_z[j] = float(dz);
+  }
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

@@ -1,0 +1,121 @@
+#pragma once
+// The optimizer LycheeDecode trains its gate parameters with (specs/lycheedecode.md §6.5), so a C++
+// training loop needs nothing else: AdamW with torch's update rule, and the warm-up/decay schedule
+//
+//   factor(s) = min(1, max((s + 1) / (N * f), floor), max((N - s) / (N * f), floor))
+//
+// with N total steps, f = 0.2 (ramp fraction) and floor = 0.1: a linear warm-up over the first 20%
+// of the steps and a linear decay over the last 20%, never below 0.1x. s is the 0-based index of the
+// update (torch's LambdaLR before its first scheduler.step()), so the first update uses factor(0).
+//
+// adamw_step (torch.optim.AdamW, amsgrad off), for update number t = s + 1:
+//   p <- p (1 - lr wd);  m <- m + (1 - b1)(g - m);  v <- b2 v + (1 - b2) g^2
+//   p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// The scalar factors are computed in double on the host; per element the update uses explicit fma,
+// so the host and CUDA backends agree bitwise.
+
+#include <cstdint>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
+#include "kvsift/gates/detail/scalar_math.hpp"
+
+namespace kvsift {
+
+struct AdamWConfig {
+  double lr = 0.01;  // LycheeDecode's gate learning rate
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// The learning-rate multiplier for update `step` (0-based) of `total_steps`.
+inline double warmup_decay_lr_factor(std::int64_t step, std::int64_t total_steps, double ramp_fraction = 0.2,
+                                     double floor = 0.1) {
+  const double ramp = double(total_steps) * ramp_fraction;
+  const double up = double(step + 1) / ramp;
+  const double down = double(total_steps - step) / ramp;
+  const double a = up > floor ? up : floor;
+  const double b = down > floor ? down : floor;
+  const double m = a < b ? a : b;
+  return m < 1.0 ? m : 1.0;
+}
+
+// The per-step scalars of one update; built on the host, passed by value to kernels.
+struct AdamWCoefficients {
+  double decay;       // 1 - lr wd
+  double one_minus_beta1;
+  double beta2;
+  double one_minus_beta2;
+  double step_size;   // lr / (1 - b1^t)
+  double bias2_sqrt;  // sqrt(1 - b2^t)
+  double eps;
+};
+
+namespace detail {
+
+inline Status validate_adamw(const AdamWConfig& c, double lr, std::int64_t step) {
+  KVSIFT_REQUIRE(lr >= 0.0 && lr < 1e300, kInvalidArgument, "lr = ", lr, " must be finite and >= 0");
+  KVSIFT_REQUIRE(c.beta1 >= 0.0 && c.beta1 < 1.0, kInvalidArgument, "config.beta1 = ", c.beta1, " must be in [0, 1)");
+  KVSIFT_REQUIRE(c.beta2 >= 0.0 && c.beta2 < 1.0, kInvalidArgument, "config.beta2 = ", c.beta2, " must be in [0, 1)");
+  KVSIFT_REQUIRE(c.eps > 0.0, kInvalidArgument, "config.eps = ", c.eps, " must be > 0");
+  KVSIFT_REQUIRE(c.weight_decay >= 0.0, kInvalidArgument, "config.weight_decay = ", c.weight_decay, " must be >= 0");
+  KVSIFT_REQUIRE(step >= 0, kInvalidArgument, "step = ", step, " must be >= 0 (the 0-based update index)");
+  return Status();
+}
+
+inline AdamWCoefficients adamw_coefficients(const AdamWConfig& c, double lr, std::int64_t step) {
+  const double t = double(step + 1);
+  AdamWCoefficients k;
+  k.decay = 1.0 - lr * c.weight_decay;
+  k.one_minus_beta1 = 1.0 - c.beta1;
+  k.beta2 = c.beta2;
+  k.one_minus_beta2 = 1.0 - c.beta2;
+  k.step_size = lr / (1.0 - ::pow(c.beta1, t));
+  k.bias2_sqrt = ::sqrt(1.0 - ::pow(c.beta2, t));
+  k.eps = c.eps;
+  return k;
+}
+
+template <class T>
+KVSIFT_HD inline void adamw_element(const AdamWCoefficients& k, T* p, const T* g, T* m, T* v, std::int64_t i) {
+  const T gi = g[i];
+  const T mi = gm::fma(T(k.one_minus_beta1), gi - m[i], m[i]);
+  const T vi = gm::fma(T(k.one_minus_beta2), gi * gi, T(k.beta2) * v[i]);
+  const T denom = gm::sqrt(vi) / T(k.bias2_sqrt) + T(k.eps);
+  p[i] = gm::fma(T(-k.step_size), mi / denom, p[i] * T(k.decay));
+  m[i] = mi;
+  v[i] = vi;
+}
+
+template <class T>
+Status validate_adamw_arrays(T* params, const T* grads, T* m, T* v, std::int64_t n) {
+  KVSIFT_REQUIRE(n >= 0, kInvalidArgument, "n = ", n, " must be >= 0");
+  if (n == 0) return Status();
+  KVSIFT_REQUIRE_NOT_NULL(params, "params");
+  KVSIFT_REQUIRE_NOT_NULL(grads, "grads");
+  KVSIFT_REQUIRE_NOT_NULL(m, "exp_avg");
+  KVSIFT_REQUIRE_NOT_NULL(v, "exp_avg_sq");
+  return Status();
+}
+
+}  // namespace detail
+
+namespace host {
+
+// One AdamW update of params[n] with grads[n]; m (exp_avg) and v (exp_avg_sq) start at zero and are
+// the optimizer's state. lr is the scheduled rate (config.lr * warmup_decay_lr_factor(step, N)).
+template <class T>
+Status adamw_step(Exec, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads, T* m, T* v,
+                  std::int64_t n) {
+  KVSIFT_TRY(detail::validate_adamw(config, lr, step));
+  KVSIFT_TRY(detail::validate_adamw_arrays(params, grads, m, v, n));
+  const AdamWCoefficients k = detail::adamw_coefficients(config, lr, step);
+  for (std::int64_t i = 0; i < n; ++i) detail::adamw_element(k, params, grads, m, v, i);
+  return Status();
+}
+
+}  // namespace host
+}  // namespace kvsift

@@ -1,0 +1,10 @@
+#pragma once
+// HardKuma head gates: the host API (gates.hpp) plus the CUDA backends (kvsift::cuda).
+
+#include "kvsift/gates/gates.hpp"
+
+#include "kvsift/gates/gate_mixing.cuh"
+#include "kvsift/gates/gate_optimizer.cuh"
+#include "kvsift/gates/hardkuma.cuh"
+#include "kvsift/gates/head_roles.cuh"
+#include "kvsift/gates/lagrangian.cuh"

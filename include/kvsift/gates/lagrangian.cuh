@@ -1,0 +1,38 @@
+#pragma once
+// CUDA form of the Lagrangian update (lagrangian.hpp): one thread, state and density in device
+// memory, so a training step that keeps everything on the GPU needs no host read and can be captured
+// in a CUDA graph.
+
+#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/cuda_status.cuh"
+#include "kvsift/gates/lagrangian.hpp"
+
+namespace kvsift {
+namespace detail {
+
+template <class T>
+__global__ void lagrangian_update_kernel(LagrangianConfig config, LagrangianState* state, const T* density,
+                                         T* grad_scale, LagrangianStep* step) {
+  const LagrangianStep r = lagrangian_update(config, state, double(*density));
+  if (grad_scale) *grad_scale = T(r.grad_scale);
+  if (step) *step = r;
+}
+
+}  // namespace detail
+
+namespace cuda {
+
+// state, density, grad_scale and step point to device memory; grad_scale and step may be null.
+template <class T>
+Status lagrangian_update(Exec exec, const LagrangianConfig& config, LagrangianState* state, const T* density,
+                         T* grad_scale, LagrangianStep* step = nullptr) {
+  KVSIFT_TRY(validate(config));
+  KVSIFT_REQUIRE_NOT_NULL(state, "state");
+  KVSIFT_REQUIRE_NOT_NULL(density, "density");
+  detail::lagrangian_update_kernel<<<1, 1, 0, exec.stream>>>(config, state, density, grad_scale, step);
+  KVSIFT_CHECK_LAUNCH();
+  return Status();
+}
+
+}  // namespace cuda
+}  // namespace kvsift
