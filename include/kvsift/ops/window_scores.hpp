@@ -29,6 +29,7 @@
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/dtype.hpp"
 #include "kvsift/core/strided_view.hpp"
+#include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/kv_view.hpp"
 
 namespace kvsift {
@@ -75,6 +76,9 @@ struct WindowScoreParams {
   // Optional [batch, num_q_heads, query capacity] natural-log log-sum-exp of each scored query's
   // scaled logits over the keys it sees, as flash-attention prefill returns it; saves one pass over K.
   const float* lse = nullptr;
+  // Upper bound on kv.length(b), used only for the CUDA launch geometry (which must not depend on the
+  // lengths in device memory); 0 takes the view's capacity.
+  int max_length = 0;
 };
 
 namespace detail {
@@ -93,6 +97,38 @@ KVSIFT_HD inline int scored_queries(int num_queries, int len, int capacity) {
 KVSIFT_HD inline int scored_prefix(int len, int window, std::int64_t cols) {
   const int prefix = len - window;
   return prefix <= 0 ? 0 : (prefix < cols ? prefix : int(cols));
+}
+
+inline constexpr int kLseKeyChunk = 2048;  // keys per block of the CUDA log-sum-exp pass
+
+inline int window_rows_capacity(const WindowScoreParams& p, int max_length, int q_capacity, int group) {
+  const int nq = p.num_queries == kAllQueries ? max_length : p.num_queries;
+  return (nq < q_capacity ? nq : q_capacity) * group;
+}
+
+template <class View>
+int window_max_length(const View& kv, const WindowScoreParams& p) {
+  return p.max_length > 0 ? p.max_length : kv_capacity(kv);
+}
+
+// Scratch of the CUDA path: per (row, key chunk) softmax partials (max, sum) and per row the merged
+// log-sum-exp. Nothing when the caller supplies lse; the host reference needs none.
+struct WindowScoreScratch {
+  float* partials = nullptr;  // pairs
+  float* lse_rows = nullptr;
+};
+
+template <class View, class QT>
+WindowScoreScratch carve_window_scores(WorkspaceCarver& ws, const View& kv, const QueryRows<QT>& q,
+                                       const WindowScoreParams& p) {
+  WindowScoreScratch s;
+  const int max_len = window_max_length(kv, p);
+  if (p.lse || max_len <= 0 || kv.num_kv_heads <= 0 || q.num_heads <= 0) return s;
+  const int rows = window_rows_capacity(p, max_len, q.capacity, q.num_heads / kv.num_kv_heads);
+  const int chunks = (max_len + kLseKeyChunk - 1) / kLseKeyChunk;
+  s.partials = ws.take<float>(std::size_t(kv.batch) * kv.num_kv_heads * rows * chunks * 2);
+  s.lse_rows = ws.take<float>(std::size_t(kv.batch) * kv.num_kv_heads * rows);
+  return s;
 }
 
 template <class View, class QT>
@@ -119,13 +155,24 @@ Status validate_window_scores(const View& kv, const QueryRows<QT>& q, const Wind
 
 }  // namespace detail
 
+// Workspace for window_scores from shapes alone (0 when params.lse is given).
+template <class View, class QT>
+std::size_t window_scores_workspace_bytes(const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params) {
+  WorkspaceCarver ws(nullptr, 0);
+  detail::carve_window_scores(ws, kv, q, params);
+  return ws.required_bytes();
+}
+
 namespace host {
 
 // Reference: per query, logits in double, its log-sum-exp (or the given one), then the column sums.
+// The workspace arguments mirror the CUDA signature; the host needs none.
 template <class View, class QT>
 Status window_scores(Exec, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params,
-                     StridedView2D<float> scores) {
+                     StridedView2D<float> scores, void* workspace = nullptr, std::size_t workspace_bytes = 0) {
   static_assert(check_kv_view<View>());
+  (void)workspace;
+  (void)workspace_bytes;
   KVSIFT_TRY(detail::validate_window_scores(kv, q, params, scores));
   const int d = kv.head_dim, G = q.num_heads / kv.num_kv_heads;
   const double scale = detail::resolve_sm_scale(params.sm_scale, d);

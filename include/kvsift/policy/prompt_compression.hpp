@@ -21,6 +21,7 @@
 
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/workspace.hpp"
+#include "kvsift/kv/contiguous_kv.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/ops/cluster_flags.hpp"
 #include "kvsift/ops/compact_kv.hpp"
@@ -90,7 +91,36 @@ struct CompressionScratch {
   std::int32_t* kept = nullptr;
   std::int32_t* kept_counts = nullptr;
   std::size_t cluster_ws_bytes = 0;
+  void* scores_ws = nullptr;
+  std::size_t scores_ws_bytes = 0;
 };
+
+// The window-score parameters of a policy (SnapKV and ClusterAttn: the window; H2O: all queries).
+inline WindowScoreParams score_params(const PromptCompressionConfig& c, const PromptCompressionShape& s,
+                                      const float* lse) {
+  WindowScoreParams p;
+  p.window = c.window;
+  p.num_queries = c.policy == CompressionPolicy::kH2OPrefill ? kAllQueries : c.window;
+  p.sm_scale = c.sm_scale;
+  p.heads = c.heads;
+  p.lse = lse;
+  p.max_length = s.max_prompt_len;
+  return p;
+}
+
+// Window-score scratch for the largest shape, from a stand-in view and query rows (only their
+// shapes matter).
+inline std::size_t compression_score_ws_bytes(const PromptCompressionConfig& c, const PromptCompressionShape& s,
+                                              bool lse_given, int q_capacity) {
+  if (c.policy == CompressionPolicy::kStreamingLLM || lse_given) return 0;
+  ContiguousKV<float> shape_kv;
+  shape_kv.batch = s.batch;
+  shape_kv.num_kv_heads = s.num_kv_heads;
+  QueryRows<float> shape_q;
+  shape_q.num_heads = s.num_q_heads;
+  shape_q.capacity = q_capacity;
+  return window_scores_workspace_bytes(shape_kv, shape_q, score_params(c, s, nullptr));
+}
 
 inline CompressionScratch carve_compression(WorkspaceCarver& ws, const PromptCompressionConfig& c,
                                             const PromptCompressionShape& s) {
@@ -106,6 +136,9 @@ inline CompressionScratch carve_compression(WorkspaceCarver& ws, const PromptCom
   x.row_lengths = ws.take<std::int32_t>(std::size_t(rows));
   x.kept = ws.take<std::int32_t>(std::size_t(rows * (c.budget() > 0 ? c.budget() : 0)));
   x.kept_counts = ws.take<std::int32_t>(std::size_t(rows));
+  // Sized for the worst case (no lse from the engine, every prompt row a query for H2O).
+  x.scores_ws_bytes = compression_score_ws_bytes(c, s, false, s.max_prompt_len);
+  x.scores_ws = ws.take<unsigned char>(x.scores_ws_bytes);
   return x;
 }
 
@@ -173,9 +206,8 @@ Status compress_prompt(Exec exec, const PromptCompressionConfig& config, const P
       break;
     case CompressionPolicy::kSnapKV:
     case CompressionPolicy::kH2OPrefill: {
-      WindowScoreParams sp{config.window, config.window, config.sm_scale, config.heads, lse};
-      if (config.policy == CompressionPolicy::kH2OPrefill) sp.num_queries = kAllQueries;
-      KVSIFT_TRY(window_scores(exec, src, queries, sp, scores));
+      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.scores_ws,
+                               x.scores_ws_bytes));
       if (config.policy == CompressionPolicy::kSnapKV) {
         KVSIFT_TRY(pool_scores(exec, selection_scores, x.row_lengths, config.pool, make_strided_view(x.pooled, rows, cols)));
         selection_scores = make_strided_view<const float>(x.pooled, rows, cols);
@@ -184,8 +216,8 @@ Status compress_prompt(Exec exec, const PromptCompressionConfig& config, const P
       break;
     }
     case CompressionPolicy::kClusterAttn: {
-      WindowScoreParams sp{config.window, config.window, config.sm_scale, config.heads, lse};
-      KVSIFT_TRY(window_scores(exec, src, queries, sp, scores));
+      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.scores_ws,
+                               x.scores_ws_bytes));
       auto flags = make_strided_view(x.flags, rows, cols);
       KVSIFT_TRY(cluster_flags(exec, selection_scores, x.row_lengths, config.cluster(), flags, x.cluster_ws,
                                x.cluster_ws_bytes));

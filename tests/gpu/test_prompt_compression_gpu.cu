@@ -1,0 +1,193 @@
+// compress_prompt end to end on the GPU. The window scores are fp32 sums whose last bits depend on
+// the order of summation, so the reference selection runs on the host over the scores the GPU
+// computed (a standalone cuda::window_scores call, bitwise reproducible); every later stage and the
+// stitched cache must then match exactly. Also: CUDA-graph capture and replay.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "support/device_buffer.cuh"
+#include "support/prompt_fixtures.hpp"
+
+namespace kc = kvsift::cuda;
+namespace kh = kvsift::host;
+using namespace kvsift;
+using kvsift_test::DeviceBuffer;
+using kvsift_test::Prompt;
+
+namespace {
+
+struct DevicePrompt {
+  Prompt& p;
+  std::vector<__nv_bfloat16> k, v, q;
+  DeviceBuffer<__nv_bfloat16> dk, dv, dq;
+  DeviceBuffer<std::int32_t> dlen;
+  explicit DevicePrompt(Prompt& prompt)
+      : p(prompt), k(to_bf16(p.k)), v(to_bf16(p.v)), q(to_bf16(p.q)), dk(k), dv(v), dq(q), dlen(p.lengths) {}
+  static std::vector<__nv_bfloat16> to_bf16(const std::vector<float>& x) {
+    std::vector<__nv_bfloat16> out(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) out[i] = __float2bfloat16_rn(x[i]);
+    return out;
+  }
+  ContiguousKV<__nv_bfloat16> device_view() {
+    return make_bhsd(dk.get(), dv.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
+  }
+  ContiguousKV<__nv_bfloat16> host_view() {
+    return make_bhsd(k.data(), v.data(), p.batch, p.kv_heads, p.capacity, p.head_dim, p.lengths.data());
+  }
+};
+
+// The selection a policy makes on given scores, on the host.
+void host_select(const PromptCompressionConfig& c, std::vector<float>& scores, std::vector<std::int32_t>& row_len,
+                 int rows, int cols, IndexSet kept) {
+  TopKParams select;
+  select.k = c.budget();
+  select.lengths = row_len.data();
+  auto view = make_strided_view<const float>(scores.data(), rows, cols);
+  std::vector<float> pooled(scores.size());
+  std::vector<std::uint8_t> flags(scores.size());
+  switch (c.policy) {
+    case CompressionPolicy::kStreamingLLM:
+      select.sink = c.sinks;
+      select.recent = c.budget() - c.sinks;
+      REQUIRE(topk(kh::Exec{}, view, select, kept).ok());
+      break;
+    case CompressionPolicy::kSnapKV:
+      REQUIRE(kh::pool_scores(kh::Exec{}, view, row_len.data(), c.pool, make_strided_view(pooled.data(), rows, cols)).ok());
+      REQUIRE(topk(kh::Exec{}, make_strided_view<const float>(pooled.data(), rows, cols), select, kept).ok());
+      break;
+    case CompressionPolicy::kH2OPrefill:
+      REQUIRE(topk(kh::Exec{}, view, select, kept).ok());
+      break;
+    case CompressionPolicy::kClusterAttn: {
+      REQUIRE(kh::cluster_flags(kh::Exec{}, view, row_len.data(), c.cluster(), make_strided_view(flags.data(), rows, cols)).ok());
+      FlagFirstKey<float> key;
+      key.flags = flags.data();
+      key.row_stride = cols;
+      REQUIRE(topk(kh::Exec{}, view, select, kept, static_cast<float*>(nullptr), key).ok());
+      break;
+    }
+  }
+}
+
+void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads) {
+  PromptCompressionConfig c;
+  c.policy = policy;
+  c.heads = heads;
+  c.capacity = 96;
+  c.window = 16;
+  c.num_block = 24;
+  c.theta = 0.02f;
+  const int L = 700;
+  Prompt p(rng, 3, 2, 4, L, 64, policy == CompressionPolicy::kH2OPrefill ? L : c.window);
+  p.lengths = {L, kvsift_test::uniform_int(rng, c.capacity + 1, L), kvsift_test::uniform_int(rng, c.window + 1, c.capacity)};
+  DevicePrompt dp(p);
+  const PromptCompressionShape shape{p.batch, p.kv_heads, p.q_heads, L};
+  const int H = shape.score_heads(c), rows = p.batch * H;
+
+  // GPU pipeline into a fresh BHSD destination.
+  std::vector<std::int32_t> dst_len_h(p.batch, c.capacity);
+  DeviceBuffer<__nv_bfloat16> dst_k(std::size_t(rows) * c.capacity * p.head_dim), dst_v(dst_k.size());
+  DeviceBuffer<std::int32_t> dst_len(dst_len_h), new_len(p.batch), positions(std::size_t(rows) * c.capacity);
+  DeviceBuffer<unsigned char> ws(compress_prompt_workspace_bytes(c, shape));
+  for (auto* b : {&dst_k, &dst_v}) b->poison();
+  new_len.poison();
+  positions.poison();
+  auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, H, c.capacity, p.head_dim, dst_len.get());
+  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.batch, p.q_rows, p.q_heads, p.head_dim);
+  const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
+  REQUIRE(compress_prompt(kc::Exec{}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+  kvsift_test::sync_and_check();
+
+  // The scores the GPU computes, then the host's selection and compaction on them.
+  std::vector<float> scores(std::size_t(rows) * L, 0.f);
+  if (policy != CompressionPolicy::kStreamingLLM) {
+    DeviceBuffer<float> dscores(scores.size());
+    const auto sp = detail::score_params(c, shape, nullptr);
+    DeviceBuffer<unsigned char> sws(std::max<std::size_t>(1, window_scores_workspace_bytes(dp.device_view(), q, sp)));
+    REQUIRE(kc::window_scores(kc::Exec{}, dp.device_view(), q, sp, make_strided_view(dscores.get(), rows, L), sws.get(),
+                              sws.size()).ok());
+    kvsift_test::sync_and_check();
+    scores = dscores.download();
+  }
+  std::vector<std::int32_t> row_len(rows);
+  REQUIRE(kh::scored_prefix_lengths(kh::Exec{}, dp.host_view(), c.window, H, L, row_len.data()).ok());
+  std::vector<std::int32_t> kept(std::size_t(rows) * c.budget()), counts(rows);
+  auto kept_set = make_index_set(kept.data(), counts.data(), rows, c.budget());
+  host_select(c, scores, row_len, rows, L, kept_set);
+  std::vector<__nv_bfloat16> hk(dst_k.size()), hv(dst_k.size());
+  std::memset(static_cast<void*>(hk.data()), kvsift_test::kPoisonByte, hk.size() * 2);
+  std::memset(static_cast<void*>(hv.data()), kvsift_test::kPoisonByte, hv.size() * 2);
+  std::vector<std::int32_t> h_new(p.batch), h_pos(std::size_t(rows) * c.capacity);
+  auto host_dst = make_bhsd(hk.data(), hv.data(), p.batch, H, c.capacity, p.head_dim, dst_len_h.data());
+  REQUIRE(kh::compact_kv(kh::Exec{}, dp.host_view(), as_const(kept_set), c.window, host_dst,
+                         CompactOutputs{h_new.data(), h_pos.data(), c.capacity}).ok());
+
+  CHECK(new_len.download() == h_new);
+  CHECK(positions.download() == h_pos);
+  const auto gk = dst_k.download(), gv = dst_v.download();
+  CHECK(std::memcmp(gk.data(), hk.data(), gk.size() * 2) == 0);
+  CHECK(std::memcmp(gv.data(), hv.data(), gv.size() * 2) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("compress_prompt on the GPU: every policy and GQA mode equals the host selection") {
+  auto rng = kvsift_test::make_rng(80);
+  for (auto policy : {CompressionPolicy::kClusterAttn, CompressionPolicy::kSnapKV, CompressionPolicy::kStreamingLLM,
+                      CompressionPolicy::kH2OPrefill})
+    for (auto heads : {ScoreHeads::kKvHeadMean, ScoreHeads::kQueryHead}) {
+      CAPTURE(static_cast<int>(policy));
+      CAPTURE(static_cast<int>(heads));
+      run_policy(rng, policy, heads);
+    }
+}
+
+TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths") {
+  auto rng = kvsift_test::make_rng(81);
+  PromptCompressionConfig c;
+  c.capacity = 128;
+  c.window = 32;
+  const int L = 1000;
+  Prompt p(rng, 2, 2, 4, L, 128, c.window);
+  DevicePrompt dp(p);
+  const PromptCompressionShape shape{p.batch, p.kv_heads, p.q_heads, L};
+  const int rows = p.batch * p.kv_heads;
+  DeviceBuffer<__nv_bfloat16> dst_k(std::size_t(rows) * c.capacity * p.head_dim), dst_v(dst_k.size());
+  DeviceBuffer<std::int32_t> dst_len(std::vector<std::int32_t>(p.batch, c.capacity)), new_len(p.batch),
+      positions(std::size_t(rows) * c.capacity);
+  DeviceBuffer<unsigned char> ws(compress_prompt_workspace_bytes(c, shape));
+  auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, p.kv_heads, c.capacity, p.head_dim, dst_len.get());
+  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.batch, c.window, p.q_heads, p.head_dim);
+  const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
+
+  cudaStream_t stream;
+  KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const Status captured = compress_prompt(kc::Exec{stream}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size());
+  KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  REQUIRE(captured.ok());
+  KVSIFT_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  for (int round = 0; round < 2; ++round) {
+    p.lengths = {kvsift_test::uniform_int(rng, c.capacity, L), kvsift_test::uniform_int(rng, c.window + 1, L)};
+    dp.dlen.upload(p.lengths);
+    positions.poison();
+    KVSIFT_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+    const auto replayed = positions.download();
+    positions.poison();
+    REQUIRE(compress_prompt(kc::Exec{stream}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+    KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+    CHECK(positions.download() == replayed);
+    const auto lens = new_len.download();
+    for (int b = 0; b < p.batch; ++b) CHECK(lens[b] == std::min(c.capacity, p.lengths[b]));
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}

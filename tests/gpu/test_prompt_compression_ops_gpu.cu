@@ -1,0 +1,226 @@
+// Stages of prompt compression on the GPU against the host reference: window scores (to fp32
+// rounding), and pooling, clustering, compaction and attention cosine on identical inputs.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "support/device_buffer.cuh"
+#include "support/kv_fixtures.hpp"
+#include "support/prompt_fixtures.hpp"
+
+namespace kc = kvsift::cuda;
+namespace kh = kvsift::host;
+using kvsift::make_strided_view;
+using kvsift_test::DeviceBuffer;
+using kvsift_test::Prompt;
+
+namespace {
+
+template <class T>
+std::vector<T> convert(const std::vector<float>& v) {
+  std::vector<T> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = kvsift::from_float<T>(v[i]);
+  return out;
+}
+template <class T>
+std::vector<float> widen(const std::vector<T>& v) {
+  std::vector<float> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = kvsift::to_float(v[i]);
+  return out;
+}
+
+// Window scores of one configuration on both backends; dtype T for Q and K.
+template <class T>
+void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_queries, kvsift::ScoreHeads heads,
+                           bool give_lse) {
+  const int q_rows = num_queries == kvsift::kAllQueries ? 300 : window;
+  Prompt p(rng, 3, 2, group, 300, 64, q_rows);
+  p.lengths = {300, kvsift_test::uniform_int(rng, 1, 300), kvsift_test::uniform_int(rng, window + 1, 300)};
+  // Round the inputs to T so host and device see the same values.
+  p.k = widen(convert<T>(p.k));
+  p.q = widen(convert<T>(p.q));
+  const int H = heads == kvsift::ScoreHeads::kKvHeadMean ? p.kv_heads : p.q_heads;
+  const int rows = p.batch * H, cols = 300;
+  kvsift::WindowScoreParams params;
+  params.window = window;
+  params.num_queries = num_queries;
+  params.heads = heads;
+
+  // The engine's log-sum-exp, when given, comes from the host reference's definition.
+  std::vector<float> lse;
+  if (give_lse) {
+    lse.assign(std::size_t(p.batch) * p.q_heads * q_rows, 0.f);
+    auto kv = p.view();
+    for (int b = 0; b < p.batch; ++b) {
+      const int L = p.lengths[b], nq = num_queries == kvsift::kAllQueries ? L : std::min(window, L);
+      for (int h = 0; h < p.q_heads; ++h)
+        for (int i = 0; i < nq; ++i) {
+          double m = -INFINITY, s = 0;
+          std::vector<double> l;
+          for (int j = 0; j <= L - nq + i; ++j) {
+            double dot = 0;
+            for (int e = 0; e < 64; ++e) dot += double(p.queries().row(b, i, h)[e]) * double(kv.k_row(b, h / group, j)[e]);
+            l.push_back(dot / 8.0);
+            m = std::max(m, l.back());
+          }
+          for (double x : l) s += std::exp(x - m);
+          lse[(std::size_t(b) * p.q_heads + h) * q_rows + i] = float(m + std::log(s));
+        }
+    }
+    params.lse = lse.data();
+  }
+  std::vector<float> expect(std::size_t(rows) * cols, -3.f);
+  REQUIRE(kh::window_scores(kh::Exec{}, p.view(), p.queries(), params, make_strided_view(expect.data(), rows, cols)).ok());
+
+  DeviceBuffer<T> dk(convert<T>(p.k)), dq(convert<T>(p.q));
+  DeviceBuffer<std::int32_t> dlen(p.lengths);
+  DeviceBuffer<float> dlse(lse), out(std::size_t(rows) * cols);
+  out.poison();
+  auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
+  auto q = kvsift::make_query_rows<T>(dq.get(), p.batch, q_rows, p.q_heads, p.head_dim);
+  if (give_lse) params.lse = dlse.get();
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, kvsift::window_scores_workspace_bytes(kv, q, params)));
+  REQUIRE(kc::window_scores(kc::Exec{}, kv, q, params, make_strided_view(out.get(), rows, cols), ws.get(), ws.size()).ok());
+  kvsift_test::sync_and_check();
+  const auto got = out.download();
+  for (int r = 0; r < rows; ++r) {
+    const int prefix = std::max(0, p.lengths[r / H] - window);
+    for (int j = 0; j < cols; ++j) {
+      const float e = expect[std::size_t(r) * cols + j], g = got[std::size_t(r) * cols + j];
+      if (j >= prefix) {
+        REQUIRE(std::isnan(g));  // untouched poison
+      } else {
+        REQUIRE_MESSAGE(std::fabs(g - e) <= 1e-4f * std::fabs(e) + 1e-6f, "row ", r, " col ", j, ": ", g, " vs ", e);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("window_scores on the GPU matches the host reference") {
+  auto rng = kvsift_test::make_rng(70);
+  for (int group : {1, 4})
+    for (auto heads : {kvsift::ScoreHeads::kKvHeadMean, kvsift::ScoreHeads::kQueryHead}) {
+      compare_window_scores<float>(rng, group, 32, 32, heads, false);
+      compare_window_scores<__nv_bfloat16>(rng, group, 7, 7, heads, false);
+    }
+  compare_window_scores<kvsift::half_t>(rng, 4, 16, 16, kvsift::ScoreHeads::kKvHeadMean, true);
+  compare_window_scores<float>(rng, 2, 16, kvsift::kAllQueries, kvsift::ScoreHeads::kKvHeadMean, false);  // H2O
+}
+
+TEST_CASE("pooling and density clustering on the GPU equal the host on the same scores") {
+  auto rng = kvsift_test::make_rng(71);
+  const int rows = 5, cols = 3000;
+  std::vector<float> s(std::size_t(rows) * cols);
+  for (auto& x : s) x = kvsift_test::uniform_int(rng, 0, 30) == 0 ? 0.5f * kvsift_test::uniform_int(rng, 1, 5) : 1e-3f * kvsift_test::uniform_int(rng, 0, 3);
+  std::vector<std::int32_t> len = {cols, 0, 1, kvsift_test::uniform_int(rng, 2, cols), 1999};
+  DeviceBuffer<float> ds(s), dout(s.size());
+  DeviceBuffer<std::int32_t> dlen(len);
+  for (auto kind : {kvsift::PoolKind::kAvg, kvsift::PoolKind::kMax}) {
+    std::vector<float> expect(s.size(), 0.f);
+    std::memset(expect.data(), kvsift_test::kPoisonByte, expect.size() * sizeof(float));
+    REQUIRE(kh::pool_scores(kh::Exec{}, make_strided_view<const float>(s.data(), rows, cols), len.data(), {kind, 7},
+                            make_strided_view(expect.data(), rows, cols)).ok());
+    dout.poison();
+    REQUIRE(kc::pool_scores(kc::Exec{}, make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), {kind, 7},
+                            make_strided_view(dout.get(), rows, cols)).ok());
+    kvsift_test::sync_and_check();
+    const auto got = dout.download();
+    CHECK(std::memcmp(got.data(), expect.data(), got.size() * sizeof(float)) == 0);
+  }
+  for (auto block_rule : {kvsift::BlockRule::kPrefixSplit, kvsift::BlockRule::kBudgetSplit})
+    for (auto radius_rule : {kvsift::RadiusRule::kHalfBlock, kvsift::RadiusRule::kBudgetBlocks, kvsift::RadiusRule::kFixed}) {
+      kvsift::ClusterParams c;
+      c.num_block = 37;
+      c.theta = 0.7f;
+      c.budget = 500;
+      c.block_rule = block_rule;
+      c.radius_rule = radius_rule;
+      c.fixed_radius = 9;
+      std::vector<std::uint8_t> expect(s.size(), 0xFF);
+      REQUIRE(kh::cluster_flags(kh::Exec{}, make_strided_view<const float>(s.data(), rows, cols), len.data(), c,
+                                make_strided_view(expect.data(), rows, cols)).ok());
+      DeviceBuffer<std::uint8_t> dflags(s.size());
+      DeviceBuffer<unsigned char> ws(kvsift::cluster_flags_workspace_bytes(rows, cols));
+      dflags.poison();
+      REQUIRE(kc::cluster_flags(kc::Exec{}, make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), c,
+                                make_strided_view(dflags.get(), rows, cols), ws.get(), ws.size()).ok());
+      kvsift_test::sync_and_check();
+      CHECK(dflags.download() == expect);
+    }
+}
+
+TEST_CASE("compact_kv on the GPU into a paged destination equals the host") {
+  auto rng = kvsift_test::make_rng(72);
+  Prompt p(rng, 3, 2, 4, 200, 128, 1);
+  p.lengths = {200, 90, 13};
+  const int K = 40, W = 16, heads = 8;  // query-head granular destination
+  std::vector<std::int32_t> kept(std::size_t(p.batch) * heads * K, -1), counts(std::size_t(p.batch) * heads);
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const int r = b * heads + h, prefix = std::max(0, p.lengths[b] - W), n = std::min(K, prefix);
+      std::vector<int> all(prefix);
+      for (int j = 0; j < prefix; ++j) all[j] = j;
+      std::shuffle(all.begin(), all.end(), rng);
+      all.resize(n);
+      std::sort(all.begin(), all.end());
+      for (int s = 0; s < n; ++s) kept[std::size_t(r) * K + s] = all[s];
+      counts[r] = n;
+    }
+  kvsift_test::PagedFixture pages(rng, {p.batch, heads, K + W, 128}, 16, kvsift::PageLayout::kNHD);
+  std::vector<std::int32_t> dst_len(p.batch, pages.shape.capacity);
+  // Host reference into a host copy of the page pool.
+  std::vector<float> hk(pages.k.size(), 0.f), hv(hk.size(), 0.f);
+  std::vector<std::int32_t> h_new(p.batch), h_pos(std::size_t(p.batch) * heads * (K + W));
+  auto host_dst = pages.view(hk.data(), hv.data(), pages.block_table.data(), dst_len.data());
+  auto kept_set = kvsift::make_index_set(kept.data(), counts.data(), p.batch * heads, K);
+  REQUIRE(kh::compact_kv(kh::Exec{}, p.view(), kvsift::as_const(kept_set), W, host_dst,
+                         kvsift::CompactOutputs{h_new.data(), h_pos.data(), K + W}).ok());
+
+  DeviceBuffer<float> sk(p.k), sv(p.v), dk(hk.size()), dv(hk.size());
+  DeviceBuffer<std::int32_t> slen(p.lengths), dlen(dst_len), table(pages.block_table), dkept(kept), dcounts(counts),
+      d_new(p.batch), d_pos(h_pos.size());
+  dk.upload(std::vector<float>(hk.size(), 0.f));
+  dv.upload(std::vector<float>(hk.size(), 0.f));
+  d_new.poison();
+  d_pos.poison();
+  auto src = kvsift::make_bhsd(sk.get(), sv.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, slen.get());
+  auto dst = pages.view(dk.get(), dv.get(), table.get(), dlen.get());
+  auto dset = kvsift::make_index_set(dkept.get(), dcounts.get(), p.batch * heads, K);
+  REQUIRE(kc::compact_kv(kc::Exec{}, src, kvsift::as_const(dset), W, dst,
+                         kvsift::CompactOutputs{d_new.get(), d_pos.get(), K + W}).ok());
+  kvsift_test::sync_and_check();
+  CHECK(d_new.download() == h_new);
+  CHECK(d_pos.download() == h_pos);
+  CHECK(dk.download() == hk);
+  CHECK(dv.download() == hv);
+}
+
+TEST_CASE("attention_cosine on the GPU matches the host") {
+  auto rng = kvsift_test::make_rng(73);
+  Prompt p(rng, 2, 2, 4, 500, 64, 3);
+  p.lengths = {500, 321};
+  const int heads = 2, slots = 100;
+  std::vector<std::int32_t> pos(std::size_t(p.batch) * heads * slots, -1);
+  for (int r = 0; r < p.batch * heads; ++r) {
+    int n = 0;
+    for (int j = 0; j < p.lengths[r / heads] && n < slots - 10; j += kvsift_test::uniform_int(rng, 1, 6)) pos[std::size_t(r) * slots + n++] = j;
+  }
+  std::vector<float> expect(std::size_t(p.batch) * p.q_heads * 3);
+  const kvsift::KeptPositions hkp{pos.data(), p.batch * heads, heads, slots, slots};
+  REQUIRE(kh::attention_cosine(kh::Exec{}, p.view(), p.queries(), 3, 0.f, hkp, expect.data()).ok());
+  DeviceBuffer<float> dk(p.k), dq(p.q), out(expect.size());
+  DeviceBuffer<std::int32_t> dlen(p.lengths), dpos(pos);
+  out.poison();
+  auto kv = kvsift::make_bhsd(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
+  auto q = kvsift::make_query_rows<float>(dq.get(), p.batch, 3, p.q_heads, p.head_dim);
+  REQUIRE(kc::attention_cosine(kc::Exec{}, kv, q, 3, 0.f, kvsift::KeptPositions{dpos.get(), p.batch * heads, heads, slots, slots},
+                               out.get()).ok());
+  kvsift_test::sync_and_check();
+  const auto got = out.download();
+  for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == doctest::Approx(expect[i]).epsilon(1e-4));
+}
