@@ -74,20 +74,9 @@ struct TopkCluster {
   }
 };
 
-// Adds one digit per lane to a shared histogram. A warp whose valid lanes share one digit (ties, equal
-// leading bits, later passes) makes one atomic instead of 32 serialized ones.
-__device__ __forceinline__ void histogram_add(int* hist, bool valid, int digit) {
-  const unsigned lanes = __ballot_sync(0xffffffffu, valid);
-  if (lanes == 0u) return;
-  const int lo = int(__reduce_min_sync(0xffffffffu, valid ? unsigned(digit) : 0xffffffffu));
-  const int hi = int(__reduce_max_sync(0xffffffffu, valid ? unsigned(digit) : 0u));
-  const int lane = threadIdx.x % 32;
-  if (lo == hi) {
-    if (lane == __ffs(lanes) - 1) atomicAdd(hist + lo, __popc(lanes));
-  } else if (valid) {
-    atomicAdd(hist + digit, 1);
-  }
-}
+// Keys per thread loaded from shared memory before any is used, so a scan is not one long chain of
+// dependent load -> compare -> atomic steps.
+inline constexpr int kTopkScanBatch = 8;
 
 // Calls visit(valid, position, key) for the positions [lo, hi) of a row read from global memory, with
 // warp-uniform trip counts (visit may use warp collectives). With vector loads, kTopkLoadUnroll
@@ -142,6 +131,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
   __shared__ int warp_gt[kTopkWarps], warp_eq[kTopkWarps];
   __shared__ int cta_gt, cta_eq;            // read by peers through DSMEM
   __shared__ int out_base, eq_still_needed; // this CTA's first output offset; equal keys left to take
+  __shared__ int peer_gt[kTopkMaxCluster], peer_eq[kTopkMaxCluster];
 
   const TopkCluster cluster{a.cluster_size};
   const int rank = int(blockIdx.x) % a.cluster_size;
@@ -195,8 +185,9 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     __syncthreads();
 
     auto count = [&](bool valid, int /*pos*/, K key) {
-      const bool match = valid && (pass == 0 || (key >> prev_shift) == prefix);
-      histogram_add(h, match, int((key >> shift) & digit_mask));
+      // Plain shared atomics: warp aggregation (ballot + reductions per element) cost more on typical
+      // data than it saved on all-equal rows, where conflicting atomics merely serialize.
+      if (valid && (pass == 0 || (key >> prev_shift) == prefix)) atomicAdd(h + int((key >> shift) & digit_mask), 1);
     };
     if (pass == 0 && a.cached) {
       for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key) {
@@ -204,10 +195,18 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
         count(valid, pos, key);
       });
     } else if (a.cached) {
-      for (int base = lo; base < hi; base += kTopkThreads) {
-        const int pos = base + tid;
-        const bool valid = pos < hi;
-        count(valid, pos, valid ? cache[pos - slice_lo] : K(0));
+      for (int base = lo; base < hi; base += kTopkThreads * kTopkScanBatch) {
+        K keys[kTopkScanBatch];
+#pragma unroll
+        for (int j = 0; j < kTopkScanBatch; ++j) {
+          const int pos = base + j * kTopkThreads + tid;
+          keys[j] = pos < hi ? cache[pos - slice_lo] : K(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kTopkScanBatch; ++j) {
+          const int pos = base + j * kTopkThreads + tid;
+          count(pos < hi, pos, keys[j]);
+        }
       }
     } else {
       for_each_global_key(a, row_scores, row, lo, hi, count);
@@ -217,13 +216,18 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     // Sum the cluster's histograms. Thread t owns bins [4q, 4q + 4) with q = last - t, so an exclusive
     // scan in thread order counts the keys in higher digits.
     const int q = kTopkThreads - 1 - tid;
+    // All peers' loads are issued before any is summed: one DSMEM round trip, not cluster_size.
+    int4 peer_bins[kTopkMaxCluster];
+#pragma unroll
+    for (int r = 0; r < kTopkMaxCluster; ++r)
+      peer_bins[r] = r < a.cluster_size ? cluster.peer(reinterpret_cast<int4*>(h), r)[q] : make_int4(0, 0, 0, 0);
     int4 bins = make_int4(0, 0, 0, 0);
-    for (int r = 0; r < a.cluster_size; ++r) {
-      const int4 v = cluster.peer(reinterpret_cast<int4*>(h), r)[q];
-      bins.x += v.x;
-      bins.y += v.y;
-      bins.z += v.z;
-      bins.w += v.w;
+#pragma unroll
+    for (int r = 0; r < kTopkMaxCluster; ++r) {
+      bins.x += peer_bins[r].x;
+      bins.y += peer_bins[r].y;
+      bins.z += peer_bins[r].z;
+      bins.w += peer_bins[r].w;
     }
     int above = 0;
     BlockScan(scan_storage).ExclusiveSum(bins.x + bins.y + bins.z + bins.w, above);
@@ -255,12 +259,19 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
   };
 
   int gt = 0, eq = 0;
-  for (int base = warp_lo; base < warp_hi; base += 32) {
-    const int pos = base + lane;
-    const bool valid = pos < warp_hi;
-    const K key = valid ? key_at(pos) : K(0);
-    gt += __popc(__ballot_sync(0xffffffffu, valid && key > kth));
-    eq += __popc(__ballot_sync(0xffffffffu, valid && key == kth));
+  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkScanBatch) {
+    K keys[kTopkScanBatch];
+#pragma unroll
+    for (int j = 0; j < kTopkScanBatch; ++j) {
+      const int pos = chunk + 32 * j + lane;
+      keys[j] = pos < warp_hi ? key_at(pos) : K(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kTopkScanBatch; ++j) {
+      const bool valid = chunk + 32 * j + lane < warp_hi;
+      gt += __popc(__ballot_sync(0xffffffffu, valid && keys[j] > kth));
+      eq += __popc(__ballot_sync(0xffffffffu, valid && keys[j] == kth));
+    }
   }
   if (lane == 0) {
     warp_gt[warp] = gt;
@@ -280,15 +291,18 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     cta_eq = e;
   }
   cluster.sync();
+  if (tid < rank) {  // one thread per lower rank: the DSMEM reads overlap
+    peer_gt[tid] = *cluster.peer(&cta_gt, tid);
+    peer_eq[tid] = *cluster.peer(&cta_eq, tid);
+  }
+  __syncthreads();
   if (tid == 0) {
     // Lower ranks hold lower positions: their selections come first, their equal keys are taken first.
     int selected_before = 0, eq_before = 0;
     for (int r = 0; r < rank; ++r) {
-      const int peer_gt = *cluster.peer(&cta_gt, r);
-      const int peer_eq = *cluster.peer(&cta_eq, r);
       const int peer_take = need - eq_before;
-      selected_before += peer_gt + (peer_take < 0 ? 0 : (peer_take > peer_eq ? peer_eq : peer_take));
-      eq_before += peer_eq;
+      selected_before += peer_gt[r] + (peer_take < 0 ? 0 : (peer_take > peer_eq[r] ? peer_eq[r] : peer_take));
+      eq_before += peer_eq[r];
     }
     out_base = plan.sink_end + selected_before;
     eq_still_needed = need - eq_before;
@@ -298,17 +312,26 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
   const int eq_budget = eq_still_needed > 0 ? eq_still_needed : 0;
   int offset = out_base + warp_gt[warp] + (warp_eq[warp] < eq_budget ? warp_eq[warp] : eq_budget);
   int eq_seen = warp_eq[warp];
-  for (int base = warp_lo; base < warp_hi; base += 32) {
-    const int pos = base + lane;
-    const bool valid = pos < warp_hi;
-    const K key = valid ? key_at(pos) : K(0);
-    const bool is_eq = valid && key == kth;
-    const unsigned eq_lanes = __ballot_sync(0xffffffffu, is_eq);
-    const bool take = (valid && key > kth) || (is_eq && eq_seen + __popc(eq_lanes & lanes_below) < eq_budget);
-    const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
-    if (take) emit(offset + __popc(take_lanes & lanes_below), pos);
-    offset += __popc(take_lanes);
-    eq_seen += __popc(eq_lanes);
+  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkScanBatch) {
+    K keys[kTopkScanBatch];
+#pragma unroll
+    for (int j = 0; j < kTopkScanBatch; ++j) {
+      const int pos = chunk + 32 * j + lane;
+      keys[j] = pos < warp_hi ? key_at(pos) : K(0);
+    }
+#pragma unroll
+    for (int j = 0; j < kTopkScanBatch; ++j) {
+      const int pos = chunk + 32 * j + lane;
+      const bool valid = pos < warp_hi;
+      const bool is_eq = valid && keys[j] == kth;
+      const unsigned eq_lanes = __ballot_sync(0xffffffffu, is_eq);
+      const bool take =
+          (valid && keys[j] > kth) || (is_eq && eq_seen + __popc(eq_lanes & lanes_below) < eq_budget);
+      const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
+      if (take) emit(offset + __popc(take_lanes & lanes_below), pos);
+      offset += __popc(take_lanes);
+      eq_seen += __popc(eq_lanes);
+    }
   }
 }
 
