@@ -15,5 +15,6 @@
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
+#include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/gates/gates.hpp"

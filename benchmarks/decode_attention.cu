@@ -1,0 +1,154 @@
+// decode_attention on a Llama-3-8B layer (32 query heads, 8 KV heads, head_dim 128, bf16), cold L2.
+// Bytes counted: K and V rows the op must read (dense: every token; gathered: the selected ones),
+// plus q, out and the index rows. Baselines (torch SDPA cuDNN / flash, gather + SDPA) come from
+// benchmarks/torch_decode_attention.py on the same shapes.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "kvsift/ops/decode_attention.cuh"
+#include "support/bench_support.cuh"
+
+namespace {
+
+using BF16 = __nv_bfloat16;
+constexpr int kHq = 32, kHkv = 8, kD = 128;
+
+enum class Mode { kDense, kGatherToken, kGatherBlock, kMixed };
+
+int num_sms() {
+  int dev = 0, sms = 0;
+  KVSIFT_BENCH_CUDA(cudaGetDevice(&dev));
+  KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// Sorted random selections: `per_row` distinct tokens (or blocks) per (batch, KV head) row.
+std::vector<std::int32_t> random_rows(int rows, int units, int per_row, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> all(units), out;
+  out.reserve(std::size_t(rows) * per_row);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < units; ++i) all[i] = i;
+    for (int i = 0; i < per_row; ++i) std::swap(all[i], all[i + rng() % (units - i)]);
+    std::sort(all.begin(), all.begin() + per_row);
+    out.insert(out.end(), all.begin(), all.begin() + per_row);
+  }
+  return out;
+}
+
+struct Inputs {
+  int batch, seq;
+  kvsift_bench::DeviceArray<BF16> k, v, q, out;
+  kvsift_bench::DeviceArray<std::int32_t> lengths;
+  Inputs(int b, int s, std::size_t kv_elems)
+      : batch(b), seq(s), k(kv_elems), v(kv_elems), q(std::size_t(b) * kHq * kD), out(q.n), lengths(b) {
+    kvsift_bench::fill_uniform_bf16(k.get(), k.n, -1.f, 1.f, 11);
+    kvsift_bench::fill_uniform_bf16(v.get(), v.n, -1.f, 1.f, 12);
+    kvsift_bench::fill_uniform_bf16(q.get(), q.n, -1.f, 1.f, 13);
+    std::vector<std::int32_t> len(b, s);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), len.data(), len.size() * 4, cudaMemcpyHostToDevice));
+  }
+};
+
+template <class View>
+void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block) {
+  auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
+  p.num_sms = num_sms();
+  const int gblock = mode == Mode::kGatherBlock || mode == Mode::kMixed ? block : 1;
+  const int per_row = selected / gblock;
+  kvsift_bench::DeviceArray<std::int32_t> idx(std::size_t(in.batch) * kHkv * std::max(per_row, 1)),
+      counts(std::size_t(in.batch) * kHkv);
+  double kv_tokens = double(in.batch) * kHkv * in.seq;
+  if (mode != Mode::kDense) {
+    const auto rows = random_rows(in.batch * kHkv, in.seq / gblock, per_row, 7);
+    std::vector<std::int32_t> cnt(std::size_t(in.batch) * kHkv, per_row);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(idx.get(), rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+    KVSIFT_BENCH_CUDA(cudaMemcpy(counts.get(), cnt.data(), cnt.size() * 4, cudaMemcpyHostToDevice));
+    auto set = kvsift::make_index_set(idx.get(), counts.get(), in.batch * kHkv, per_row,
+                                      gblock > 1 ? kvsift::Granularity::kBlock : kvsift::Granularity::kToken, gblock);
+    p.gather = kvsift::as_const(set);
+    p.roles = kvsift::HeadRoleMask::all_gathered(kHkv);
+    if (mode == Mode::kMixed) p.roles.set_gathered(0, false);
+    const int dense_heads = mode == Mode::kMixed ? 1 : 0;
+    kv_tokens = double(in.batch) * (dense_heads * double(in.seq) + (kHkv - dense_heads) * double(selected));
+  }
+  kvsift_bench::DeviceArray<float> scores(std::size_t(in.batch) * kHkv * (in.seq / std::max(score_block, 1) + 1));
+  if (score_block > 0) {
+    p.scores = scores.get();
+    p.score_block_size = score_block;
+    p.score_row_stride = in.seq / score_block + 1;
+  }
+  std::size_t bytes = 0;
+  auto st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  const double traffic = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() +
+                         (mode != Mode::kDense ? double(idx.bytes()) : 0.0);
+  kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
+    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
+  });
+  kvsift::detail::DecodePlan plan;
+  if (kvsift::detail::plan_decode_attention(kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile * in.batch;
+}
+
+// Contiguous [B, S, Hkv, d] (BSHD, as a static cache keeps it) or BHSD when range(2) == 1.
+void BM_Contiguous(benchmark::State& state, Mode mode, int block, int score_block) {
+  const int B = int(state.range(0)), S = int(state.range(1));
+  Inputs in(B, S, std::size_t(B) * S * kHkv * kD);
+  const auto kv = state.range(2) ? kvsift::make_bhsd(in.k.get(), in.v.get(), B, kHkv, S, kD, in.lengths.get())
+                                 : kvsift::make_bshd(in.k.get(), in.v.get(), B, kHkv, S, kD, in.lengths.get());
+  run(state, in, kv, mode, 4096, block, score_block);
+}
+
+// Paged NHD, page size range(2), pages of each sequence scattered by a random permutation.
+void BM_Paged(benchmark::State& state, Mode mode, int block) {
+  const int B = int(state.range(0)), S = int(state.range(1)), page = int(state.range(2));
+  const int max_pages = S / page, num_pages = B * max_pages;
+  Inputs in(B, S, std::size_t(num_pages) * page * kHkv * kD);
+  std::vector<std::int32_t> table(num_pages);
+  for (int i = 0; i < num_pages; ++i) table[i] = i;
+  std::shuffle(table.begin(), table.end(), std::mt19937_64(3));
+  kvsift_bench::DeviceArray<std::int32_t> dtable(table.size());
+  KVSIFT_BENCH_CUDA(cudaMemcpy(dtable.get(), table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  const auto kv = kvsift::make_paged(in.k.get(), in.v.get(), dtable.get(), B, max_pages, num_pages, kHkv, page, kD,
+                                     kvsift::PageLayout::kNHD, in.lengths.get());
+  run(state, in, kv, mode, 4096, block, 0);
+}
+
+void dense_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int s : {32768, 131072}) b->Args({batch, s, 0});
+  b->Args({1, 131072, 1});  // BHSD
+}
+void batch_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8}) b->Args({batch, 131072, 0});
+}
+void paged_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int page : {16, 64}) b->Args({batch, 131072, page});
+  b->Args({1, 32768, 16});
+}
+void paged_gather_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8}) b->Args({batch, 131072, 16});
+}
+
+}  // namespace
+
+#define KVSIFT_DECODE_BENCH(name, fn, shapes, ...)                                                    \
+  BENCHMARK_CAPTURE(fn, name, __VA_ARGS__)->Apply(shapes)->UseManualTime()->Unit(benchmark::kMicrosecond)
+
+KVSIFT_DECODE_BENCH(dense, BM_Contiguous, dense_shapes, Mode::kDense, 1, 0);
+KVSIFT_DECODE_BENCH(dense_blockmax_scores, BM_Contiguous, batch_shapes, Mode::kDense, 1, 64);
+KVSIFT_DECODE_BENCH(gather_token_4096, BM_Contiguous, batch_shapes, Mode::kGatherToken, 1, 0);
+KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Contiguous, batch_shapes, Mode::kGatherBlock, 64, 0);
+KVSIFT_DECODE_BENCH(mixed_1dense_7block64, BM_Contiguous, batch_shapes, Mode::kMixed, 64, 0);
+KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
+KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Paged, paged_gather_shapes, Mode::kGatherBlock, 64);

@@ -1,0 +1,112 @@
+#pragma once
+// CUDA-core split kernel, used for float K/V (the tensor-core kernel needs 16-bit operands).
+// It keeps full fp32 precision: each warp takes one token at a time, every lane owns head_dim / 32
+// dimensions, and the dot products are warp reductions. Same work decomposition, workspace and
+// epilogue as the tensor-core kernel; rows come in tiles of 8.
+
+#include "kvsift/ops/detail/decode_attention_common.cuh"
+
+namespace kvsift {
+namespace detail {
+
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const __grid_constant__ DecodeArgs<View, QT> a) {
+  using T = std::remove_const_t<typename View::value_type>;
+  constexpr int R = 8;
+  constexpr int kPer = D / 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);
+
+  const DecodeWork w = locate_work(a);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const KvRows<View> rows(a.kv, w.b, w.h);
+
+  const int q_rows = a.q_len * a.group;
+  const bool score_tile = a.scores != nullptr && !w.gathered && q_rows / R == w.tile;
+  const int score_row = q_rows - w.tile * R;
+  const bool block_scores = a.score_block_size > 1;
+  unsigned* scratch = block_max_scratch(sm);
+  if (score_tile && block_scores)
+    for (int i = threadIdx.x; i < a.chunk / a.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
+  __syncthreads();
+
+  float q[R][kPer], o[R][kPer], m[R], l[R];
+  int limit[R];
+  bool live[R];
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    const int r = w.tile * R + rr;
+    live[rr] = r < a.rows;
+    limit[rr] = w.len - 1;
+    m[rr] = -INFINITY;
+    l[rr] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) q[rr][i] = o[rr][i] = 0.f;
+    if (r < q_rows) {
+      const int qpos = r / a.group;
+      const QT* qp = a.q + w.b * a.q_batch_stride + qpos * a.q_token_stride + (w.h * a.group + r % a.group) * a.q_head_stride;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) q[rr][i] = to_float(qp[lane * kPer + i]);
+      limit[rr] = w.len - a.q_len + qpos;
+    } else if (r == q_rows && a.scores != nullptr) {
+      for (int gg = 0; gg < a.group; ++gg) {
+        const QT* qp = a.q + w.b * a.q_batch_stride + (a.q_len - 1) * a.q_token_stride + (w.h * a.group + gg) * a.q_head_stride;
+#pragma unroll
+        for (int i = 0; i < kPer; ++i) q[rr][i] += to_float(qp[lane * kPer + i]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) q[rr][i] /= a.group;
+    }
+  }
+
+  for (int pos = warp; pos < w.positions; pos += kDecodeWarps) {
+    const int t = w.token(pos);
+    if (t < 0) continue;  // uniform across the warp
+    const T* kp = rows.k(t) + lane * kPer;
+    const T* vp = rows.v(t) + lane * kPer;
+    float k[kPer], v[kPer];
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      k[i] = to_float(kp[i]);
+      v[i] = to_float(vp[i]);
+    }
+#pragma unroll
+    for (int rr = 0; rr < R; ++rr) {
+      if (!live[rr]) continue;
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) dot = fmaf(q[rr][i], k[i], dot);
+      dot = warp_sum(dot);
+      if (score_tile && rr == score_row && lane == 0) {
+        if (block_scores)
+          atomicMax(scratch + pos / a.score_block_size, ordered_key(dot));
+        else
+          a.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.score_row_stride + t] = dot;
+      }
+      if (t > limit[rr]) continue;
+      const float x = dot * a.scale_log2;
+      const float m_new = fmaxf(m[rr], x);
+      const float alpha = exp2f(m[rr] - m_new);
+      const float p = exp2f(x - m_new);
+      l[rr] = l[rr] * alpha + p;
+      m[rr] = m_new;
+#pragma unroll
+      for (int i = 0; i < kPer; ++i) o[rr][i] = fmaf(o[rr][i], alpha, p * v[i]);
+    }
+  }
+
+#pragma unroll
+  for (int rr = 0; rr < R; ++rr) {
+    if (lane == 0) {
+      sm.m[warp][rr] = m[rr];
+      sm.l[warp][rr] = l[rr];
+    }
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) sm.o[warp][rr][lane * kPer + i] = o[rr][i];
+  }
+  store_block_partial(sm, a.partial_out, a.partial_lse, w.partial);
+  if (score_tile) finish_scores(a, w, sm);
+}
+
+}  // namespace detail
+}  // namespace kvsift

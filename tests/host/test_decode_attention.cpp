@@ -1,0 +1,263 @@
+// decode_attention's host reference against a naive formula written from the contract: every key
+// gets a multiplicity w_t (dense: 1 below the length; gathered: how often an index entry covers t;
+// 0 past the causal limit), and out = sum_t w_t e^{s_t} v_t / sum_t w_t e^{s_t}, lse = log sum_t w_t e^{s_t}.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kvsift/kvsift.hpp"
+#include "kvsift/ops/decode_attention.hpp"
+#include "support/random.hpp"
+
+using kvsift::bfloat16_t;
+using kvsift::Granularity;
+
+namespace {
+
+struct Problem {
+  int batch = 2, hkv = 2, group = 2, d = 64, cap = 40, q_len = 1;
+  std::vector<std::int32_t> lengths;
+  kvsift::HeadRoleMask roles;
+  Granularity gran = Granularity::kToken;
+  int block = 1, idx_cap = 0;
+  std::vector<std::int32_t> idx, counts;
+  int score_block = 0;  // 0: no scores
+};
+
+template <class T>
+struct Data {
+  std::vector<T> k, v, q;
+};
+
+template <class T>
+void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
+  const int B = pr.batch, H = pr.hkv, G = pr.group, Hq = H * G, D = pr.d, S = pr.cap, QL = pr.q_len;
+  auto k = kvsift_test::random_values<T>(rng, std::size_t(B) * H * S * D);
+  auto v = kvsift_test::random_values<T>(rng, k.size());
+  auto q = kvsift_test::random_values<T>(rng, std::size_t(B) * QL * Hq * D, -2.f, 2.f);
+  std::vector<T> out(q.size());
+  std::vector<float> lse(std::size_t(B) * QL * Hq);
+  const auto kv = kvsift::make_bshd(k.data(), v.data(), B, H, S, D, pr.lengths.data());
+  auto p = kvsift::make_decode_attention_params(q.data(), out.data(), QL, Hq, D);
+  p.lse = lse.data();
+  p.roles = pr.roles;
+  std::vector<std::int32_t> idx = pr.idx, counts = pr.counts;
+  if (!idx.empty()) {
+    auto set = kvsift::make_index_set(idx.data(), counts.data(), B * H, pr.idx_cap, pr.gran, pr.block);
+    p.gather = kvsift::as_const(set);
+  }
+  const int sb = pr.score_block ? pr.score_block : 1;
+  const int cols = (S + sb - 1) / sb;
+  std::vector<float> scores(std::size_t(B) * H * cols, 12345.f);
+  if (pr.score_block) {
+    p.scores = scores.data();
+    p.score_row_stride = cols;
+    p.score_block_size = sb;
+  }
+  const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+
+  for (int b = 0; b < B; ++b) {
+    const int len = pr.lengths[b];
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> mult(S, 0.0);
+      if (!pr.roles.is_gathered(h)) {
+        for (int t = 0; t < len; ++t) mult[t] = 1;
+      } else {
+        const int row = b * H + h;
+        for (int e = 0; e < counts[row]; ++e)
+          for (int i = 0; i < pr.block; ++i) {
+            const long long t = (long long)idx[std::size_t(row) * pr.idx_cap + e] * pr.block + i;
+            if (t >= 0 && t < len) mult[t] += 1;
+          }
+      }
+      for (int qi = 0; qi < QL; ++qi)
+        for (int g = 0; g < G; ++g) {
+          const int hq = h * G + g;
+          const T* qr = &q[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          double den = 0;
+          std::vector<double> num(D, 0.0);
+          for (int t = 0; t < S; ++t) {
+            const double w = t <= len - QL + qi ? mult[t] : 0.0;
+            if (w == 0) continue;
+            double s = 0;
+            for (int i = 0; i < D; ++i)
+              s += double(kvsift::to_float(qr[i])) * kvsift::to_float(k[((std::size_t(b) * S + t) * H + h) * D + i]);
+            const double e = w * std::exp(s * p.sm_scale);
+            den += e;
+            for (int i = 0; i < D; ++i) num[i] += e * kvsift::to_float(v[((std::size_t(b) * S + t) * H + h) * D + i]);
+          }
+          const T* o = &out[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          for (int i = 0; i < D; ++i) {
+            const double want = den > 0 ? num[i] / den : 0.0;
+            CHECK(double(kvsift::to_float(o[i])) == doctest::Approx(want).epsilon(1e-2).scale(1.0));
+          }
+          const float l = lse[(std::size_t(b) * QL + qi) * Hq + hq];
+          if (den > 0)
+            CHECK(double(l) == doctest::Approx(std::log(den)).epsilon(1e-5));
+          else
+            CHECK(l == -INFINITY);
+        }
+      if (pr.score_block && !pr.roles.is_gathered(h)) {
+        for (int j = 0; j < cols; ++j) {
+          double best = -INFINITY;
+          for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
+            double s = 0;
+            for (int i = 0; i < D; ++i) {
+              double qbar = 0;
+              for (int g = 0; g < G; ++g)
+                qbar += kvsift::to_float(q[((std::size_t(b) * QL + QL - 1) * Hq + h * G + g) * D + i]);
+              s += qbar / G * kvsift::to_float(k[((std::size_t(b) * S + t) * H + h) * D + i]);
+            }
+            best = std::max(best, s);
+          }
+          const float got = scores[(std::size_t(b) * H + h) * cols + j];
+          if (best == -INFINITY)
+            CHECK(got == -INFINITY);
+          else
+            CHECK(double(got) == doctest::Approx(best).epsilon(1e-5).scale(1.0));
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("decode_attention host reference: dense heads, ragged lengths, q_len 1 and causal q_len 3") {
+  auto rng = kvsift_test::make_rng(400);
+  for (int ql : {1, 3}) {
+    Problem pr;
+    pr.q_len = ql;
+    pr.lengths = {40, 0};
+    if (ql == 1) pr.lengths = {17, 0};
+    pr.score_block = 1;
+    check_against_naive<float>(pr, rng);
+    pr.lengths = {ql, 33};
+    pr.score_block = 16;
+    check_against_naive<bfloat16_t>(pr, rng);
+  }
+}
+
+TEST_CASE("decode_attention host reference: gathered tokens with duplicates and out-of-range entries") {
+  auto rng = kvsift_test::make_rng(401);
+  Problem pr;
+  pr.roles = kvsift::HeadRoleMask::all_gathered(pr.hkv);
+  pr.lengths = {30, 12};
+  pr.idx_cap = 6;
+  pr.idx = {0, 5, 5, 29, 30, -1,   // batch 0 head 0: a duplicate, one past the end, one negative
+            3, 3, 3, 7, 8, 9,      // batch 0 head 1: count 2 below
+            11, 12, 100, 0, 0, 0,  // batch 1 head 0
+            4, 1, 2, 2, 2, 2};     // batch 1 head 1: count 0 (empty row)
+  pr.counts = {6, 2, 3, 0};
+  check_against_naive<float>(pr, rng);
+  pr.q_len = 2;
+  check_against_naive<float>(pr, rng);
+}
+
+TEST_CASE("decode_attention host reference: gathered blocks and mixed roles with block-max scores") {
+  auto rng = kvsift_test::make_rng(402);
+  Problem pr;
+  pr.cap = 80;
+  pr.lengths = {70, 33};
+  pr.roles.set_gathered(1, true);
+  pr.gran = Granularity::kBlock;
+  pr.block = 16;
+  pr.idx_cap = 3;
+  pr.idx = {0, 0, 0, 4, 1, 4, 9, -3, 2, 2, 0, 1};
+  pr.counts = {3, 3, 3, 2};
+  pr.score_block = 32;
+  pr.q_len = 2;
+  check_against_naive<float>(pr, rng);
+}
+
+TEST_CASE("decode_attention validation names the parameter") {
+  std::vector<float> k(8 * 64), q(4 * 64), out(4 * 64);
+  std::vector<std::int32_t> len = {4};
+  const auto kv = kvsift::make_bhsd(k.data(), k.data(), 1, 1, 4, 64, len.data());
+  auto p = kvsift::make_decode_attention_params<float>(q.data(), out.data(), 1, 4, 64);
+  using kvsift::StatusCode;
+  kvsift::host::Exec ex;
+  CHECK(kvsift::host::decode_attention(ex, kv, p).ok());
+
+  auto bad = p;
+  bad.head_dim = 96;
+  const auto kv96 = kvsift::make_bhsd(k.data(), k.data(), 1, 1, 2, 96, len.data());
+  auto st = kvsift::host::decode_attention(ex, kv96, bad);
+  CHECK(st.code() == StatusCode::kUnsupported);
+  CHECK(st.message().find("head_dim = 96") != std::string::npos);
+
+  bad = p;
+  bad.num_q_heads = 3;
+  const auto kv2 = kvsift::make_bhsd(k.data(), k.data(), 1, 2, 4, 64, len.data());
+  st = kvsift::host::decode_attention(ex, kv2, bad);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("num_q_heads = 3") != std::string::npos);
+
+  bad = p;
+  bad.q = nullptr;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.code() == StatusCode::kNullPointer);
+  CHECK(st.message() == "q is null");
+
+  bad = p;
+  bad.q_len = 5;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("q_len = 5") != std::string::npos);
+
+  bad = p;
+  bad.q_len = 0;
+  CHECK(kvsift::host::decode_attention(ex, kv, bad).code() == StatusCode::kInvalidArgument);
+
+  bad = p;
+  std::vector<float> sc(1);
+  bad.scores = sc.data();
+  bad.score_row_stride = 1;
+  bad.score_block_size = 8;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.message().find("score_block_size = 8") != std::string::npos);
+  bad.score_block_size = 1;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.message().find("score_row_stride = 1") != std::string::npos);
+
+  bad = p;
+  bad.roles = kvsift::HeadRoleMask::all_gathered(1);
+  std::vector<std::int32_t> idx(4), cnt(1);
+  auto set = kvsift::make_index_set(idx.data(), cnt.data(), 1, 4, Granularity::kBlock, 8);
+  bad.gather = kvsift::as_const(set);
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.message().find("gather.block_size = 8") != std::string::npos);
+}
+
+TEST_CASE("decode_attention workspace query needs no device memory and grows with splits") {
+  std::vector<std::int32_t> len = {0};
+  const auto kv = kvsift::make_bshd<kvsift::bfloat16_t>(nullptr, nullptr, 1, 8, 131072, 128, len.data());
+  auto p = kvsift::make_decode_attention_params<kvsift::bfloat16_t>(nullptr, nullptr, 1, 32, 128);
+  std::size_t bytes = 0;
+  // q and out may be null for the size query; the view still validates its own pointers.
+  auto kv_ok = kv;
+  kv_ok.k = kv_ok.v = reinterpret_cast<kvsift::bfloat16_t*>(256);
+  REQUIRE(kvsift::decode_attention_workspace_bytes(kv_ok, p, &bytes).ok());
+  CHECK(bytes > 0);
+  kvsift::detail::DecodePlan plan;
+  REQUIRE(kvsift::detail::plan_decode_attention(kv_ok, p, &plan).ok());
+  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::kDecodeCtasPerSm);
+  CHECK(plan.ctas_per_tile >= 132);
+  CHECK(plan.chunk % kvsift::detail::kDecodeCtaTokens == 0);
+  CHECK(std::size_t(plan.ctas_per_tile) * 8 * 129 * 4 <= bytes);
+
+  // Mixed: one dense head out of eight gets proportionally more splits than a gathered one.
+  std::vector<std::int32_t> idx(8 * 4096), cnt(8, 4096);
+  auto set = kvsift::make_index_set(idx.data(), cnt.data(), 8, 4096);
+  p.gather = kvsift::as_const(set);
+  p.roles = kvsift::HeadRoleMask::all_gathered(8);
+  p.roles.set_gathered(0, false);
+  REQUIRE(kvsift::detail::plan_decode_attention(kv_ok, p, &plan).ok());
+  CHECK(plan.num_dense == 1);
+  CHECK(plan.head_at[0] == 0);
+  CHECK(plan.dense_splits >= 16 * plan.gathered_splits);
+  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::kDecodeCtasPerSm);
+}
