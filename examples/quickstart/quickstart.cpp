@@ -2,9 +2,10 @@
 // machine has. Built as CUDA when the toolkit is there; with no GPU at run time it uses the host
 // reference, so the same program runs everywhere.
 //
-// What it shows today: a contiguous BSHD cache and a paged HND cache holding the same tokens, both read
-// through the view contract by copy_kv_to_dense, with the results compared. Later primitives (top-k,
-// decode attention) and the policies plug into the same Exec-first calls.
+// Part 1: a contiguous BSHD cache and a paged HND cache holding the same tokens, both read through the
+// view contract by copy_kv_to_dense, with the results compared.
+// Part 2 (compression_demo.hpp): a synthetic long prompt compressed by ClusterAttn, SnapKV,
+// StreamingLLM and H2O-prefill, with kept fraction, needle recall, attention cosine and time.
 
 #if defined(__CUDACC__)
 #include <kvsift/kvsift.cuh>
@@ -13,11 +14,16 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <vector>
+
+#include "compression_demo.hpp"
 
 namespace {
 
@@ -44,6 +50,72 @@ bool have_gpu(cudaDeviceProp* prop) {
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
   return cudaGetDeviceProperties(prop, 0) == cudaSuccess;
 }
+#endif
+
+// Memory and timing of the host backend: 256-byte aligned host buffers, wall-clock time.
+struct HostMemory {
+  std::vector<std::unique_ptr<void, decltype(&std::free)>> blocks;
+  template <class T>
+  T* alloc(std::size_t n) {
+    const std::size_t bytes = (std::max<std::size_t>(n * sizeof(T), 1) + 255) / 256 * 256;
+    blocks.emplace_back(std::aligned_alloc(256, bytes), &std::free);
+    return static_cast<T*>(blocks.back().get());
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    std::copy(v.begin(), v.end(), p);
+    return p;
+  }
+  template <class F>
+  double time_ms(F&& f) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const kvsift::Status st = f();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (!st.ok()) std::printf("error: %s\n", st.to_string().c_str());
+    return st.ok() ? std::chrono::duration<double, std::milli>(t1 - t0).count() : -1.0;
+  }
+};
+
+#if defined(__CUDACC__)
+// Memory and timing of the CUDA backend: device buffers, CUDA-event time of the second run (the first
+// loads the kernels).
+struct DeviceMemory {
+  std::vector<void*> blocks;
+  ~DeviceMemory() {
+    for (void* p : blocks) cudaFree(p);
+  }
+  template <class T>
+  T* alloc(std::size_t n) {
+    void* p = nullptr;
+    if (cudaMalloc(&p, std::max<std::size_t>(n * sizeof(T), 1)) != cudaSuccess) return nullptr;
+    blocks.push_back(p);
+    return static_cast<T*>(p);
+  }
+  template <class T>
+  T* upload(const std::vector<T>& v) {
+    T* p = alloc<T>(v.size());
+    if (p) cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+    return p;
+  }
+  template <class F>
+  double time_ms(F&& f) {
+    kvsift::Status st = f();
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    cudaEventRecord(a);
+    if (st.ok()) st = f();
+    cudaEventRecord(b);
+    if (st.ok()) st = kvsift::from_cuda(cudaEventSynchronize(b), "cudaEventSynchronize");
+    float ms = 0.f;
+    cudaEventElapsedTime(&ms, a, b);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    if (!st.ok()) std::printf("error: %s\n", st.to_string().c_str());
+    return st.ok() ? ms : -1.0;
+  }
+};
 #endif
 
 }  // namespace
@@ -139,5 +211,14 @@ int main() {
         }
   std::printf("copy_kv_to_dense: contiguous and paged views agree on %d live tokens x %d heads: %s\n",
               lengths[0] + lengths[1], kHeads, mismatches == 0 ? "yes" : "NO");
-  return mismatches == 0 ? 0 : 1;
+  if (mismatches != 0) return 1;
+
+#if defined(__CUDACC__)
+  if (have_gpu(&prop)) {
+    DeviceMemory mem;
+    return quickstart::run_compression_demo(kvsift::cuda::Exec{}, mem, quickstart::SyntheticPrompt(32768), backend);
+  }
+#endif
+  HostMemory mem;
+  return quickstart::run_compression_demo(kvsift::host::Exec{}, mem, quickstart::SyntheticPrompt(2048), backend);
 }

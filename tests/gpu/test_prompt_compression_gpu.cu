@@ -191,3 +191,48 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
+
+TEST_CASE("calibrate_num_block on the GPU agrees with the host") {
+  auto rng = kvsift_test::make_rng(82);
+  PromptCompressionConfig c;
+  c.capacity = 128;
+  c.window = 16;
+  c.theta = 0.02f;
+  const int L = 800, T = 4;
+  Prompt p(rng, 2, 2, 4, L, 64, c.window);
+  p.lengths = {800, 555};
+  DevicePrompt dp(p);
+  // The host runs on the bf16-rounded values the GPU sees.
+  for (std::size_t i = 0; i < p.k.size(); ++i) p.k[i] = __bfloat162float(dp.k[i]);
+  for (std::size_t i = 0; i < p.q.size(); ++i) p.q[i] = __bfloat162float(dp.q[i]);
+  std::vector<float> dq_f = kvsift_test::random_values<float>(rng, std::size_t(2) * T * 8 * 64, -2.f, 2.f);
+  const auto dq_bf = DevicePrompt::to_bf16(dq_f);
+  for (std::size_t i = 0; i < dq_f.size(); ++i) dq_f[i] = __bfloat162float(dq_bf[i]);
+  const PromptCompressionShape shape{2, 2, 8, L};
+  const std::vector<int> candidates = {4, 16, 64};
+
+  NumBlockCalibration host_result, gpu_result;
+  {
+    std::vector<float> sk(std::size_t(2) * 2 * c.capacity * 64), sv(sk.size());
+    std::vector<std::int32_t> slen(2, c.capacity);
+    auto scratch = make_bhsd(sk.data(), sv.data(), 2, 2, c.capacity, 64, slen.data());
+    std::vector<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T) + 256);
+    void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+    REQUIRE(calibrate_num_block(kh::Exec{}, c, shape, p.view(), p.queries(), nullptr,
+                                make_query_rows<float>(dq_f.data(), 2, T, 8, 64), T, candidates, scratch, base,
+                                ws.size() - 256, &host_result).ok());
+  }
+  DeviceBuffer<__nv_bfloat16> sk(std::size_t(2) * 2 * c.capacity * 64), sv(sk.size()), dq(dq_bf);
+  DeviceBuffer<std::int32_t> slen(std::vector<std::int32_t>(2, c.capacity));
+  DeviceBuffer<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T));
+  auto scratch = make_bhsd(sk.get(), sv.get(), 2, 2, c.capacity, 64, slen.get());
+  auto wq = make_query_rows<__nv_bfloat16>(dp.dq.get(), 2, c.window, 8, 64);
+  REQUIRE(calibrate_num_block(kc::Exec{}, c, shape, dp.device_view(), wq, nullptr,
+                              make_query_rows<__nv_bfloat16>(dq.get(), 2, T, 8, 64), T, candidates, scratch, ws.get(),
+                              ws.size(), &gpu_result).ok());
+  REQUIRE(gpu_result.table.size() == candidates.size());
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    MESSAGE("num_block ", candidates[i], ": host ", host_result.table[i].mean_cosine, ", gpu ", gpu_result.table[i].mean_cosine);
+    CHECK(gpu_result.table[i].mean_cosine == doctest::Approx(host_result.table[i].mean_cosine).epsilon(2e-3));
+  }
+}

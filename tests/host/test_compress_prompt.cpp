@@ -294,3 +294,41 @@ TEST_CASE("needle: ClusterAttn keeps a planted span whole; cosine similarity of 
     }
   }
 }
+
+TEST_CASE("calibrate_num_block scores each candidate by the mean attention cosine and picks the best") {
+  auto rng = kvsift_test::make_rng(67);
+  const int L = 600, W = 16, D = 16, T = 3;
+  Prompt p(rng, 2, 2, 2, L, D, W);
+  p.lengths = {600, 450};
+  std::vector<float> dq = kvsift_test::random_values<float>(rng, std::size_t(2) * T * 4 * D, -2.f, 2.f);
+  auto decode_q = make_query_rows<float>(dq.data(), 2, T, 4, D);
+  PromptCompressionConfig c = config(CompressionPolicy::kClusterAttn, 96, W);
+  c.theta = 0.02f;
+  const PromptCompressionShape shape{2, 2, 4, L};
+  std::vector<float> sk(std::size_t(2) * 2 * c.capacity * D), sv(sk.size());
+  std::vector<std::int32_t> slen(2, c.capacity);
+  auto scratch = make_bhsd(sk.data(), sv.data(), 2, 2, c.capacity, D, slen.data());
+  std::vector<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T) + 256);
+  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+  NumBlockCalibration result;
+  const std::vector<int> candidates = {2, 8, 32, 128};
+  REQUIRE(calibrate_num_block(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, decode_q, T, candidates, scratch,
+                              base, ws.size() - 256, &result).ok());
+  REQUIRE(result.table.size() == candidates.size());
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    CHECK(result.table[i].num_block == candidates[i]);
+    // Recompute the candidate's score directly.
+    c.num_block = candidates[i];
+    HostCompression out(p, c);
+    REQUIRE(out.status.ok());
+    std::vector<float> cosine(std::size_t(2) * 4 * T);
+    REQUIRE(host::attention_cosine(host::Exec{}, p.view(), decode_q, T, 0.f,
+                                   KeptPositions{out.positions.data(), 4, 2, out.slots, out.slots}, cosine.data()).ok());
+    const double mean = std::accumulate(cosine.begin(), cosine.end(), 0.0) / cosine.size();
+    CHECK(result.table[i].mean_cosine == doctest::Approx(mean).epsilon(1e-9));
+    CHECK(result.best_mean_cosine >= result.table[i].mean_cosine);
+  }
+  c.policy = CompressionPolicy::kSnapKV;
+  CHECK(calibrate_num_block(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, decode_q, T, candidates, scratch,
+                            base, ws.size() - 256, &result).message() == "config.policy = SnapKV must be ClusterAttn");
+}

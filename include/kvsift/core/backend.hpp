@@ -13,9 +13,21 @@
 // handed to an op must live in the backend's memory space: host memory for host::Exec, device memory
 // for cuda::Exec.
 
+#include <cstddef>
+#include <cstring>
+
+#include "kvsift/core/status.hpp"
+
 namespace kvsift {
 namespace host {
 struct Exec {};
+
+// Copy `bytes` of backend memory to the host and wait for it. A synchronisation point: for offline
+// procedures (calibration, reports), never for the decode hot path.
+inline Status read_to_host(Exec, void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes) std::memcpy(host_dst, src, bytes);
+  return Status();
+}
 }  // namespace host
 
 template <class Exec>

@@ -68,7 +68,7 @@ template <class T>
 KVSIFT_HD inline ShapeGradient<T> hardkuma_prob_zero_grad(T a, T b, HardKumaSupport<T> s) {
   const T log_c0 = detail::gm::log(s.c0());
   const T c0_pow_a = detail::gm::exp(a * log_c0);
-  const T log_s0 = detail::gm::log1p(-c0_pow_a);  // log(1 - c0^a)
+  const T log_s0 = kumaraswamy_log1m_pow(log_c0, a);  // log(1 - c0^a), without cancellation for small a
   return ShapeGradient<T>{b * detail::gm::exp((b - T(1)) * log_s0) * c0_pow_a * log_c0,
                           -detail::gm::exp(b * log_s0) * log_s0};
 }

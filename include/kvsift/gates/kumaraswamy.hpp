@@ -15,7 +15,10 @@ namespace kvsift {
 // log(1 - k^a), k in (0, 1): the building block of the cdf and the density.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_log1m_pow(T log_k, T a) {
-  return detail::gm::log1p(-detail::gm::exp(a * log_k));
+  // log(1 - e^y), y = a log k <= 0. Near y = 0 (small a), e^y is close to 1 and 1 - e^y cancels:
+  // take log(-expm1(y)) there, log1p(-e^y) elsewhere (the usual log1mexp split at -ln 2).
+  const T y = a * log_k;
+  return y > T(-0.6931471805599453) ? detail::gm::log(-detail::gm::expm1(y)) : detail::gm::log1p(-detail::gm::exp(y));
 }
 
 // Survival function 1 - F(k) = (1 - k^a)^b.

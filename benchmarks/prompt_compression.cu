@@ -1,0 +1,121 @@
+// One layer's prompt-cache compression (ClusterAttn, SnapKV, StreamingLLM, H2O-prefill) on a
+// Llama-3-8B layer (32 query heads, 8 KV heads, head_dim 128, bf16, window W = 32), and decode over
+// the full versus the compressed cache.
+//
+// Bytes floor of a compression (counted for `of_ceiling`): the prompt's K read once per score pass
+// (twice when the engine supplies no log-sum-exp, as here: one pass for each query's LSE, one for the
+// column sums; once with the LSE from prefill; not at all for StreamingLLM) plus the compaction: Cp
+// rows of K and V read and written per KV head. The PyTorch SnapKV baseline for the same shapes is
+// benchmarks/torch_snapkv.py.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "kvsift/ops/decode_attention.cuh"
+#include "support/bench_support.cuh"
+
+namespace {
+
+constexpr int kKvHeads = 8, kQHeads = 32, kHeadDim = 128, kWindow = 32;
+using bf16 = __nv_bfloat16;
+
+struct Layer {
+  int batch, len;
+  kvsift_bench::DeviceArray<bf16> k, v, q;
+  kvsift_bench::DeviceArray<std::int32_t> lengths;
+  Layer(int b, int l, int q_rows)
+      : batch(b), len(l), k(std::size_t(b) * kKvHeads * l * kHeadDim), v(k.n), q(std::size_t(b) * q_rows * kQHeads * kHeadDim),
+        lengths(b) {
+    kvsift_bench::fill_uniform_bf16(k.get(), k.n, -1.f, 1.f, 11);
+    kvsift_bench::fill_uniform_bf16(v.get(), v.n, -1.f, 1.f, 12);
+    kvsift_bench::fill_uniform_bf16(q.get(), q.n, -1.f, 1.f, 13);
+    const std::vector<std::int32_t> full(b, l);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
+  }
+  kvsift::ContiguousKV<bf16> view() const {
+    return kvsift::make_bhsd(k.get(), v.get(), batch, kKvHeads, len, kHeadDim, lengths.get());
+  }
+};
+
+void BM_CompressPrompt(benchmark::State& state) {
+  const auto policy = static_cast<kvsift::CompressionPolicy>(state.range(0));
+  const int batch = int(state.range(1)), len = int(state.range(2)), cp = int(state.range(3));
+  const bool h2o = policy == kvsift::CompressionPolicy::kH2OPrefill;
+  Layer layer(batch, len, h2o ? len : kWindow);
+  kvsift::PromptCompressionConfig c;
+  c.policy = policy;
+  c.capacity = cp;
+  c.window = kWindow;
+  c.theta = cp <= 1024 ? 2e-3f : (cp <= 2048 ? 1e-3f : 8e-4f);  // the paper's thresholds per budget
+  const kvsift::PromptCompressionShape shape{batch, kKvHeads, kQHeads, len};
+  kvsift_bench::DeviceArray<bf16> dk(std::size_t(batch) * kKvHeads * cp * kHeadDim), dv(dk.n);
+  kvsift_bench::DeviceArray<std::int32_t> dst_len(batch), new_len(batch), positions(std::size_t(batch) * kKvHeads * cp);
+  kvsift_bench::DeviceArray<unsigned char> ws(kvsift::compress_prompt_workspace_bytes(c, shape));
+  const std::vector<std::int32_t> caps(batch, cp);
+  KVSIFT_BENCH_CUDA(cudaMemcpy(dst_len.get(), caps.data(), dst_len.bytes(), cudaMemcpyHostToDevice));
+  const auto dst = kvsift::make_bhsd(dk.get(), dv.get(), batch, kKvHeads, cp, kHeadDim, dst_len.get());
+  const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), batch, h2o ? len : kWindow, kQHeads, kHeadDim);
+  const kvsift::CompactOutputs out{new_len.get(), positions.get(), cp};
+  auto run = [&](cudaStream_t s) {
+    return kvsift::compress_prompt(kvsift::cuda::on_stream(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
+  };
+  const kvsift::Status st = run(nullptr);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  const double k_bytes = double(batch) * kKvHeads * len * kHeadDim * sizeof(bf16);
+  const double compaction = 4.0 * batch * kKvHeads * cp * kHeadDim * sizeof(bf16);
+  const int passes = policy == kvsift::CompressionPolicy::kStreamingLLM ? 0 : 2;
+  state.counters["floor_us"] = (passes * k_bytes + compaction) / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
+  state.counters["floor_lse_us"] = ((passes ? 1 : 0) * k_bytes + compaction) / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
+  kvsift_bench::time_gpu(state, passes * k_bytes + compaction, [&](cudaStream_t s) { (void)run(s); });
+}
+
+// Dense decode (one query per sequence) over a cache of `len` tokens: the full prompt, or the
+// compressed one of Cp tokens.
+void BM_DecodeOverCache(benchmark::State& state) {
+  const int batch = int(state.range(0)), len = int(state.range(1));
+  Layer layer(batch, len, 1);
+  kvsift_bench::DeviceArray<bf16> out(std::size_t(batch) * kQHeads * kHeadDim);
+  auto p = kvsift::make_decode_attention_params<bf16>(layer.q.get(), out.get(), 1, kQHeads, kHeadDim);
+  std::size_t bytes = 0;
+  const auto kv = layer.view();
+  kvsift::Status st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  if (st.ok()) st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), bytes);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  kvsift_bench::time_gpu(state, 2.0 * layer.k.n * sizeof(bf16), [&](cudaStream_t s) {
+    (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+  });
+}
+
+void compression_shapes(benchmark::internal::Benchmark* b) {
+  using P = kvsift::CompressionPolicy;
+  for (P policy : {P::kClusterAttn, P::kSnapKV, P::kStreamingLLM})
+    for (int batch : {1, 8})
+      for (int len : {32768, 131072})
+        for (int cp : {1024, 2048, 4096}) b->Args({int(policy), batch, len, cp});
+  // H2O-prefill scores every prompt query against every key (O(L^2 d)): one shape only.
+  b->Args({int(P::kH2OPrefill), 1, 32768, 1024});
+}
+
+}  // namespace
+
+BENCHMARK(BM_CompressPrompt)
+    ->Apply(compression_shapes)
+    ->ArgNames({"policy", "batch", "len", "cp"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeOverCache)
+    ->Args({8, 131072})
+    ->Args({8, 1024})
+    ->Args({1, 131072})
+    ->Args({1, 1024})
+    ->ArgNames({"batch", "len"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);

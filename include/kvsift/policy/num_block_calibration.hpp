@@ -1,0 +1,112 @@
+#pragma once
+// calibrate_num_block: ClusterAttn's offline choice of cluster granularity.
+//
+// The paper picks num_block per dataset by maximising the cosine similarity between full and
+// compressed attention distributions on a sample of the data. For one batch of prompts this runs
+// the ClusterAttn compression once per candidate num_block and scores it with attention_cosine over
+// the given decode queries (driving decode with the full cache, so both sides see the same queries):
+//
+//   score(num_block) = mean over sequences, query heads and decode queries of cos(a_full, a_kept)
+//
+// To calibrate over a dataset, call it per batch and average the tables' scores (the table keeps
+// the candidates' order). This is an offline procedure: it reads the scores back to the host, which
+// synchronises a CUDA stream; never call it inside a decode step.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/ops/attention_similarity.hpp"
+#include "kvsift/policy/prompt_compression.hpp"
+
+namespace kvsift {
+
+struct NumBlockScore {
+  int num_block = 0;
+  double mean_cosine = 0.0;
+};
+
+struct NumBlockCalibration {
+  int best_num_block = 0;
+  double best_mean_cosine = -1.0;
+  std::vector<NumBlockScore> table;  // one entry per candidate, in the given order
+};
+
+namespace detail {
+
+struct CalibrationScratch {
+  std::int32_t* positions = nullptr;
+  std::int32_t* new_lengths = nullptr;
+  float* cosine = nullptr;
+  void* compression_ws = nullptr;
+  std::size_t compression_ws_bytes = 0;
+};
+
+inline CalibrationScratch carve_calibration(WorkspaceCarver& ws, const PromptCompressionConfig& c,
+                                            const PromptCompressionShape& s, int num_decode_queries) {
+  CalibrationScratch x;
+  x.positions = ws.take<std::int32_t>(std::size_t(s.rows(c)) * c.capacity);
+  x.new_lengths = ws.take<std::int32_t>(std::size_t(s.batch));
+  x.cosine = ws.take<float>(std::size_t(s.batch) * s.num_q_heads * num_decode_queries);
+  x.compression_ws_bytes = compress_prompt_workspace_bytes(c, s);
+  x.compression_ws = ws.take<unsigned char>(x.compression_ws_bytes);
+  return x;
+}
+
+}  // namespace detail
+
+inline std::size_t calibrate_num_block_workspace_bytes(const PromptCompressionConfig& config,
+                                                       const PromptCompressionShape& shape, int num_decode_queries) {
+  WorkspaceCarver ws(nullptr, 0);
+  detail::carve_calibration(ws, config, shape, num_decode_queries);
+  return ws.required_bytes();
+}
+
+// `scratch_dst` receives each candidate's compressed cache (capacity >= config.capacity; its contents
+// are overwritten). `decode_queries` holds num_decode_queries post-RoPE queries per sequence.
+template <class Exec, class Src, class QT, class Dst>
+Status calibrate_num_block(Exec exec, PromptCompressionConfig config, const PromptCompressionShape& shape,
+                           const Src& src, const QueryRows<QT>& window_queries, const float* lse,
+                           const QueryRows<QT>& decode_queries, int num_decode_queries,
+                           const std::vector<int>& candidates, const Dst& scratch_dst, void* workspace,
+                           std::size_t workspace_bytes, NumBlockCalibration* result) {
+  KVSIFT_REQUIRE(config.policy == CompressionPolicy::kClusterAttn, kInvalidArgument, "config.policy = ",
+                 to_string(config.policy), " must be ClusterAttn");
+  KVSIFT_REQUIRE(!candidates.empty(), kInvalidArgument, "candidates is empty");
+  KVSIFT_REQUIRE(num_decode_queries >= 1, kInvalidArgument, "num_decode_queries = ", num_decode_queries,
+                 " must be >= 1");
+  KVSIFT_REQUIRE_NOT_NULL(result, "result");
+  for (int nb : candidates) KVSIFT_REQUIRE(nb >= 1, kInvalidArgument, "candidate num_block = ", nb, " must be >= 1");
+  WorkspaceCarver ws(workspace, workspace_bytes);
+  const detail::CalibrationScratch x = detail::carve_calibration(ws, config, shape, num_decode_queries);
+  KVSIFT_REQUIRE(workspace != nullptr, kNullPointer, "workspace is null (ask calibrate_num_block_workspace_bytes)");
+  KVSIFT_TRY(ws.status());
+
+  const int heads = shape.score_heads(config);
+  const KeptPositions kept{x.positions, src.batch * heads, heads, config.capacity, config.capacity};
+  const std::size_t n_cos = std::size_t(src.batch) * decode_queries.num_heads * num_decode_queries;
+  std::vector<float> cosine(n_cos);
+  result->table.clear();
+  result->best_mean_cosine = -1.0;
+  for (int nb : candidates) {
+    config.num_block = nb;
+    KVSIFT_TRY(compress_prompt(exec, config, shape, src, window_queries, lse, scratch_dst,
+                               CompactOutputs{x.new_lengths, x.positions, config.capacity}, x.compression_ws,
+                               x.compression_ws_bytes));
+    KVSIFT_TRY(attention_cosine(exec, src, decode_queries, num_decode_queries, config.sm_scale, kept, x.cosine));
+    KVSIFT_TRY(read_to_host(exec, cosine.data(), x.cosine, n_cos * sizeof(float)));
+    double sum = 0;
+    for (float c : cosine) sum += c;
+    const double mean = n_cos ? sum / double(n_cos) : 0.0;
+    result->table.push_back({nb, mean});
+    if (mean > result->best_mean_cosine) {
+      result->best_mean_cosine = mean;
+      result->best_num_block = nb;
+    }
+  }
+  return Status();
+}
+
+}  // namespace kvsift
