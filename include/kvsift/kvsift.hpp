@@ -18,3 +18,4 @@
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/gates/gates.hpp"
+#include "kvsift/policy/lycheedecode.hpp"

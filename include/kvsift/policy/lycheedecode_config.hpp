@@ -1,0 +1,209 @@
+#pragma once
+// LycheeDecode configuration: the model's shape, the head-roles table, the selection mode and its
+// budget, cache correction, and the checks that reject a bad configuration before anything runs.
+// Semantics: docs/ops/lycheedecode.md and specs/lycheedecode.md §2-3.
+//
+// Selection modes (one index set per (sequence, KV head), chosen by the retrieval head of that index):
+//
+//   kToken  `budget` tokens; the first `sink` and the last `recent` tokens are always kept and count
+//           inside the budget; the rest goes to the highest raw group-mean-query scores qbar . k.
+//   kRatio  as kToken with budget floor((1 - rho) * L), re-evaluated from each sequence's length L at
+//           every step. While that is below sink + recent the forced tokens are still all kept (the
+//           reference's behaviour), so a short sequence keeps min(L, sink + recent) tokens.
+//   kBlock  `num_blocks` blocks of `block_size` tokens scored by the max of qbar . k over the block;
+//           the first `sink_blocks` blocks and every block holding one of the last `recent` tokens
+//           are always kept and count inside num_blocks.
+//
+// Budget smaller than what is forced: rejected (kToken: budget < sink + recent; kBlock: num_blocks <
+// sink_blocks + the most blocks `recent` tokens can touch). Scaling the forced ranges down instead
+// would silently change what "sink" and "recent" mean; a caller who wants a tiny budget sets them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvsift/core/backend.hpp"
+#include "kvsift/core/check.hpp"
+#include "kvsift/gates/head_roles.hpp"
+#include "kvsift/gates/roles_file.hpp"
+#include "kvsift/kv/index_set.hpp"
+
+namespace kvsift {
+
+enum class LycheeSelection : int { kToken, kRatio, kBlock };
+
+inline const char* to_string(LycheeSelection s) {
+  switch (s) {
+    case LycheeSelection::kToken: return "token";
+    case LycheeSelection::kRatio: return "ratio";
+    case LycheeSelection::kBlock: return "block";
+  }
+  return "unknown";
+}
+
+// The paper's cache-correction interval ("dense attention once every 32 tokens").
+inline constexpr int kLycheeCorrectionInterval = 32;
+
+struct LycheeDecodeConfig {
+  // Model shape.
+  int num_layers = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // 64, 128 or 256
+  // Roles [num_layers, num_kv_heads] in the model's original KV-head order: from a roles file
+  // (read_head_roles_file), from trained HardKuma gates (lychee_roles_from_hardkuma) or built
+  // directly (make_head_roles). Layer 0 must be all retrieval: it seeds every index row.
+  HeadRoles roles;
+
+  // Capacities, fixed for the life of the state and workspace: every launch is sized from them,
+  // never from the lengths in memory, so a captured step replays for any lengths up to these.
+  int max_batch = 0;
+  int max_kv_length = 0;   // longest sequence (tokens) a call may see; longer ones are clamped to it
+  int index_capacity = 0;  // entries per index row; 0 = exactly what the selection needs
+
+  // Selection.
+  LycheeSelection selection = LycheeSelection::kToken;
+  int budget = 4096;  // kToken: tokens per row, sink and recent included
+  double rho = 0.7;   // kRatio: fraction of tokens dropped, in [0, 1)
+  int sink = 128;     // kToken, kRatio: first tokens always kept
+  int recent = 256;   // every mode: last tokens always kept (kBlock: the blocks holding them)
+  int block_size = 64;   // kBlock: tokens per block, a power of two >= 16
+  int num_blocks = 64;   // kBlock: blocks per row, forced ones included
+  int sink_blocks = 1;   // kBlock: first blocks always kept
+
+  // Cache correction: every correction_interval-th decode step re-runs the last correction_interval
+  // positions densely (correct_layer). 0 = off (default); kLycheeCorrectionInterval when on.
+  int correction_interval = 0;
+
+  float sm_scale = 0.f;  // <= 0: 1 / sqrt(head_dim)
+  int num_sms = 0;       // SMs the attention split plan targets; 0 = 132 (H100/H200)
+};
+
+namespace detail {
+
+// Most blocks of `block_size` tokens that `recent` consecutive tokens can touch.
+inline int max_blocks_touched(int recent, int block_size) {
+  return recent <= 0 ? 0 : (recent - 1 + block_size - 1) / block_size + 1;
+}
+
+inline bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
+
+}  // namespace detail
+
+// Tokens per index entry: 1, or block_size in block mode.
+inline int lychee_entry_tokens(const LycheeDecodeConfig& c) {
+  return c.selection == LycheeSelection::kBlock ? c.block_size : 1;
+}
+
+inline Granularity lychee_granularity(const LycheeDecodeConfig& c) {
+  return c.selection == LycheeSelection::kBlock ? Granularity::kBlock : Granularity::kToken;
+}
+
+// Fraction of tokens kept in ratio mode; the same double on every backend, so floor(keep * L) agrees.
+inline double lychee_keep_fraction(const LycheeDecodeConfig& c) { return 1.0 - c.rho; }
+
+// Entries an index row must hold for this selection (before index_capacity overrides it).
+inline int lychee_required_capacity(const LycheeDecodeConfig& c) {
+  switch (c.selection) {
+    case LycheeSelection::kToken: return c.budget;
+    case LycheeSelection::kRatio: {
+      const int grown = int(lychee_keep_fraction(c) * double(c.max_kv_length));
+      const int forced = c.sink + c.recent;
+      return grown > forced ? grown : forced;
+    }
+    case LycheeSelection::kBlock: return c.num_blocks;
+  }
+  return 0;
+}
+
+inline int lychee_index_capacity(const LycheeDecodeConfig& c) {
+  return c.index_capacity > 0 ? c.index_capacity : lychee_required_capacity(c);
+}
+
+// True when decode step `step` (0-based, counting every decode step since the prompt) is a
+// cache-correction step: steps interval-1, 2*interval-1, ... re-run the last `interval` positions
+// (the interval-1 sparsely decoded tokens and the new one).
+inline bool correction_due(const LycheeDecodeConfig& c, std::int64_t step) {
+  return c.correction_interval > 0 && step >= 0 && (step + 1) % c.correction_interval == 0;
+}
+
+inline Status validate_lychee_roles(const LycheeDecodeConfig& c) {
+  const HeadRoles& r = c.roles;
+  KVSIFT_REQUIRE(r.layers == c.num_layers && r.kv_heads == c.num_kv_heads, kInvalidArgument, "roles is ", r.layers,
+                 " layers x ", r.kv_heads, " KV heads but the model has num_layers = ", c.num_layers,
+                 ", num_kv_heads = ", c.num_kv_heads);
+  KVSIFT_REQUIRE(r.retrieval.size() == std::size_t(r.layers) * r.kv_heads, kInvalidArgument, "roles.retrieval has ",
+                 r.retrieval.size(), " entries, expected layers * kv_heads = ", std::size_t(r.layers) * r.kv_heads);
+  for (int h = 0; h < c.num_kv_heads; ++h)
+    KVSIFT_REQUIRE(r.is_retrieval(0, h), kInvalidArgument, "roles: layer 0, KV head ", h,
+                   " is sparse; layer 0 must be all retrieval (it seeds every index row)");
+  return Status();
+}
+
+inline Status validate_lychee_config(const LycheeDecodeConfig& c) {
+  KVSIFT_REQUIRE(c.num_layers > 0, kInvalidArgument, "num_layers = ", c.num_layers, " must be > 0");
+  KVSIFT_REQUIRE(c.num_kv_heads > 0, kInvalidArgument, "num_kv_heads = ", c.num_kv_heads, " must be > 0");
+  KVSIFT_REQUIRE(c.num_q_heads > 0 && c.num_q_heads % c.num_kv_heads == 0, kInvalidArgument, "num_q_heads = ",
+                 c.num_q_heads, " must be a positive multiple of num_kv_heads = ", c.num_kv_heads);
+  KVSIFT_REQUIRE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, kUnsupported, "head_dim = ",
+                 c.head_dim, " is not supported (64, 128 or 256)");
+  KVSIFT_TRY(validate_lychee_roles(c));
+  KVSIFT_REQUIRE(c.max_batch > 0, kInvalidArgument, "max_batch = ", c.max_batch, " must be > 0");
+  KVSIFT_REQUIRE(c.max_kv_length > 0, kInvalidArgument, "max_kv_length = ", c.max_kv_length, " must be > 0");
+  KVSIFT_REQUIRE(c.index_capacity >= 0, kInvalidArgument, "index_capacity = ", c.index_capacity, " must be >= 0");
+  KVSIFT_REQUIRE(c.recent >= 0, kInvalidArgument, "recent = ", c.recent, " must be >= 0");
+  switch (c.selection) {
+    case LycheeSelection::kToken:
+    case LycheeSelection::kRatio:
+      KVSIFT_REQUIRE(c.sink >= 0, kInvalidArgument, "sink = ", c.sink, " must be >= 0");
+      if (c.selection == LycheeSelection::kToken) {
+        KVSIFT_REQUIRE(c.budget >= 1, kInvalidArgument, "budget = ", c.budget, " must be >= 1");
+        KVSIFT_REQUIRE(std::int64_t(c.budget) >= std::int64_t(c.sink) + c.recent, kInvalidArgument, "budget = ",
+                       c.budget, " is smaller than sink + recent = ", std::int64_t(c.sink) + c.recent,
+                       " (the forced tokens count inside the budget; lower sink or recent)");
+      } else {
+        KVSIFT_REQUIRE(c.rho >= 0.0 && c.rho < 1.0, kInvalidArgument, "rho = ", c.rho,
+                       " must be in [0, 1) (the fraction of tokens dropped)");
+      }
+      break;
+    case LycheeSelection::kBlock: {
+      KVSIFT_REQUIRE(detail::is_power_of_two(c.block_size), kInvalidArgument, "block_size = ", c.block_size,
+                     " must be a power of two");
+      KVSIFT_REQUIRE(c.block_size >= 16, kUnsupported, "block_size = ", c.block_size,
+                     " must be >= 16 (the attention kernel's smallest gathered block)");
+      KVSIFT_REQUIRE(c.sink_blocks >= 0, kInvalidArgument, "sink_blocks = ", c.sink_blocks, " must be >= 0");
+      const int forced = c.sink_blocks + detail::max_blocks_touched(c.recent, c.block_size);
+      KVSIFT_REQUIRE(c.num_blocks >= 1, kInvalidArgument, "num_blocks = ", c.num_blocks, " must be >= 1");
+      KVSIFT_REQUIRE(c.num_blocks >= forced, kInvalidArgument, "num_blocks = ", c.num_blocks,
+                     " is smaller than the forced blocks sink_blocks + blocks holding the last recent = ", c.recent,
+                     " tokens = ", forced, " (they count inside the budget)");
+      break;
+    }
+    default:
+      return invalid_argument("selection = ", static_cast<int>(c.selection), " is not a LycheeSelection");
+  }
+  KVSIFT_REQUIRE(c.index_capacity == 0 || c.index_capacity >= lychee_required_capacity(c), kInvalidArgument,
+                 "index_capacity = ", c.index_capacity, " is smaller than the ", to_string(c.selection),
+                 "-mode budget of ", lychee_required_capacity(c), " entries per row");
+  KVSIFT_REQUIRE(c.correction_interval >= 0, kInvalidArgument, "correction_interval = ", c.correction_interval,
+                 " must be >= 0 (0 = off)");
+  KVSIFT_REQUIRE(c.num_sms >= 0, kInvalidArgument, "num_sms = ", c.num_sms, " must be >= 0");
+  return Status();
+}
+
+// Roles from trained HardKuma gate parameters a, b [num_layers * num_kv_heads] (host memory):
+// E[Kuma(a, b)] > threshold, or the top-N heads, with layer 0 forced to retrieval (head_roles.hpp).
+template <class T>
+Status lychee_roles_from_hardkuma(const T* a, const T* b, int num_layers, int num_kv_heads,
+                                  const RoleExtractionOptions& options, HeadRoles* out) {
+  KVSIFT_REQUIRE_NOT_NULL(out, "out");
+  KVSIFT_REQUIRE(options.force_layer0, kInvalidArgument,
+                 "options.force_layer0 = false: LycheeDecode needs layer 0 all retrieval");
+  KVSIFT_REQUIRE(num_layers > 0 && num_kv_heads > 0, kInvalidArgument, "num_layers = ", num_layers,
+                 " and num_kv_heads = ", num_kv_heads, " must be > 0");
+  std::vector<std::uint8_t> roles(std::size_t(num_layers) * num_kv_heads);
+  KVSIFT_TRY(host::extract_head_roles(host::Exec{}, options, a, b, num_layers, num_kv_heads, roles.data()));
+  return make_head_roles(num_layers, num_kv_heads, roles.data(), out);
+}
+
+}  // namespace kvsift

@@ -1,0 +1,72 @@
+#pragma once
+// LycheeDecode's state between the layers of a decode step: the index table and the layer cursor.
+//
+// The table holds one row per (sequence b, KV head h), row b * num_kv_heads + h, addressed by the
+// model's ORIGINAL KV-head index (no weight reordering needed). A retrieval head h writes its row; a
+// sparse head h at a later layer reads it, so the row carries the set of the most recent retrieval
+// layer of head h. Layer 0 is all retrieval and rewrites every row at every step, so the table needs
+// no initialisation and nothing in it outlives a step.
+//
+// The table lives in caller memory of the backend's space (device memory for cuda::Exec), sized by
+// lycheedecode_state_bytes. The cursor is host data: it checks that layers come in order, once per
+// step. Under CUDA-graph replay the host cursor does not move (nothing host-side runs), so an engine
+// that replays a captured step keeps its own step count for correction_due.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/kv/index_set.hpp"
+#include "kvsift/policy/lycheedecode_config.hpp"
+
+namespace kvsift {
+
+struct LycheeDecodeState {
+  IndexSet table;          // rows max_batch * num_kv_heads, capacity lychee_index_capacity(config)
+  int num_layers = 0;
+  int next_layer = 0;      // the layer the next call must be for
+  int step_batch = 0;      // kv.batch of the step in progress, fixed by its layer 0
+  std::int64_t steps = 0;  // decode steps completed through this state (sparse and correction steps)
+
+  // Abandon a step half way (an engine error): the next call must be layer 0 again.
+  void restart_step() { next_layer = 0; }
+};
+
+namespace detail {
+
+inline IndexSet carve_lychee_table(WorkspaceCarver& ws, const LycheeDecodeConfig& c) {
+  const int rows = c.max_batch * c.num_kv_heads;
+  const int capacity = lychee_index_capacity(c);
+  std::int32_t* indices = ws.take<std::int32_t>(std::size_t(rows) * capacity);
+  std::int32_t* counts = ws.take<std::int32_t>(std::size_t(rows));
+  return make_index_set(indices, counts, rows, capacity, lychee_granularity(c), lychee_entry_tokens(c));
+}
+
+}  // namespace detail
+
+// Bytes of state memory for this configuration (needs no memory; the config must be valid).
+inline std::size_t lycheedecode_state_bytes(const LycheeDecodeConfig& config) {
+  WorkspaceCarver ws(nullptr, 0);
+  detail::carve_lychee_table(ws, config);
+  return ws.required_bytes();
+}
+
+// Lays the state out in `memory` (256-byte aligned, at least lycheedecode_state_bytes). Nothing is
+// written to the memory itself.
+inline Status make_lycheedecode_state(const LycheeDecodeConfig& config, void* memory, std::size_t bytes,
+                                      LycheeDecodeState* state) {
+  KVSIFT_TRY(validate_lychee_config(config));
+  KVSIFT_REQUIRE_NOT_NULL(memory, "memory");
+  KVSIFT_REQUIRE_NOT_NULL(state, "state");
+  WorkspaceCarver ws(memory, bytes);
+  const IndexSet table = detail::carve_lychee_table(ws, config);
+  if (!ws.status().ok())
+    return Status(ws.status().code(), "state memory: " + ws.status().message() + " (ask lycheedecode_state_bytes)");
+  *state = LycheeDecodeState();
+  state->table = table;
+  state->num_layers = config.num_layers;
+  return Status();
+}
+
+}  // namespace kvsift
