@@ -110,6 +110,9 @@ TEST_CASE("window_scores on the GPU matches the host reference") {
     }
   compare_window_scores<kvsift::half_t>(rng, 4, 16, 16, kvsift::ScoreHeads::kKvHeadMean, true);
   compare_window_scores<float>(rng, 2, 16, kvsift::kAllQueries, kvsift::ScoreHeads::kKvHeadMean, false);  // H2O
+  // 16-bit Q and K take the tensor-core path; all queries of a 300-token prompt span several row tiles.
+  compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, kvsift::ScoreHeads::kQueryHead, false);
+  compare_window_scores<__half>(rng, 8, 32, 32, kvsift::ScoreHeads::kQueryHead, true);
 }
 
 TEST_CASE("pooling and density clustering on the GPU equal the host on the same scores") {

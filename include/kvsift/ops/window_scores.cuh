@@ -16,6 +16,7 @@
 
 #include "kvsift/core/backend_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/window_scores.hpp"
 
@@ -240,6 +241,29 @@ __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, Que
 }
 
 }  // namespace detail
+}  // namespace kvsift
+
+#include "kvsift/ops/detail/window_scores_mma.cuh"
+
+namespace kvsift {
+namespace detail {
+
+// Launch the two passes on tensor cores (16-bit Q/K, head_dim 64/128/256) or CUDA cores (the rest).
+template <int D, class View, class QT>
+void launch_window_scores_mma(cudaStream_t stream, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& p,
+                              std::int64_t cols, float scale, int rows, int chunks, int max_len, float2* partials,
+                              float* lse_rows, StridedView2D<float> out) {
+  const int bh = kv.batch * kv.num_kv_heads;
+  if (!p.lse) {
+    const dim3 grid1((rows + kMmaRowTile - 1) / kMmaRowTile, chunks, bh);
+    lse_partials_mma_kernel<D><<<grid1, kMmaThreads, 0, stream>>>(kv, q, p, cols, scale, chunks, rows, partials);
+    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(kv, q, p, cols, chunks, rows, partials, lse_rows);
+  }
+  const int key_blocks = int((std::min<std::int64_t>(cols, max_len) + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock);
+  column_sums_mma_kernel<D><<<dim3(key_blocks, bh), kMmaThreads, 0, stream>>>(kv, q, p, cols, scale, rows, lse_rows, out);
+}
+
+}  // namespace detail
 
 namespace cuda {
 
@@ -268,6 +292,19 @@ Status window_scores(Exec exec, const View& kv, const QueryRows<QT>& q, const Wi
   if (!params.lse) {
     KVSIFT_REQUIRE(workspace != nullptr, kNullPointer, "workspace is null (ask window_scores_workspace_bytes)");
     KVSIFT_TRY(ws.status());
+  }
+  KVSIFT_REQUIRE(chunks <= 65535, kUnsupported, "prompt too long for one launch");
+  if constexpr (detail::window_scores_use_mma<View, QT>()) {
+    const int d = kv.head_dim;
+    if (d == 64 || d == 128 || d == 256) {
+      if (d == 64) detail::launch_window_scores_mma<64>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);
+      if (d == 128) detail::launch_window_scores_mma<128>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);
+      if (d == 256) detail::launch_window_scores_mma<256>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);
+      KVSIFT_CHECK_LAUNCH();
+      return Status();
+    }
+  }
+  if (!params.lse) {
     const dim3 grid1((rows + detail::kScoreTile - 1) / detail::kScoreTile, chunks, bh);
     KVSIFT_REQUIRE(grid1.x <= 2147483647u && chunks <= 65535, kUnsupported, "prompt too long for one launch");
     detail::lse_partials_kernel<<<grid1, detail::kScoreThreads, 0, exec.stream>>>(kv, q, params, cols, scale, chunks,

@@ -1,0 +1,235 @@
+#pragma once
+// Tensor-core path of window_scores for 16-bit Q and K (bf16 or fp16, the same type) and head_dim 64,
+// 128 or 256. Same two passes, same results layout and the same fixed summation order as the CUDA-core
+// path in window_scores.cuh; only the logits tiles come from mma.sync m16n8k16 (fp32 accumulation).
+//
+// A block is 8 warps. Warp w owns 16 query rows (rows 16w.. of a 128-row tile) and computes their
+// logits against 64 keys at a time: 8 n-tiles of 8 keys x head_dim / 16 k-steps. The warp's Q
+// fragments stay in registers for the whole block when the rows fit one tile (the window case: W x G
+// <= 128); K fragments are read straight from global memory (each 32-bit pair once per warp; the 8
+// warps of a block share them through L1).
+
+#include <cstdint>
+
+#include "kvsift/core/dtype_cuda.cuh"
+#include "kvsift/ops/window_scores.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kMmaRowTile = 128;     // rows per block: 8 warps x 16
+inline constexpr int kMmaKeyTile = 64;      // keys per warp step: 8 n-tiles of 8
+inline constexpr int kMmaKeysPerBlock = 256;  // keys per column-sum block (4 key tiles)
+inline constexpr int kMmaThreads = 256;
+
+template <class T>
+struct is_bf16_storage
+    : std::integral_constant<bool, dtype_traits<T>::dtype == DType::kBFloat16> {};
+
+// Q and K of one 16-bit type (bf16 or fp16, CUDA's or kvsift's spelling): the tensor-core path applies.
+template <class View, class QT>
+constexpr bool window_scores_use_mma() {
+  using KT = std::remove_const_t<typename View::value_type>;
+  using Q = std::remove_const_t<QT>;
+  return sizeof(KT) == 2 && sizeof(Q) == 2 && dtype_traits<KT>::dtype == dtype_traits<Q>::dtype;
+}
+
+// Two 16-bit elements as one 32-bit register, the lower index in the lower half (mma's packing).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack_pair(const T* p) {
+  const auto* bits = reinterpret_cast<const std::uint16_t*>(p);
+  return std::uint32_t(bits[0]) | (std::uint32_t(bits[1]) << 16);
+}
+
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                          std::uint32_t b1) {
+  if constexpr (is_bf16_storage<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// The A fragments (Q) of a warp's 16 rows starting at row0: for k-step s, registers hold
+// (row g, cols 16s + 2t..+1), (row g+8, same), (row g, cols 16s + 8 + 2t..+1), (row g+8, same), with
+// g = lane / 4 and t = lane % 4. Rows past the end are zeros.
+template <int D, class View, class QT>
+__device__ __forceinline__ void load_q_fragments(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, int b,
+                                                 int hk, int row0, std::uint32_t (&a)[D / 16][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const QT* rows[2] = {nullptr, nullptr};
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + g + 8 * half;
+    if (row < sp.rows()) rows[half] = q.row(b, row / sp.group, hk * sp.group + row % sp.group);
+  }
+  (void)kv;
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const int c = 16 * s + 2 * t;
+    a[s][0] = rows[0] ? pack_pair(rows[0] + c) : 0u;
+    a[s][1] = rows[1] ? pack_pair(rows[1] + c) : 0u;
+    a[s][2] = rows[0] ? pack_pair(rows[0] + c + 8) : 0u;
+    a[s][3] = rows[1] ? pack_pair(rows[1] + c + 8) : 0u;
+  }
+}
+
+// Logits of the warp's 16 rows against keys key0 .. key0 + 63: acc[n][0..1] are (row g, keys
+// key0 + 8n + 2t..+1), acc[n][2..3] the same keys for row g + 8. Keys past the sequence read nothing
+// and give 0 (the caller masks them).
+template <int D, class View, class QT>
+__device__ __forceinline__ void logits_tile_mma(const View& kv, int b, int hk, int len, int key0,
+                                                const std::uint32_t (&a)[D / 16][4], float (&acc)[8][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  using KT = typename View::value_type;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) {
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    const int key = key0 + 8 * n + g;  // this lane's B column: one key
+    // mma.sync needs the whole warp: lanes past the sequence feed zeros instead of skipping.
+    const KT* k = key < len ? kv.k_row(b, hk, key) : nullptr;
+#pragma unroll
+    for (int s = 0; s < D / 16; ++s) {
+      const std::uint32_t b0 = k ? pack_pair(k + 16 * s + 2 * t) : 0u;
+      const std::uint32_t b1 = k ? pack_pair(k + 16 * s + 8 + 2 * t) : 0u;
+      mma_16816<QT>(acc[n], a[s], b0, b1);
+    }
+  }
+}
+
+// Pass 1 on tensor cores: per (128-row tile, key chunk, b * Hkv) the chunk's (max, sum) per row, in the
+// layout of lse_partials_kernel, so lse_merge_kernel folds both.
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q, WindowScoreParams p,
+                                                                        std::int64_t cols, float scale, int num_chunks,
+                                                                        int row_capacity, float2* partials) {
+  const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
+  const ScoreProblem sp = score_problem(kv, q, p, cols, b);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int row0 = blockIdx.x * kMmaRowTile + warp * 16;
+  if (row0 >= sp.rows() || sp.prefix <= 0) return;  // warp-uniform; no block barrier below
+  const int chunk = blockIdx.y, key_begin = chunk * kLseKeyChunk;
+  const int last_row = min(row0 + 16, sp.rows()) - 1;
+  const int key_end = min(key_begin + kLseKeyChunk, sp.last_key(last_row) + 1);
+  std::uint32_t a[D / 16][4];
+  load_q_fragments<D>(kv, q, sp, b, hk, row0, a);
+  const int my_rows[2] = {row0 + g, row0 + g + 8};
+  float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.f, 0.f};
+  for (int key0 = key_begin; key0 < key_end; key0 += kMmaKeyTile) {
+    float acc[8][4];
+    logits_tile_mma<D, View, QT>(kv, b, hk, sp.len, key0, a, acc);
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
+        if (r >= sp.rows() || key >= sp.len || key > sp.last_key(r)) continue;
+        const float x = acc[n][e] * scale;
+        if (x > m[e / 2]) {
+          d[e / 2] = d[e / 2] * expf(m[e / 2] - x) + 1.f;
+          m[e / 2] = x;
+        } else {
+          d[e / 2] += expf(x - m[e / 2]);
+        }
+      }
+  }
+  // The 4 lanes of a row group hold disjoint keys of the same two rows: merge them in a fixed order.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    SoftmaxState st;
+    st.m = m[h];
+    st.d = d[h];
+#pragma unroll
+    for (int offset = 1; offset < 4; offset *= 2) {
+      SoftmaxState o;
+      o.m = __shfl_xor_sync(0xffffffffu, st.m, offset);
+      o.d = __shfl_xor_sync(0xffffffffu, st.d, offset);
+      // Merge in lane order so every lane of the group computes the same bits.
+      SoftmaxState lo = (t & offset) ? o : st, hi = (t & offset) ? st : o;
+      float fs, fo;
+      lo.merge(hi, &fs, &fo);
+      st = lo;
+    }
+    if (t == 0 && my_rows[h] < sp.rows())
+      partials[(std::int64_t(bh) * row_capacity + my_rows[h]) * num_chunks + chunk] = make_float2(st.m, st.d);
+  }
+}
+
+// Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoreParams p,
+                                                                       std::int64_t cols, float scale, int row_capacity,
+                                                                       const float* lse_rows, StridedView2D<float> out) {
+  __shared__ float col[kMmaThreads / 32][kMmaKeyTile];
+  const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
+  const ScoreProblem sp = score_problem(kv, q, p, cols, b);
+  const int block_key0 = blockIdx.x * kMmaKeysPerBlock;
+  if (block_key0 >= sp.prefix) return;  // block-uniform
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const bool per_head = p.heads == ScoreHeads::kQueryHead;
+  const int row_tiles = (sp.rows() + kMmaRowTile - 1) / kMmaRowTile;
+  std::uint32_t a[D / 16][4];
+  if (row_tiles == 1) load_q_fragments<D>(kv, q, sp, b, hk, warp * 16, a);
+  auto row_lse = [&](int row) {
+    if (row >= sp.rows()) return INFINITY;
+    const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
+    return p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i] : lse_rows[std::int64_t(bh) * row_capacity + row];
+  };
+  const int passes = per_head ? sp.group : 1;
+  for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
+    // The first row that can see key0 sits at query position key0 - (len - nq).
+    const int first_row = max(0, key0 - (sp.len - sp.nq)) * sp.group;
+    for (int pass = 0; pass < passes; ++pass) {
+      float sum[8][2] = {};
+      for (int tile = first_row / kMmaRowTile; tile < row_tiles; ++tile) {
+        const int row0 = tile * kMmaRowTile + warp * 16;
+        if (row0 >= sp.rows()) continue;  // warp-uniform
+        if (row_tiles > 1) load_q_fragments<D>(kv, q, sp, b, hk, row0, a);
+        float acc[8][4];
+        logits_tile_mma<D, View, QT>(kv, b, hk, sp.len, key0, a, acc);
+        const int my_rows[2] = {row0 + g, row0 + g + 8};
+        const float lse[2] = {row_lse(my_rows[0]), row_lse(my_rows[1])};
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
+            const bool use = r < sp.rows() && key < sp.prefix && key <= sp.last_key(r) &&
+                             (!per_head || r % sp.group == pass);
+            if (use) sum[n][e % 2] += expf(acc[n][e] * scale - lse[e / 2]);
+          }
+      }
+      // Fold the 8 row groups of the warp (lanes differing in g), then the warps, in a fixed order.
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          float v = sum[n][c];
+          v += __shfl_xor_sync(0xffffffffu, v, 4);
+          v += __shfl_xor_sync(0xffffffffu, v, 8);
+          v += __shfl_xor_sync(0xffffffffu, v, 16);
+          if (g == 0) col[warp][8 * n + 2 * t + c] = v;
+        }
+      __syncthreads();
+      if (threadIdx.x < kMmaKeyTile) {
+        const int key = key0 + threadIdx.x;
+        float total = 0.f;
+        for (int w = 0; w < kMmaThreads / 32; ++w) total += col[w][threadIdx.x];
+        if (key < sp.prefix) {
+          if (per_head) out(std::int64_t(b) * q.num_heads + hk * sp.group + pass, key) = total;
+          else out(std::int64_t(b) * kv.num_kv_heads + hk, key) = total / float(sp.group);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace kvsift
