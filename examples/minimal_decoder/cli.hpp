@@ -1,0 +1,194 @@
+#pragma once
+// Command-line options of the minimal decoder, parsed into one struct. Every mistake is a
+// DecoderError naming the flag, raised before anything is loaded or allocated.
+
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decode_policy.hpp"
+#include "errors.hpp"
+#include "sampling.hpp"
+
+namespace minimal_decoder {
+
+inline const char* kUsage = R"(usage: minimal_decoder (--model DIR | --random tiny|llama3-8b) PROMPTS [options]
+
+weights
+  --model DIR            Hugging Face Llama/Qwen3 checkpoint: config.json + *.safetensors (bf16/fp16/fp32, sharded ok)
+  --random SHAPE         random weights of a named shape: tiny (CPU demo) or llama3-8b
+  --seed N               seed of the random weights and random prompts (default 1)
+prompts (token ids; one prompt per sequence of the batch, lengths may differ)
+  --prompt-ids "1 2 3"   one prompt; repeat the flag for a batch
+  --prompt-file FILE     one prompt per line: ids separated by spaces; text before a '|' is ignored
+                         (the passkey prompt files' "ANSWER d1..d5 | ids" format)
+  --max-prompts N        read at most N prompts from the file
+  --random-prompts L,..  random prompts of these lengths (a ragged batch: 500,320,64)
+generation
+  --new-tokens N         tokens to generate per sequence (default 16)
+  --temperature T        0 = greedy (default); > 0 samples
+  --top-p P              nucleus sampling mass (default 1)
+  --sample-seed N        seed of the sampler (default 0)
+  --prefill-chunk N      query positions per prefill chunk (default 256)
+policy
+  --policy NAME          dense | clusterattn | snapkv | streaming | lychee (default dense)
+  --cp N                 prompt-compression capacity Cp, window included (default 1024)
+  --window N             observation window W (default 32)
+  --theta F              ClusterAttn density threshold (default 0.002)
+  --num-block N          ClusterAttn blocks (default 128)
+  --pool max|avg         SnapKV pooling (default max), --pool-kernel N (odd, default 7)
+  --sinks N              StreamingLLM sink tokens (default 4)
+  --lychee-budget N, --lychee-mode token|ratio|block, --roles FILE, --correction-interval N
+                         LycheeDecode options (the policy is not wired yet; see docs/minimal_decoder.md)
+output
+  --check                run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)
+  --compare              run dense, clusterattn, snapkv and streaming with --check; print a table
+  --output-ids FILE      write the generated ids, one line per sequence (written only on success)
+  --device auto|cpu|gpu  backend (default auto: the GPU when this build has CUDA and a GPU is present)
+  --quiet                no progress bar, no per-sequence output
+)";
+
+enum class DeviceChoice { kAuto, kCpu, kGpu };
+
+struct Options {
+  std::string model_dir;
+  std::string random_shape;
+  std::uint64_t seed = 1;
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::string prompt_file;
+  int max_prompts = 0;
+  std::vector<int> random_prompt_lengths;
+  int new_tokens = 16;
+  int prefill_chunk = 256;
+  SamplingOptions sampling;
+  PolicyOptions policy;
+  bool check = false;
+  bool compare = false;
+  std::string output_ids;
+  DeviceChoice device = DeviceChoice::kAuto;
+  bool quiet = false;
+  bool help = false;
+};
+
+// "12 5 7" -> {12, 5, 7}; anything that is not an integer is an error naming `what`.
+inline std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<std::int32_t> ids;
+  std::istringstream in(text);
+  std::string word;
+  while (in >> word) {
+    char* end = nullptr;
+    const long v = std::strtol(word.c_str(), &end, 10);
+    if (*end != '\0' || v < 0 || v > INT32_MAX) throw DecoderError(what + ": \"" + word + "\" is not a token id");
+    ids.push_back(std::int32_t(v));
+  }
+  if (ids.empty()) throw DecoderError(what + ": empty prompt");
+  return ids;
+}
+
+inline std::vector<std::vector<std::int32_t>> read_prompt_file(const std::string& path, int max_prompts) {
+  std::ifstream in(path);
+  if (!in) throw DecoderError("--prompt-file " + path + ": cannot open");
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(in, line) && (max_prompts <= 0 || int(prompts.size()) < max_prompts)) {
+    ++line_no;
+    const std::size_t bar = line.find('|');
+    const std::string ids = bar == std::string::npos ? line : line.substr(bar + 1);
+    if (ids.find_first_not_of(" \t\r") == std::string::npos) continue;
+    prompts.push_back(parse_ids(ids, path + ":" + std::to_string(line_no)));
+  }
+  if (prompts.empty()) throw DecoderError("--prompt-file " + path + ": no prompts");
+  return prompts;
+}
+
+inline Options parse_options(const std::vector<std::string>& args) {
+  Options o;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& flag = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) throw DecoderError(flag + " needs a value");
+      return args[++i];
+    };
+    auto integer = [&](long lo) {
+      const std::string v = value();
+      char* end = nullptr;
+      const long x = std::strtol(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0' || x < lo || x > INT32_MAX)
+        throw DecoderError(flag + " " + v + ": expected an integer >= " + std::to_string(lo));
+      return int(x);
+    };
+    auto real = [&](double lo, double hi) {
+      const std::string v = value();
+      char* end = nullptr;
+      const double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(x >= lo && x <= hi))
+        throw DecoderError(flag + " " + v + ": expected a number in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return float(x);
+    };
+    auto& cfg = o.policy.compression;
+    if (flag == "-h" || flag == "--help") o.help = true;
+    else if (flag == "--model") o.model_dir = value();
+    else if (flag == "--random") o.random_shape = value();
+    else if (flag == "--seed") o.seed = std::uint64_t(integer(0));
+    else if (flag == "--prompt-ids") o.prompts.push_back(parse_ids(value(), "--prompt-ids"));
+    else if (flag == "--prompt-file") o.prompt_file = value();
+    else if (flag == "--max-prompts") o.max_prompts = integer(1);
+    else if (flag == "--random-prompts") {
+      std::string list = value();
+      for (char& ch : list) ch = ch == ',' ? ' ' : ch;
+      for (std::int32_t n : parse_ids(list, "--random-prompts")) {
+        if (n < 1) throw DecoderError("--random-prompts: lengths must be >= 1");
+        o.random_prompt_lengths.push_back(n);
+      }
+    }
+    else if (flag == "--new-tokens") o.new_tokens = integer(0);
+    else if (flag == "--temperature") o.sampling.temperature = real(0, 100);
+    else if (flag == "--top-p") o.sampling.top_p = real(1e-6, 1);
+    else if (flag == "--sample-seed") o.sampling.seed = std::uint64_t(integer(0));
+    else if (flag == "--prefill-chunk") o.prefill_chunk = integer(1);
+    else if (flag == "--policy") o.policy.kind = parse_policy(value());
+    else if (flag == "--cp") cfg.capacity = integer(1);
+    else if (flag == "--window") cfg.window = integer(1);
+    else if (flag == "--theta") cfg.theta = real(0, 1e9);
+    else if (flag == "--num-block") cfg.num_block = integer(1);
+    else if (flag == "--sinks") cfg.sinks = integer(0);
+    else if (flag == "--pool") {
+      const std::string v = value();
+      if (v != "max" && v != "avg") throw DecoderError("--pool " + v + ": expected max or avg");
+      cfg.pool.kind = v == "max" ? kvsift::PoolKind::kMax : kvsift::PoolKind::kAvg;
+    }
+    else if (flag == "--pool-kernel") cfg.pool.kernel = integer(1);
+    else if (flag == "--lychee-budget") o.policy.lychee.budget = integer(1);
+    else if (flag == "--lychee-mode") {
+      o.policy.lychee.mode = value();
+      if (o.policy.lychee.mode != "token" && o.policy.lychee.mode != "ratio" && o.policy.lychee.mode != "block")
+        throw DecoderError("--lychee-mode " + o.policy.lychee.mode + ": expected token, ratio or block");
+    }
+    else if (flag == "--roles") o.policy.lychee.roles_file = value();
+    else if (flag == "--correction-interval") o.policy.lychee.correction_interval = integer(0);
+    else if (flag == "--check") o.check = true;
+    else if (flag == "--compare") o.compare = true;
+    else if (flag == "--output-ids") o.output_ids = value();
+    else if (flag == "--device") {
+      const std::string v = value();
+      if (v == "auto") o.device = DeviceChoice::kAuto;
+      else if (v == "cpu") o.device = DeviceChoice::kCpu;
+      else if (v == "gpu") o.device = DeviceChoice::kGpu;
+      else throw DecoderError("--device " + v + ": expected auto, cpu or gpu");
+    }
+    else if (flag == "--quiet") o.quiet = true;
+    else throw DecoderError("unknown option " + flag + " (see --help)");
+  }
+  if (o.help) return o;
+  if (o.model_dir.empty() == o.random_shape.empty()) throw DecoderError("give exactly one of --model DIR and --random SHAPE");
+  const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
+  if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");
+  if (o.compare && o.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
+  return o;
+}
+
+}  // namespace minimal_decoder

@@ -1,0 +1,175 @@
+// minimal_decoder: a Llama-style decoder whose attention runs through kvsift, dense or under a
+// KV policy, on the GPU (cuBLAS + kvsift CUDA kernels) or the CPU (kvsift host reference).
+// Built as CUDA when the toolkit is enabled; it then still runs on the CPU when no GPU is present.
+// Walkthrough: docs/minimal_decoder.md.
+
+#if defined(__CUDACC__)
+#include <kvsift/kvsift.cuh>
+
+#include "cuda_backend.cuh"
+#endif
+
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "cli.hpp"
+#include "generate.hpp"
+#include "host_backend.hpp"
+
+namespace md = minimal_decoder;
+
+namespace {
+
+std::string mib(std::int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f MiB", double(bytes) / (1024.0 * 1024.0));
+  return buf;
+}
+
+std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vocab) {
+  if (!o.prompts.empty()) return o.prompts;
+  if (!o.prompt_file.empty()) return md::read_prompt_file(o.prompt_file, o.max_prompts);
+  std::mt19937_64 rng(o.seed + 1000);
+  std::uniform_int_distribution<std::int32_t> id(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int len : o.random_prompt_lengths) {
+    std::vector<std::int32_t> p(static_cast<std::size_t>(len));
+    for (auto& t : p) t = id(rng);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector<std::int32_t>> prompts) {
+  md::GenerationRequest req;
+  req.prompts = std::move(prompts);
+  req.new_tokens = o.new_tokens;
+  req.prefill_chunk = o.prefill_chunk;
+  req.sampling = o.sampling;
+  req.policy = o.policy;
+  req.check = o.check;
+  req.progress = !o.quiet;
+  return req;
+}
+
+void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet) {
+  std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
+              r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
+  const std::size_t steps = r.step_ms.size();
+  if (steps > 0) {
+    const double ms = r.decode_ms(), tokens = double(steps * req.prompts.size());
+    std::printf("decode: %zu steps x %zu sequence(s): %.1f tokens/s, %.2f ms/step (attention %.0f%%)\n", steps,
+                req.prompts.size(), tokens / (ms / 1e3), ms / double(steps), 100.0 * r.attention_ms() / ms);
+  }
+  std::printf("KV cache: %s in use, %s allocated\n", mib(r.kv_bytes_used).c_str(), mib(r.kv_bytes_allocated).c_str());
+  if (r.compared > 0)
+    std::printf("check vs dense: top-1 agreement %lld/%lld (%.1f%%), KL(dense || policy) mean %.3g, max %.3g nats\n",
+                r.top1_agree, r.compared, 100.0 * double(r.top1_agree) / double(r.compared), r.kl_sum / double(r.compared),
+                r.kl_max);
+  if (quiet) return;
+  for (std::size_t b = 0; b < r.generated.size(); ++b) {
+    std::printf("sequence %zu (prompt %zu tokens):", b, req.prompts[b].size());
+    for (std::int32_t t : r.generated[b]) std::printf(" %d", t);
+    std::printf("\n");
+  }
+}
+
+template <class Backend>
+int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  const md::BackendWeights<Backend> weights(be, config, host_weights);
+  md::GenerationRequest req = make_request(o, load_prompts(o, config.vocab_size));
+  if (!o.compare) {
+    std::printf("policy: %s\n", req.policy.describe().c_str());
+    const md::GenerationReport r = md::generate(be, config, weights, req);
+    print_report(req, r, o.quiet);
+    if (!o.output_ids.empty()) {
+      const std::string tmp = o.output_ids + ".tmp";  // renamed into place only when complete
+      std::ofstream out(tmp);
+      for (const auto& seq : r.generated) {
+        for (std::size_t i = 0; i < seq.size(); ++i) out << (i ? " " : "") << seq[i];
+        out << "\n";
+      }
+      if (!out.good() || (out.close(), std::rename(tmp.c_str(), o.output_ids.c_str())) != 0)
+        throw md::DecoderError("--output-ids " + o.output_ids + ": cannot write");
+    }
+    return 0;
+  }
+  // --compare: every policy on the same prompts, each checked against dense.
+  req.check = true;
+  req.progress = false;
+  std::printf("%-46s %9s %10s %10s %12s %6s %12s\n", "policy", "top-1", "KL mean", "KL max", "decode tok/s", "attn",
+              "KV in use");
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                              md::PolicyKind::kStreamingLLM}) {
+    req.policy.kind = kind;
+    const md::GenerationReport r = md::generate(be, config, weights, req);
+    const double ms = r.decode_ms();
+    std::printf("%-46s %8.1f%% %10.3g %10.3g %12.1f %5.0f%% %12s\n", req.policy.describe().c_str(),
+                r.compared ? 100.0 * double(r.top1_agree) / double(r.compared) : 100.0,
+                r.compared ? r.kl_sum / double(r.compared) : 0.0, r.kl_max,
+                ms > 0 ? double(r.step_ms.size() * req.prompts.size()) / (ms / 1e3) : 0.0,
+                ms > 0 ? 100.0 * r.attention_ms() / ms : 0.0, mib(r.kv_bytes_used).c_str());
+  }
+  return 0;
+}
+
+#if defined(__CUDACC__)
+bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const md::Options o = md::parse_options(std::vector<std::string>(argv + 1, argv + argc));
+    if (o.help) {
+      std::fputs(md::kUsage, stdout);
+      return 0;
+    }
+    md::Checkpoint ck;
+    if (!o.model_dir.empty()) {
+      ck = md::load_checkpoint(o.model_dir);
+    } else {
+      ck.config = md::named_model_config(o.random_shape);
+    }
+    bool use_gpu = false;
+#if defined(__CUDACC__)
+    use_gpu = o.device != md::DeviceChoice::kCpu && gpu_present();
+#endif
+    if (o.device == md::DeviceChoice::kGpu && !use_gpu)
+      throw md::DecoderError("--device gpu: this build has no CUDA or no GPU is present");
+    if (!use_gpu && ck.config.parameter_count() > 2'000'000'000LL)
+      throw md::DecoderError("model " + ck.config.name + " (" + std::to_string(ck.config.parameter_count() / 1'000'000) +
+                             "M parameters) is too large for the CPU reference path; run it on a GPU");
+    if (o.model_dir.empty()) ck.weights = md::random_weights(ck.config, o.seed);
+    const md::ModelConfig& c = ck.config;
+    std::printf("model: %s, %d layers, hidden %d, heads %d/%d (q/kv), head_dim %d, vocab %d, %.1fM parameters%s\n",
+                o.model_dir.empty() ? ("random " + o.random_shape + " (seed " + std::to_string(o.seed) + ")").c_str()
+                                    : o.model_dir.c_str(),
+                c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
+#if defined(__CUDACC__)
+    if (use_gpu) {
+      md::CudaBackend be;
+      std::printf("backend: %s\n", be.name());
+      return run(be, o, c, ck.weights);
+    }
+#endif
+    md::HostBackend be;
+    std::printf("backend: %s\n", be.name());
+    return run(be, o, c, ck.weights);
+  } catch (const md::DecoderError& e) {
+    std::fprintf(stderr, "minimal_decoder: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "minimal_decoder: error: out of memory\n");
+    return 1;
+  }
+}

@@ -1,0 +1,414 @@
+#pragma once
+// A Llama-architecture decoder whose attention runs through kvsift, written once for any backend
+// (host_backend.hpp, cuda_backend.cuh). This is the file an engine author reads: every place where
+// kvsift enters is marked "kvsift:".
+//
+//   prefill(prompts)     chunk-major: each chunk of query positions goes through every layer; its
+//                        K/V are written to the layer's cache and attention is kvsift's
+//                        decode_attention with q_len = chunk (causal inside the chunk). After the
+//                        last chunk, a compressing policy calls kvsift::compress_prompt once per
+//                        layer and the full prompt caches are freed.
+//   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
+//                        position[b] (the original position, also after compression), and attend
+//                        with decode_attention (q_len = 1) over the layer's cache.
+//
+// KV layout: one [batch, kv_heads, capacity, head_dim] tensor each for K and V per layer, seen by
+// kvsift through ContiguousKV (make_bhsd). Ragged batches: every sequence has its own length.
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "decode_policy.hpp"
+#include "errors.hpp"
+#include "model_config.hpp"
+
+namespace minimal_decoder {
+
+// The model's weights in the backend's memory and precision.
+template <class Backend>
+struct BackendWeights {
+  using Matrix = typename Backend::Matrix;
+  using Vector = typename Backend::template Buffer<float>;
+  struct Layer {
+    Vector attn_norm, mlp_norm, q_norm, k_norm;
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  Matrix embed, lm_head;
+  Vector final_norm;
+  std::vector<Layer> layers;
+
+  BackendWeights(const Backend& be, const ModelConfig& c, const HostWeights& w) {
+    const int H = c.hidden_size, I = c.intermediate_size, Q = int(c.q_dim()), K = int(c.kv_dim());
+    auto vec = [&](const std::vector<float>& v) {
+      Vector out = be.template alloc<float>(v.size());
+      be.upload(out.data(), v.data(), v.size());
+      return out;
+    };
+    embed = be.make_matrix(w.embed, c.vocab_size, H);
+    lm_head = be.make_matrix(w.lm_head, c.vocab_size, H);
+    final_norm = vec(w.final_norm);
+    for (const LayerWeights& lw : w.layers) {
+      Layer l;
+      l.attn_norm = vec(lw.attn_norm);
+      l.mlp_norm = vec(lw.mlp_norm);
+      l.q_norm = vec(lw.q_norm);
+      l.k_norm = vec(lw.k_norm);
+      l.wq = be.make_matrix(lw.wq, Q, H);
+      l.wk = be.make_matrix(lw.wk, K, H);
+      l.wv = be.make_matrix(lw.wv, K, H);
+      l.wo = be.make_matrix(lw.wo, H, Q);
+      l.w_gate = be.make_matrix(lw.w_gate, I, H);
+      l.w_up = be.make_matrix(lw.w_up, I, H);
+      l.w_down = be.make_matrix(lw.w_down, H, I);
+      layers.push_back(std::move(l));
+    }
+  }
+};
+
+// Sizes fixed for the life of a Decoder: every buffer is allocated from them up front.
+struct DecoderLimits {
+  int max_batch = 1;
+  int max_prompt_len = 0;
+  int max_new_tokens = 0;
+  int prefill_chunk = 256;  // query positions per prefill chunk
+};
+
+// Where the time of the last call went (wall clock; the CUDA backend synchronises to measure).
+struct StepTiming {
+  double total_ms = 0, attention_ms = 0;
+};
+
+template <class Backend>
+class Decoder {
+ public:
+  using KV = typename Backend::KvType;
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using Cache = kvsift::ContiguousKV<KV>;
+  // Called with (tokens done, tokens total) after each prefill chunk.
+  using Progress = std::function<void(long long, long long)>;
+
+  Decoder(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights, const PolicyOptions& policy,
+          const DecoderLimits& limits)
+      : be_(be), c_(config), w_(weights), policy_(policy), lim_(limits) {
+    const long long context = (long long)lim_.max_prompt_len + lim_.max_new_tokens;
+    if (context > c_.max_positions)
+      throw DecoderError("context of " + std::to_string(context) + " tokens (prompt " + std::to_string(lim_.max_prompt_len) +
+                         " + " + std::to_string(lim_.max_new_tokens) + " new) exceeds max_position_embeddings = " +
+                         std::to_string(c_.max_positions));
+    if (lim_.max_batch < 1 || lim_.max_prompt_len < 1 || lim_.prefill_chunk < 1)
+      throw DecoderError("batch, prompt length and prefill chunk must be >= 1");
+    validate_policy(policy_, c_.num_q_heads, c_.num_kv_heads, lim_.max_prompt_len);
+    const int B = lim_.max_batch;
+    // Dense decodes in the prompt cache itself; a compressing policy decodes in a cache of Cp slots
+    // (plus the new tokens) and holds the full prompt cache only until compression.
+    decode_capacity_ = policy_.compresses_prompt() ? policy_.compression.capacity + lim_.max_new_tokens
+                                                   : lim_.max_prompt_len + lim_.max_new_tokens;
+    decode_caches_.resize(std::size_t(c_.num_layers));
+    for (auto& cache : decode_caches_) cache = allocate_cache(decode_capacity_);
+    const int rows = std::max(lim_.prefill_chunk * B, B);
+    const std::int64_t H = c_.hidden_size;
+    x_ = be_.template alloc<float>(std::size_t(rows * H));
+    h_ = be_.template alloc<float>(std::size_t(rows * H));
+    q_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
+    k_ = be_.template alloc<float>(std::size_t(rows * c_.kv_dim()));
+    v_ = be_.template alloc<float>(std::size_t(rows * c_.kv_dim()));
+    attn_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
+    gate_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
+    up_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
+    logits_ = be_.template alloc<float>(std::size_t(B) * c_.vocab_size);
+    tokens_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    positions_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    seq_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    slots_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    window_rows_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    lengths_ = be_.template alloc<std::int32_t>(std::size_t(B));
+  }
+
+  // Dense prefill of a ragged batch; returns the logits of each prompt's last token, [B, vocab].
+  std::vector<float> prefill(const std::vector<std::vector<std::int32_t>>& prompts, const Progress& progress = {}) {
+    const int B = int(prompts.size());
+    if (B < 1 || B > lim_.max_batch) throw DecoderError("batch of " + std::to_string(B) + " prompts exceeds the decoder's " + std::to_string(lim_.max_batch));
+    batch_ = B;
+    prompts_ = &prompts;
+    prompt_len_.assign(std::size_t(B), 0);
+    long long total = 0;
+    int longest = 0;
+    for (int b = 0; b < B; ++b) {
+      const int L = int(prompts[std::size_t(b)].size());
+      if (L < 1 || L > lim_.max_prompt_len)
+        throw DecoderError("prompt " + std::to_string(b) + " has " + std::to_string(L) + " tokens (allowed: 1.." +
+                           std::to_string(lim_.max_prompt_len) + ")");
+      for (std::int32_t t : prompts[std::size_t(b)])
+        if (t < 0 || t >= c_.vocab_size)
+          throw DecoderError("prompt " + std::to_string(b) + ": token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(c_.vocab_size) + ")");
+      prompt_len_[std::size_t(b)] = L;
+      total += L;
+      longest = std::max(longest, L);
+    }
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    // The prefill writes into the decode caches (dense) or into full-length prompt caches that
+    // compression reads once and then frees.
+    const bool compress = policy_.compresses_prompt();
+    std::vector<LayerCache> prompt_caches;
+    if (compress) {
+      const int W = policy_.compression.window;
+      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
+      window_q_.clear();
+      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * W * c_.q_dim()));
+    }
+    std::vector<LayerCache>& target = compress ? prompt_caches : decode_caches_;
+
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    const int C = lim_.prefill_chunk;
+    long long done = 0;
+    for (int start = 0; start < longest; start += C) {
+      ChunkPlan plan = plan_chunk(start, C);
+      const int n = int(plan.tokens.size());
+      upload_rows(plan.tokens, plan.positions, plan.seq, plan.slots);
+      be_.upload(window_rows_.data(), plan.window_rows.data(), std::size_t(n));
+      be_.upload(lengths_.data(), plan.ends.data(), std::size_t(B));
+      be_.embed(tokens_.data(), n, w_.embed, x_.data());
+      for (int l = 0; l < c_.num_layers; ++l) {
+        LayerCache& cache = target[std::size_t(l)];
+        layer_forward(l, n, cache, [&](const float* q, float* out) {
+          if (compress)  // keep the window's post-RoPE queries: compression scores with them
+            be_.scatter_rows(q, n, c_.q_dim(), window_rows_.data(), window_q_[std::size_t(l)].data());
+          for (int b = 0; b < B; ++b) {
+            if (plan.count[std::size_t(b)] == 0) continue;
+            // kvsift: causal multi-query attention of this chunk's q_len queries over tokens
+            // [0, end) of sequence b, through a one-sequence view of the batch cache.
+            Cache one = cache.view(batch_, lengths_.data());
+            one.k += b * one.k_batch_stride;
+            one.v += b * one.v_batch_stride;
+            one.lengths = lengths_.data() + b;
+            one.batch = 1;
+            const std::int64_t row = plan.offset[std::size_t(b)] * c_.q_dim();
+            attend(l, one, q + row, out + row, plan.count[std::size_t(b)]);
+          }
+        });
+      }
+      // Logits of the rows that hold a prompt's last token.
+      for (int b = 0; b < B; ++b)
+        if (plan.last_row[std::size_t(b)] >= 0)
+          lm_head(x_.data() + std::int64_t(plan.last_row[std::size_t(b)]) * c_.hidden_size, 1,
+                  logits.data() + std::int64_t(b) * c_.vocab_size);
+      done += n;
+      if (progress) progress(done, total);
+    }
+
+    prompts_ = nullptr;
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    if (compress) {
+      compress_prompt_caches(prompt_caches);  // frees them when it returns
+      window_q_.clear();
+    }
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+    return logits;
+  }
+
+  // One decode step for every sequence of the batch; returns logits [B, vocab].
+  std::vector<float> decode(const std::vector<std::int32_t>& next) {
+    const int B = batch_;
+    if (int(next.size()) != B) throw DecoderError("decode needs one token per sequence");
+    for (int b = 0; b < B; ++b)
+      if (cache_len_[std::size_t(b)] >= decode_capacity_)
+        throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
+    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
+    upload_rows(next, position_, seq, slots);
+    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    be_.embed(tokens_.data(), B, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l) {
+      LayerCache& cache = decode_caches_[std::size_t(l)];
+      layer_forward(l, B, cache, [&](const float* q, float* out) {
+        // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
+        attend(l, cache.view(B, lengths_.data()), q, out, 1);
+      });
+    }
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    lm_head(x_.data(), B, logits.data());
+    for (int b = 0; b < B; ++b) ++position_[std::size_t(b)];
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+    return logits;
+  }
+
+  const StepTiming& timing() const { return timing_; }
+  const std::vector<int>& cache_lengths() const { return cache_len_; }
+  int batch() const { return batch_; }
+  // Bytes of K and V the decode caches hold now, and the bytes allocated for them.
+  std::int64_t kv_bytes_used() const {
+    std::int64_t tokens = 0;
+    for (int n : cache_len_) tokens += n;
+    return tokens * kv_bytes_per_token();
+  }
+  std::int64_t kv_bytes_allocated() const { return std::int64_t(lim_.max_batch) * decode_capacity_ * kv_bytes_per_token(); }
+
+ private:
+  struct LayerCache {
+    Buffer<KV> k, v;
+    int capacity = 0;
+    Cache view(int batch, const std::int32_t* lengths) {
+      return kvsift::make_bhsd(k.data(), v.data(), batch, num_kv_heads, capacity, head_dim, lengths);
+    }
+    int num_kv_heads = 0, head_dim = 0;
+  };
+
+  // The packed rows of one prefill chunk: positions [start, start + C) of every sequence that has them.
+  struct ChunkPlan {
+    std::vector<std::int32_t> tokens, positions, seq, slots, window_rows;
+    std::vector<std::int32_t> offset, count, ends, last_row;  // per sequence
+  };
+
+  std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
+
+  LayerCache allocate_cache(int capacity) {
+    LayerCache cache;
+    cache.capacity = capacity;
+    cache.num_kv_heads = c_.num_kv_heads;
+    cache.head_dim = c_.head_dim;
+    const std::size_t n = std::size_t(lim_.max_batch) * c_.kv_dim() * capacity;
+    cache.k = be_.template alloc<KV>(n);
+    cache.v = be_.template alloc<KV>(n);
+    return cache;
+  }
+
+  ChunkPlan plan_chunk(int start, int C) const {
+    ChunkPlan p;
+    const int B = batch_, W = policy_.compression.window;
+    for (int b = 0; b < B; ++b) {
+      const int L = prompt_len_[std::size_t(b)], end = std::min(L, start + C);
+      p.offset.push_back(std::int32_t(p.tokens.size()));
+      p.count.push_back(std::max(0, end - start));
+      p.ends.push_back(std::max(0, end));
+      p.last_row.push_back(-1);
+      // Window row i of sequence b holds position L - min(W, L) + i (kvsift::QueryRows layout).
+      const int first_window_pos = L - std::min(W, L);
+      for (int pos = start; pos < end; ++pos) {
+        if (pos == L - 1) p.last_row.back() = std::int32_t(p.tokens.size());
+        p.tokens.push_back(prompt_tokens_at(b, pos));
+        p.positions.push_back(pos);
+        p.seq.push_back(b);
+        p.slots.push_back(pos);
+        p.window_rows.push_back(pos >= first_window_pos ? b * W + (pos - first_window_pos) : -1);
+      }
+    }
+    return p;
+  }
+
+  std::int32_t prompt_tokens_at(int b, int pos) const { return (*prompts_)[std::size_t(b)][std::size_t(pos)]; }
+
+  void upload_rows(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& positions,
+                   const std::vector<std::int32_t>& seq, const std::vector<std::int32_t>& slots) {
+    const std::size_t n = tokens.size();
+    be_.upload(tokens_.data(), tokens.data(), n);
+    be_.upload(positions_.data(), positions.data(), n);
+    be_.upload(seq_.data(), seq.data(), n);
+    be_.upload(slots_.data(), slots.data(), n);
+  }
+
+  // One transformer block over the n rows in x_, pre-norm residual:
+  //   x += o_proj(attention(rope(q), rope(k), v));  x += down(silu(gate(x)) * up(x))
+  // `attention(q, out)` is the policy's part; K/V of the rows are stored before it runs.
+  template <class Attention>
+  void layer_forward(int l, int n, LayerCache& cache, Attention&& attention) {
+    const auto& lw = w_.layers[std::size_t(l)];
+    const int H = c_.hidden_size, D = c_.head_dim;
+    be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear(h_.data(), n, lw.wq, q_.data());
+    be_.linear(h_.data(), n, lw.wk, k_.data());
+    be_.linear(h_.data(), n, lw.wv, v_.data());
+    if (c_.qk_norm) {
+      be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
+      be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
+    }
+    be_.rope(q_.data(), positions_.data(), n, c_.num_q_heads, D, c_.rope_theta);
+    be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
+    // kvsift reads the cache only through the view, so writing it is the engine's job.
+    be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), cache.view(lim_.max_batch, lengths_.data()));
+    attention(q_.data(), attn_.data());
+    be_.linear(attn_.data(), n, lw.wo, h_.data());
+    be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
+    be_.rms_norm(x_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear(h_.data(), n, lw.w_gate, gate_.data());
+    be_.linear(h_.data(), n, lw.w_up, up_.data());
+    be_.silu_mul(gate_.data(), up_.data(), std::int64_t(n) * c_.intermediate_size);
+    be_.linear(gate_.data(), n, lw.w_down, h_.data());
+    be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
+  }
+
+  // kvsift: decode_attention (dense heads, causal for q_len > 1), timed as the step's attention share.
+  void attend(int /*layer*/, const Cache& kv, const float* q, float* out, int q_len) {
+    be_.synchronize();
+    const double t0 = be_.now_ms();
+    auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
+    p.num_sms = be_.num_sms();
+    std::size_t bytes = 0;
+    check(kvsift::decode_attention_workspace_bytes(kv, p, &bytes), "decode attention workspace");
+    if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
+    check(decode_attention(be_.exec(), kv, p, attn_ws_.data(), attn_ws_.size()), "decode attention");
+    be_.synchronize();
+    timing_.attention_ms += be_.now_ms() - t0;
+  }
+
+  // x [n, hidden] -> final norm -> LM head -> host logits [n, vocab]
+  void lm_head(const float* x, int n, float* host_logits) {
+    be_.rms_norm(x, n, c_.hidden_size, w_.final_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear(h_.data(), n, w_.lm_head, logits_.data());
+    be_.download(host_logits, logits_.data(), std::size_t(n) * c_.vocab_size);
+  }
+
+  // kvsift: compress_prompt once per layer, from the full prompt cache into the decode cache.
+  // Every KV head of a sequence keeps the same number of tokens, so the result is an ordinary cache
+  // whose lengths replace the prompt lengths; positions keep counting from the prompt length.
+  void compress_prompt_caches(std::vector<LayerCache>& prompt_caches) {
+    const int B = batch_;
+    const kvsift::PromptCompressionConfig config = policy_.compression_config();
+    const kvsift::PromptCompressionShape shape{B, c_.num_kv_heads, c_.num_q_heads, lim_.max_prompt_len};
+    Buffer<unsigned char> ws = be_.template alloc<unsigned char>(kvsift::compress_prompt_workspace_bytes(config, shape));
+    Buffer<std::int32_t> new_lengths = be_.template alloc<std::int32_t>(std::size_t(B));
+    be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const Cache src = prompt_caches[std::size_t(l)].view(B, lengths_.data());
+      const Cache dst = decode_caches_[std::size_t(l)].view(B, new_lengths.data());
+      const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), B, config.window,
+                                                         c_.num_q_heads, c_.head_dim);
+      kvsift::CompactOutputs out;
+      out.new_lengths = new_lengths.data();
+      check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
+            "compress_prompt (layer " + std::to_string(l) + ")");
+      prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
+    }
+    be_.download(cache_len_.data(), new_lengths.data(), std::size_t(B));
+  }
+
+  Backend& be_;
+  const ModelConfig& c_;
+  const BackendWeights<Backend>& w_;
+  PolicyOptions policy_;
+  DecoderLimits lim_;
+  int decode_capacity_ = 0;
+  int batch_ = 0;
+  const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;
+  std::vector<int> prompt_len_, cache_len_, position_;
+  std::vector<LayerCache> decode_caches_;
+  std::vector<Buffer<float>> window_q_;
+  Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+  Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
+  Buffer<unsigned char> attn_ws_;
+  StepTiming timing_;
+};
+
+}  // namespace minimal_decoder
