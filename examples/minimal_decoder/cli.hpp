@@ -41,11 +41,15 @@ policy
   --num-block N          ClusterAttn blocks (default 128)
   --pool max|avg         SnapKV pooling (default max), --pool-kernel N (odd, default 7)
   --sinks N              StreamingLLM sink tokens (default 4)
-  --lychee-budget N, --lychee-mode token|ratio|block, --roles FILE, --correction-interval N
-                         LycheeDecode options (the policy is not wired yet; see docs/minimal_decoder.md)
+  --lychee-mode M        LycheeDecode selection: token (default) | ratio | block
+  --lychee-budget N      tokens per index row (token mode) or blocks (block mode); default 4096
+  --lychee-sink N, --lychee-recent N    forced first/last tokens inside the budget (default 128, 256)
+  --lychee-rho F, --lychee-block-size N ratio mode's dropped fraction (0.7); block mode's block (64)
+  --roles FILE           head roles (kvsift-head-roles file); default: layer 0 retrieval, all else sparse
+  --correction-interval N  LycheeDecode cache correction every N steps (0 = off, the default)
 output
   --check                run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)
-  --compare              run dense, clusterattn, snapkv and streaming with --check; print a table
+  --compare              run every policy with --check on the same prompts; print a table
   --output-ids FILE      write the generated ids, one line per sequence (written only on success)
   --device auto|cpu|gpu  backend (default auto: the GPU when this build has CUDA and a GPU is present)
   --quiet                no progress bar, no per-sequence output
@@ -163,6 +167,10 @@ inline Options parse_options(const std::vector<std::string>& args) {
     }
     else if (flag == "--pool-kernel") cfg.pool.kernel = integer(1);
     else if (flag == "--lychee-budget") o.policy.lychee.budget = integer(1);
+    else if (flag == "--lychee-sink") o.policy.lychee.sink = integer(0);
+    else if (flag == "--lychee-recent") o.policy.lychee.recent = integer(0);
+    else if (flag == "--lychee-rho") o.policy.lychee.rho = real(0, 0.999999);
+    else if (flag == "--lychee-block-size") o.policy.lychee.block_size = integer(1);
     else if (flag == "--lychee-mode") {
       o.policy.lychee.mode = value();
       if (o.policy.lychee.mode != "token" && o.policy.lychee.mode != "ratio" && o.policy.lychee.mode != "block")

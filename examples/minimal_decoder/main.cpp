@@ -104,7 +104,7 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   std::printf("%-46s %9s %10s %10s %12s %6s %12s\n", "policy", "top-1", "KL mean", "KL max", "decode tok/s", "attn",
               "KV in use");
   for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
-                              md::PolicyKind::kStreamingLLM}) {
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLychee}) {
     req.policy.kind = kind;
     const md::GenerationReport r = md::generate(be, config, weights, req);
     const double ms = r.decode_ms();

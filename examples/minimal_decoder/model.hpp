@@ -10,7 +10,10 @@
 //                        layer and the full prompt caches are freed.
 //   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
 //                        position[b] (the original position, also after compression), and attend
-//                        with decode_attention (q_len = 1) over the layer's cache.
+//                        with decode_attention (q_len = 1) over the layer's cache, or with
+//                        LycheeDecoder::decode_layer (hybrid dense/sparse heads) for --policy lychee.
+//                        LycheeDecode's cache correction re-runs the last N positions densely
+//                        (correct_layer), overwriting their K/V, every N-th step.
 //
 // KV layout: one [batch, kv_heads, capacity, head_dim] tensor each for K and V per layer, seen by
 // kvsift through ContiguousKV (make_bhsd). Ragged batches: every sequence has its own length.
@@ -102,7 +105,7 @@ class Decoder {
                          std::to_string(c_.max_positions));
     if (lim_.max_batch < 1 || lim_.max_prompt_len < 1 || lim_.prefill_chunk < 1)
       throw DecoderError("batch, prompt length and prefill chunk must be >= 1");
-    validate_policy(policy_, c_.num_q_heads, c_.num_kv_heads, lim_.max_prompt_len);
+    validate_policy(policy_, c_.num_layers, c_.num_q_heads, c_.num_kv_heads, c_.head_dim, lim_.max_prompt_len);
     const int B = lim_.max_batch;
     // Dense decodes in the prompt cache itself; a compressing policy decodes in a cache of Cp slots
     // (plus the new tokens) and holds the full prompt cache only until compression.
@@ -110,7 +113,19 @@ class Decoder {
                                                    : lim_.max_prompt_len + lim_.max_new_tokens;
     decode_caches_.resize(std::size_t(c_.num_layers));
     for (auto& cache : decode_caches_) cache = allocate_cache(decode_capacity_);
-    const int rows = std::max(lim_.prefill_chunk * B, B);
+    if (policy_.kind == PolicyKind::kLychee) {
+      // kvsift: the LycheeDecode policy object, its index-table state and its workspace, sized once
+      // from the capacities; the decode loop below never allocates.
+      check(kvsift::LycheeDecoder::create(lychee_config(policy_.lychee, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
+                                                        c_.head_dim, B, decode_capacity_),
+                                          &lychee_),
+            "--policy lychee");
+      lychee_state_mem_ = be_.template alloc<unsigned char>(lychee_.state_bytes());
+      check(lychee_.make_state(lychee_state_mem_.data(), lychee_state_mem_.size(), &lychee_state_), "LycheeDecode state");
+      lychee_ws_ = be_.template alloc<unsigned char>(lychee_.template workspace_bytes<KV>());
+    }
+    const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLychee ? policy_.lychee.correction_interval : 0);
+    const int rows = std::max({lim_.prefill_chunk * B, B, correction_rows});
     const std::int64_t H = c_.hidden_size;
     x_ = be_.template alloc<float>(std::size_t(rows * H));
     h_ = be_.template alloc<float>(std::size_t(rows * H));
@@ -203,6 +218,7 @@ class Decoder {
       if (progress) progress(done, total);
     }
 
+    history_ = prompts;
     prompts_ = nullptr;
     cache_len_ = prompt_len_;
     position_ = prompt_len_;
@@ -224,21 +240,12 @@ class Decoder {
         throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
     timing_ = StepTiming();
     const double t0 = be_.now_ms();
-    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
-    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
-    upload_rows(next, position_, seq, slots);
-    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
-    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
-    be_.embed(tokens_.data(), B, w_.embed, x_.data());
-    for (int l = 0; l < c_.num_layers; ++l) {
-      LayerCache& cache = decode_caches_[std::size_t(l)];
-      layer_forward(l, B, cache, [&](const float* q, float* out) {
-        // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
-        attend(l, cache.view(B, lengths_.data()), q, out, 1);
-      });
-    }
-    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
-    lm_head(x_.data(), B, logits.data());
+    for (int b = 0; b < B; ++b) history_[std::size_t(b)].push_back(next[std::size_t(b)]);
+    std::vector<float> logits;
+    if (policy_.kind == PolicyKind::kLychee && lychee_.correction_due(lychee_state_))
+      logits = correction_step();
+    else
+      logits = single_token_step(next);
     for (int b = 0; b < B; ++b) ++position_[std::size_t(b)];
     be_.synchronize();
     timing_.total_ms = be_.now_ms() - t0;
@@ -271,6 +278,84 @@ class Decoder {
     std::vector<std::int32_t> tokens, positions, seq, slots, window_rows;
     std::vector<std::int32_t> offset, count, ends, last_row;  // per sequence
   };
+
+  // The ordinary decode step: the new token's K/V appended at slot cache_len[b], one query per sequence.
+  std::vector<float> single_token_step(const std::vector<std::int32_t>& next) {
+    const int B = batch_;
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
+    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
+    upload_rows(next, position_, seq, slots);
+    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    be_.embed(tokens_.data(), B, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l) {
+      LayerCache& cache = decode_caches_[std::size_t(l)];
+      layer_forward(l, B, cache, [&](const float* q, float* out) {
+        const Cache kv = cache.view(B, lengths_.data());
+        if (policy_.kind == PolicyKind::kLychee) {
+          // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
+          // to the table rows of the latest retrieval head with their index.
+          timed([&] {
+            check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv, kvsift::make_lychee_io(q, out, 1, c_.num_q_heads, c_.head_dim),
+                                       lychee_ws_.data(), lychee_ws_.size()),
+                  "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+          });
+        } else {
+          // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
+          attend(l, kv, q, out, 1);
+        }
+      });
+    }
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    lm_head(x_.data(), B, logits.data());
+    return logits;
+  }
+
+  // LycheeDecode cache correction: the last N positions (the new token included) run through every
+  // layer again with dense causal attention (correct_layer, q_len = N), overwriting their K/V, which
+  // sparse steps computed from approximate attention. The next token comes from the last row.
+  std::vector<float> correction_step() {
+    const int B = batch_, N = policy_.lychee.correction_interval;
+    std::vector<std::int32_t> tokens, positions, seq, slots;
+    for (int b = 0; b < B; ++b) {
+      const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
+      for (int pos = last - N + 1; pos <= last; ++pos) {
+        tokens.push_back(history_[std::size_t(b)][std::size_t(pos)]);
+        positions.push_back(pos);
+        seq.push_back(b);
+        slots.push_back(pos);
+      }
+      ++cache_len_[std::size_t(b)];
+    }
+    upload_rows(tokens, positions, seq, slots);
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    be_.embed(tokens_.data(), B * N, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l) {
+      LayerCache& cache = decode_caches_[std::size_t(l)];
+      layer_forward(l, B * N, cache, [&](const float* q, float* out) {
+        timed([&] {
+          check(lychee_.correct_layer(be_.exec(), lychee_state_, l, cache.view(B, lengths_.data()),
+                                      kvsift::make_lychee_io(q, out, N, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
+                                      lychee_ws_.size()),
+                "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+        });
+      });
+    }
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    for (int b = 0; b < B; ++b)
+      lm_head(x_.data() + (std::int64_t(b) * N + N - 1) * c_.hidden_size, 1, logits.data() + std::int64_t(b) * c_.vocab_size);
+    return logits;
+  }
+
+  // Runs `f` and adds its wall time to the step's attention share.
+  template <class F>
+  void timed(F&& f) {
+    be_.synchronize();
+    const double t0 = be_.now_ms();
+    f();
+    be_.synchronize();
+    timing_.attention_ms += be_.now_ms() - t0;
+  }
 
   std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
 
@@ -351,16 +436,12 @@ class Decoder {
 
   // kvsift: decode_attention (dense heads, causal for q_len > 1), timed as the step's attention share.
   void attend(int /*layer*/, const Cache& kv, const float* q, float* out, int q_len) {
-    be_.synchronize();
-    const double t0 = be_.now_ms();
     auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
     p.num_sms = be_.num_sms();
     std::size_t bytes = 0;
     check(kvsift::decode_attention_workspace_bytes(kv, p, &bytes), "decode attention workspace");
     if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
-    check(decode_attention(be_.exec(), kv, p, attn_ws_.data(), attn_ws_.size()), "decode attention");
-    be_.synchronize();
-    timing_.attention_ms += be_.now_ms() - t0;
+    timed([&] { check(decode_attention(be_.exec(), kv, p, attn_ws_.data(), attn_ws_.size()), "decode attention"); });
   }
 
   // x [n, hidden] -> final norm -> LM head -> host logits [n, vocab]
@@ -403,6 +484,10 @@ class Decoder {
   int batch_ = 0;
   const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;
   std::vector<int> prompt_len_, cache_len_, position_;
+  std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
+  kvsift::LycheeDecoder lychee_;
+  kvsift::LycheeDecodeState lychee_state_;
+  Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
   std::vector<LayerCache> decode_caches_;
   std::vector<Buffer<float>> window_q_;
   Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
