@@ -1,0 +1,437 @@
+// examples/minimal_decoder on the host backend: a tiny checkpoint written here (config.json + two
+// safetensors shards + index, f32/bf16/f16 tensors) loads and gives the logits of a direct
+// computation written below; every policy with a budget larger than the context gives exactly the
+// dense logits; bad checkpoints and bad arguments fail with one clear message.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "cli.hpp"
+#include "generate.hpp"
+#include "host_backend.hpp"
+
+namespace md = minimal_decoder;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TensorSpec {
+  std::string name;
+  std::string dtype;  // F32, BF16, F16
+  std::vector<std::int64_t> shape;
+  std::vector<float> values;  // rounded to dtype by write_safetensors (in place)
+};
+
+void put_u16(std::string& out, std::uint16_t v) { out.append(reinterpret_cast<const char*>(&v), 2); }
+
+// Writes one safetensors file; rounds each tensor's values to its dtype so the test's reference
+// uses exactly what the file holds.
+void write_safetensors(const fs::path& path, std::vector<TensorSpec*> tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (TensorSpec* t : tensors) {
+    const std::size_t begin = data.size();
+    for (float& x : t->values) {
+      if (t->dtype == "F32") {
+        data.append(reinterpret_cast<const char*>(&x), 4);
+      } else if (t->dtype == "BF16") {
+        const std::uint16_t b = kvsift::detail::float_to_bf16_bits(x);
+        put_u16(data, b);
+        x = kvsift::detail::bf16_bits_to_float(b);
+      } else {
+        const std::uint16_t h = kvsift::detail::float_to_half_bits(x);
+        put_u16(data, h);
+        x = kvsift::detail::half_bits_to_float(h);
+      }
+    }
+    header[t->name] = {{"dtype", t->dtype}, {"shape", t->shape}, {"data_offsets", {begin, data.size()}}};
+  }
+  const std::string text = header.dump();
+  const std::uint64_t n = text.size();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << text << data;
+}
+
+md::ModelConfig tiny_config() {
+  md::ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 96;
+  c.intermediate_size = 80;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  c.max_positions = 512;
+  return c;
+}
+
+nlohmann::json config_json(const md::ModelConfig& c) {
+  return {{"model_type", "llama"},       {"vocab_size", c.vocab_size},
+          {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+          {"num_hidden_layers", c.num_layers}, {"num_attention_heads", c.num_q_heads},
+          {"num_key_value_heads", c.num_kv_heads}, {"head_dim", c.head_dim},
+          {"rms_norm_eps", c.rms_norm_eps}, {"rope_theta", c.rope_theta},
+          {"max_position_embeddings", c.max_positions}, {"tie_word_embeddings", false},
+          {"hidden_act", "silu"},         {"rope_scaling", nullptr}};
+}
+
+// A fresh directory per test case.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("kvsift_md_" + name + "_" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+// Writes a sharded checkpoint of random weights; returns the weights as the files hold them.
+md::HostWeights write_checkpoint(const fs::path& dir, const md::ModelConfig& c, std::uint64_t seed) {
+  md::HostWeights w = md::random_weights(c, seed);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::normal_distribution<float> near_one(1.f, 0.1f);
+  for (auto& l : w.layers)
+    for (float& x : l.attn_norm) x = near_one(rng);  // norms other than 1 catch a missing weight
+  for (float& x : w.final_norm) x = near_one(rng);
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  std::vector<TensorSpec> specs;
+  specs.reserve(64);
+  auto add = [&](std::string name, std::string dtype, std::vector<std::int64_t> shape, std::vector<float>* v) {
+    specs.push_back({std::move(name), std::move(dtype), std::move(shape), *v});
+    return &specs.back();
+  };
+  std::vector<std::pair<TensorSpec*, std::vector<float>*>> links;
+  auto link = [&](std::string name, std::string dtype, std::vector<std::int64_t> shape, std::vector<float>* v) {
+    links.push_back({add(std::move(name), std::move(dtype), std::move(shape), v), v});
+  };
+  link("model.embed_tokens.weight", "BF16", {V, H}, &w.embed);
+  link("model.norm.weight", "F32", {H}, &w.final_norm);
+  link("lm_head.weight", "F16", {V, H}, &w.lm_head);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto& lw = w.layers[std::size_t(l)];
+    link(p + "input_layernorm.weight", "F32", {H}, &lw.attn_norm);
+    link(p + "self_attn.q_proj.weight", "BF16", {c.q_dim(), H}, &lw.wq);
+    link(p + "self_attn.k_proj.weight", "F32", {c.kv_dim(), H}, &lw.wk);
+    link(p + "self_attn.v_proj.weight", "F16", {c.kv_dim(), H}, &lw.wv);
+    link(p + "self_attn.o_proj.weight", "F32", {H, c.q_dim()}, &lw.wo);
+    link(p + "post_attention_layernorm.weight", "F32", {H}, &lw.mlp_norm);
+    link(p + "mlp.gate_proj.weight", "BF16", {I, H}, &lw.w_gate);
+    link(p + "mlp.up_proj.weight", "F32", {I, H}, &lw.w_up);
+    link(p + "mlp.down_proj.weight", "F32", {H, I}, &lw.w_down);
+  }
+  // Two shards: the global tensors and layer 0 in one, the rest in the other.
+  std::vector<TensorSpec*> shard1, shard2;
+  nlohmann::json weight_map = nlohmann::json::object();
+  for (auto& [spec, values] : links) {
+    const bool first = spec->name.rfind("model.layers.", 0) != 0 || spec->name.rfind("model.layers.0.", 0) == 0;
+    (first ? shard1 : shard2).push_back(spec);
+    weight_map[spec->name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  write_safetensors(dir / "model-00001-of-00002.safetensors", shard1);
+  write_safetensors(dir / "model-00002-of-00002.safetensors", shard2);
+  for (auto& [spec, values] : links) *values = spec->values;  // what the files hold
+  std::ofstream(dir / "model.safetensors.index.json") << nlohmann::json{{"metadata", {}}, {"weight_map", weight_map}}.dump();
+  std::ofstream(dir / "config.json") << config_json(c).dump(1);
+  return w;
+}
+
+// ---- The direct computation: the whole sequence at once, double precision, no kvsift. ----
+
+std::vector<double> matvec(const std::vector<float>& W, int rows, int cols, const std::vector<double>& x) {
+  std::vector<double> y(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r)
+    for (int i = 0; i < cols; ++i) y[std::size_t(r)] += double(W[std::size_t(r) * cols + i]) * x[std::size_t(i)];
+  return y;
+}
+
+std::vector<double> rmsnorm(const std::vector<double>& x, const std::vector<float>& w, double eps) {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / double(x.size()) + eps);
+  std::vector<double> y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] * inv * w[i];
+  return y;
+}
+
+void rope(std::vector<double>& v, int heads, int D, int pos, double theta) {
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < D / 2; ++i) {
+      const double a = pos * std::pow(theta, -2.0 * i / D);
+      double& x1 = v[std::size_t(h * D + i)];
+      double& x2 = v[std::size_t(h * D + i + D / 2)];
+      const double r1 = x1 * std::cos(a) - x2 * std::sin(a), r2 = x2 * std::cos(a) + x1 * std::sin(a);
+      x1 = r1;
+      x2 = r2;
+    }
+}
+
+// Logits of the last position of `tokens`.
+std::vector<double> reference_logits(const md::ModelConfig& c, const md::HostWeights& w, const std::vector<int>& tokens) {
+  const int T = int(tokens.size()), H = c.hidden_size, D = c.head_dim, Hq = c.num_q_heads, G = c.num_q_heads / c.num_kv_heads;
+  std::vector<std::vector<double>> x(static_cast<std::size_t>(T));
+  for (int t = 0; t < T; ++t) x[std::size_t(t)].assign(w.embed.begin() + std::int64_t(tokens[std::size_t(t)]) * H,
+                                                       w.embed.begin() + std::int64_t(tokens[std::size_t(t)] + 1) * H);
+  for (const auto& lw : w.layers) {
+    std::vector<std::vector<double>> q(x.size()), k(x.size()), v(x.size());
+    for (int t = 0; t < T; ++t) {
+      const auto h = rmsnorm(x[std::size_t(t)], lw.attn_norm, c.rms_norm_eps);
+      q[std::size_t(t)] = matvec(lw.wq, int(c.q_dim()), H, h);
+      k[std::size_t(t)] = matvec(lw.wk, int(c.kv_dim()), H, h);
+      v[std::size_t(t)] = matvec(lw.wv, int(c.kv_dim()), H, h);
+      rope(q[std::size_t(t)], Hq, D, t, c.rope_theta);
+      rope(k[std::size_t(t)], c.num_kv_heads, D, t, c.rope_theta);
+    }
+    for (int t = 0; t < T; ++t) {
+      std::vector<double> attn(static_cast<std::size_t>(c.q_dim()));
+      for (int hq = 0; hq < Hq; ++hq) {
+        const int hk = hq / G;
+        std::vector<double> logits;
+        for (int s = 0; s <= t; ++s) {
+          double dot = 0;
+          for (int i = 0; i < D; ++i) dot += q[std::size_t(t)][std::size_t(hq * D + i)] * k[std::size_t(s)][std::size_t(hk * D + i)];
+          logits.push_back(dot / std::sqrt(double(D)));
+        }
+        const double m = *std::max_element(logits.begin(), logits.end());
+        double sum = 0;
+        for (double& l : logits) sum += (l = std::exp(l - m));
+        for (int s = 0; s <= t; ++s)
+          for (int i = 0; i < D; ++i)
+            attn[std::size_t(hq * D + i)] += logits[std::size_t(s)] / sum * v[std::size_t(s)][std::size_t(hk * D + i)];
+      }
+      const auto o = matvec(lw.wo, H, int(c.q_dim()), attn);
+      for (int i = 0; i < H; ++i) x[std::size_t(t)][std::size_t(i)] += o[std::size_t(i)];
+      const auto h = rmsnorm(x[std::size_t(t)], lw.mlp_norm, c.rms_norm_eps);
+      auto g = matvec(lw.w_gate, c.intermediate_size, H, h);
+      const auto u = matvec(lw.w_up, c.intermediate_size, H, h);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+      const auto dn = matvec(lw.w_down, H, c.intermediate_size, g);
+      for (int i = 0; i < H; ++i) x[std::size_t(t)][std::size_t(i)] += dn[std::size_t(i)];
+    }
+  }
+  return matvec(w.lm_head, c.vocab_size, H, rmsnorm(x.back(), w.final_norm, c.rms_norm_eps));
+}
+
+double max_abs_diff(const float* a, const std::vector<double>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+std::vector<std::vector<std::int32_t>> random_prompts(std::vector<int> lengths, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> out;
+  for (int L : lengths) {
+    std::vector<std::int32_t> p;
+    for (int i = 0; i < L; ++i) p.push_back(id(rng));
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The message of the DecoderError `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const md::DecoderError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define CHECK_ERROR_CONTAINS(expr, text)                                 \
+  do {                                                                   \
+    const std::string message_ = error_of([&] { (void)(expr); });        \
+    INFO("message: ", message_);                                         \
+    CHECK(message_.find(text) != std::string::npos);                     \
+  } while (0)
+
+}  // namespace
+
+TEST_CASE("minimal decoder: a sharded bf16/fp16/fp32 checkpoint gives the logits of a direct computation") {
+  const md::ModelConfig c = tiny_config();
+  const fs::path dir = fresh_dir("logits");
+  const md::HostWeights written = write_checkpoint(dir, c, 7);
+  const md::Checkpoint ck = md::load_checkpoint(dir.string());
+  CHECK(ck.config.hidden_size == c.hidden_size);
+  CHECK(ck.weights.embed == written.embed);
+  CHECK(ck.weights.lm_head == written.lm_head);
+  CHECK(ck.weights.layers[1].wv == written.layers[1].wv);
+
+  md::HostBackend be;
+  const md::BackendWeights<md::HostBackend> weights(be, ck.config, ck.weights);
+  md::GenerationRequest req;
+  req.prompts = random_prompts({37, 20}, c.vocab_size, 3);  // ragged
+  req.new_tokens = 4;
+  req.prefill_chunk = 16;  // several chunks, a partial last one
+  req.keep_logits = true;
+  const md::GenerationReport r = md::generate(be, ck.config, weights, req);
+  for (std::size_t b = 0; b < req.prompts.size(); ++b) {
+    std::vector<int> seq(req.prompts[b].begin(), req.prompts[b].end());
+    const auto want = reference_logits(ck.config, ck.weights, seq);
+    CHECK(max_abs_diff(r.prefill_logits.data() + b * std::size_t(c.vocab_size), want) < 2e-4);
+    for (std::size_t s = 0; s < r.step_logits.size(); ++s) {
+      seq.push_back(r.generated[b][s]);
+      const auto step = reference_logits(ck.config, ck.weights, seq);
+      CHECK(max_abs_diff(r.step_logits[s].data() + b * std::size_t(c.vocab_size), step) < 2e-4);
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("minimal decoder: every policy with a budget above the context gives exactly the dense logits") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 11);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  md::GenerationRequest req;
+  req.prompts = random_prompts({45, 30, 12}, c.vocab_size, 5);
+  req.new_tokens = 6;
+  req.prefill_chunk = 13;
+  req.keep_logits = true;
+  const md::GenerationReport dense = md::generate(be, c, weights, req);
+
+  for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
+                              md::PolicyKind::kLychee}) {
+    md::GenerationRequest p = req;
+    p.policy.kind = kind;
+    p.policy.compression.capacity = 100;  // > 45 + 6
+    p.policy.compression.window = 4;
+    p.policy.compression.theta = 0.05f;
+    p.policy.compression.num_block = 8;
+    p.policy.lychee.budget = 100;
+    p.policy.lychee.sink = 4;
+    p.policy.lychee.recent = 8;
+    p.check = true;
+    const md::GenerationReport r = md::generate(be, c, weights, p);
+    INFO("policy ", p.policy.describe());
+    CHECK(r.generated == dense.generated);
+    CHECK(r.prefill_logits == dense.prefill_logits);
+    REQUIRE(r.step_logits.size() == dense.step_logits.size());
+    for (std::size_t s = 0; s < r.step_logits.size(); ++s) CHECK(r.step_logits[s] == dense.step_logits[s]);
+    CHECK(r.top1_agree == r.compared);
+    CHECK(r.kl_max == 0.0);
+  }
+}
+
+TEST_CASE("minimal decoder: small budgets compress the cache and --check measures the difference") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 12);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  md::GenerationRequest req;
+  req.prompts = random_prompts({90, 70}, c.vocab_size, 8);
+  req.new_tokens = 5;
+  req.check = true;
+  req.policy.kind = md::PolicyKind::kStreamingLLM;
+  req.policy.compression.capacity = 24;
+  req.policy.compression.window = 4;
+  const md::GenerationReport r = md::generate(be, c, weights, req);
+  CHECK(r.compared == 2 * 4);
+  CHECK(r.kl_max > 0.0);                                       // attention over 24 of 90 tokens differs
+  CHECK(r.kv_bytes_used == 2 * (24 + 4) * 2 * c.kv_dim() * c.num_layers * 4);  // 2 seqs x (Cp + 4 decode steps)
+
+  // LycheeDecode with a small budget and cache correction runs, and its correction steps re-run
+  // the last positions densely.
+  req.policy.kind = md::PolicyKind::kLychee;
+  req.policy.lychee.budget = 16;
+  req.policy.lychee.sink = 2;
+  req.policy.lychee.recent = 4;
+  req.policy.lychee.correction_interval = 2;
+  const md::GenerationReport l = md::generate(be, c, weights, req);
+  CHECK(l.compared == 2 * 4);
+  CHECK(l.generated[0].size() == 5);
+}
+
+TEST_CASE("minimal decoder: checkpoint errors are one clear line") {
+  const md::ModelConfig c = tiny_config();
+  CHECK_ERROR_CONTAINS(md::load_checkpoint("/nonexistent/kvsift/model"), "config.json: cannot open");
+
+  const fs::path dir = fresh_dir("errors");
+  write_checkpoint(dir, c, 3);
+  auto rewrite_config = [&](nlohmann::json j) { std::ofstream(dir / "config.json") << j.dump(); };
+
+  std::ofstream(dir / "config.json") << "{ \"vocab_size\": 40, ";
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "config.json: malformed JSON");
+  auto j = config_json(c);
+  j["rope_scaling"] = {{"rope_type", "llama3"}};
+  rewrite_config(j);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "rope_scaling is not implemented");
+  j = config_json(c);
+  j["head_dim"] = 96;
+  rewrite_config(j);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "head_dim = 96");
+  j = config_json(c);
+  j["model_type"] = "gpt2";
+  rewrite_config(j);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "model_type \"gpt2\"");
+  j = config_json(c);
+  j["intermediate_size"] = 81;  // the tensors no longer match
+  rewrite_config(j);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "has shape [80, 96], expected [81, 96]");
+  rewrite_config(config_json(c));
+  CHECK_NOTHROW(md::load_checkpoint(dir.string()));
+
+  // A truncated shard: its table points past the end of the file.
+  const fs::path shard = dir / "model-00002-of-00002.safetensors";
+  fs::resize_file(shard, fs::file_size(shard) - 100);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "outside the file (truncated?)");
+  fs::remove(shard);
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "model-00002-of-00002.safetensors: cannot open");
+  const std::string bad_header("\x11\0\0\0\0\0\0\0{not json at all}", 25);
+  std::ofstream(shard, std::ios::binary) << bad_header;
+  CHECK_ERROR_CONTAINS(md::load_checkpoint(dir.string()), "malformed safetensors header");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("minimal decoder: argument errors are one clear line") {
+  auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--policy", "h2o"}),
+                       "--policy h2o is not one of");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--model", "x", "--random-prompts", "10"}), "exactly one of --model");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny"}), "exactly one prompt source");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp"}), "--cp needs a value");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp", "-3"}), "--cp -3: expected an integer");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--prompt-ids", "1 x 3"}), "\"x\" is not a token id");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--frobnicate"}), "unknown option --frobnicate");
+  CHECK_ERROR_CONTAINS(md::named_model_config("llama9"), "unknown model shape");
+  const md::Options ok = parse({"--random", "tiny", "--random-prompts", "500,320", "--policy", "clusterattn", "--cp", "256"});
+  CHECK(ok.random_prompt_lengths == std::vector<int>{500, 320});
+  CHECK(ok.policy.compression.capacity == 256);
+
+  // Policy options and lengths are checked by kvsift's own validation before anything runs.
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 1);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  md::GenerationRequest req;
+  req.prompts = random_prompts({40}, c.vocab_size, 1);
+  req.policy.kind = md::PolicyKind::kClusterAttn;
+  req.policy.compression.capacity = 16;
+  req.policy.compression.window = 16;
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "capacity = 16 must be > window = 16");
+  req.policy.kind = md::PolicyKind::kLychee;
+  req.policy.lychee.budget = 10;
+  req.policy.lychee.sink = 8;
+  req.policy.lychee.recent = 8;
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "budget = 10 is smaller than sink + recent = 16");
+  req.policy = md::PolicyOptions();
+  req.new_tokens = 600;  // 40 + 600 > max_position_embeddings = 512
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "exceeds max_position_embeddings = 512");
+  req.new_tokens = 2;
+  req.prompts = {{1, 2, 99}};
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "token id 99 outside the vocabulary");
+}
