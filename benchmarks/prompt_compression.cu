@@ -62,6 +62,7 @@ void BM_CompressPrompt(benchmark::State& state) {
   };
   const kvsift::Status st = run(nullptr);
   if (!st.ok()) {
+    (void)cudaGetLastError();  // a failed launch must not leak into the next benchmark
     state.SkipWithError(st.to_string().c_str());
     return;
   }
@@ -86,6 +87,7 @@ void BM_DecodeOverCache(benchmark::State& state) {
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   if (st.ok()) st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), bytes);
   if (!st.ok()) {
+    (void)cudaGetLastError();
     state.SkipWithError(st.to_string().c_str());
     return;
   }

@@ -270,6 +270,13 @@ TEST_CASE("topk gpu: composite keys (flag first, then score)") {
   Case huge = shape(1, 700000, 4096, 4096);  // uint64 keys not cached
   huge.flagged = true;
   check_case<float>(rng, huge);
+  // Few rows of 32K uint64 keys: clusters of 8 with 32 KB slices, whose static + dynamic shared memory
+  // passes the 48 KB default (the launch once failed with cudaErrorInvalidValue there).
+  for (int rows : {1, 2, 8}) {
+    Case mid = shape(rows, 32768, 992, 992);
+    mid.flagged = true;
+    check_case<float>(rng, mid);
+  }
 }
 
 TEST_CASE("topk gpu: two runs give identical bits") {

@@ -93,7 +93,9 @@ Status topk(Exec exec, StridedView2D<const T> scores, const TopKParams& params, 
                       (scores.row_stride * std::int64_t(sizeof(T))) % 16 == 0;
 
   auto kernel = detail::topk_cluster_select_kernel<T, Key>;
-  if (shape.smem_bytes > 48 * 1024)
+  // Static shared memory (about 19 KB) counts against the 48 KB default too, so the dynamic limit is
+  // raised for every cached launch, not only for slices above 48 KB.
+  if (shape.smem_bytes > 0)
     KVSIFT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(shape.smem_bytes)));
 
   cudaLaunchConfig_t config = {};
