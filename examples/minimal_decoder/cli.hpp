@@ -51,7 +51,7 @@ output
   --check                run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)
   --compare              run every policy with --check on the same prompts; print a table
   --output-ids FILE      write the generated ids, one line per sequence (written only on success)
-  --device auto|cpu|gpu  backend (default auto: the GPU when this build has CUDA and a GPU is present)
+  --device auto|cpu|gpu  backend (default auto; only the CPU backend exists so far)
   --quiet                no progress bar, no per-sequence output
 )";
 

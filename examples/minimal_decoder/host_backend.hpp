@@ -2,9 +2,9 @@
 // The CPU backend of the decoder: host memory, float weights and activations, float KV cache, and
 // kvsift's host reference (kvsift::host::Exec) for attention and compression.
 //
-// The model (model.hpp) is written once against this small interface; cuda_backend.cuh implements the
-// same members with cuBLAS and a few kernels. Everything model-specific that is not attention is one
-// of these eight elementwise or matrix operations.
+// The model (model.hpp) is written once against this small interface; a CUDA backend implements the
+// same members (cuBLAS bf16 GEMMs with fp32 accumulation, a few elementwise kernels, cuda::Exec).
+// Everything model-specific that is not attention is one of these eight operations.
 
 #include <algorithm>
 #include <chrono>

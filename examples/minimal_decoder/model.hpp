@@ -1,7 +1,7 @@
 #pragma once
 // A Llama-architecture decoder whose attention runs through kvsift, written once for any backend
-// (host_backend.hpp, cuda_backend.cuh). This is the file an engine author reads: every place where
-// kvsift enters is marked "kvsift:".
+// (host_backend.hpp today; a CUDA backend with the same members later). This is the file an engine
+// author reads: every place where kvsift enters is marked "kvsift:".
 //
 //   prefill(prompts)     chunk-major: each chunk of query positions goes through every layer; its
 //                        K/V are written to the layer's cache and attention is kvsift's
@@ -80,7 +80,7 @@ struct DecoderLimits {
   int prefill_chunk = 256;  // query positions per prefill chunk
 };
 
-// Where the time of the last call went (wall clock; the CUDA backend synchronises to measure).
+// Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
 struct StepTiming {
   double total_ms = 0, attention_ms = 0;
 };
