@@ -16,3 +16,4 @@
 #include "kvsift/ops/compact_kv.cuh"
 #include "kvsift/ops/attention_similarity.cuh"
 #include "kvsift/gates/gates.cuh"
+#include "kvsift/policy/lycheedecode.cuh"

@@ -1,0 +1,229 @@
+// LycheeDecode hybrid layer step on a Llama-3-8B layer (32 query heads, 8 KV heads, head_dim 128,
+// bf16, contiguous BSHD cache, every sequence full), cold L2.
+//
+// The timed launch is one decode_layer of a layer with R retrieval KV heads (R = 0, 1, 2, 8): the
+// mixed attention launch (retrieval heads dense with fused score emission, sparse heads gathered over
+// the index rows a previous all-retrieval layer wrote), then the retrieval heads' top-k and the
+// handoff into the index table. Modes: token budget 1024 or 4096 (128 sink + 256 recent inside), and
+// blocks 64 x 64 (4096 tokens); in the names, mode:0 = token 1024, mode:1 = token 4096, mode:2 = block
+// 64 x 64. BM_Dense is our own dense decode_attention on the same cache.
+//
+// Bytes floor of a step (the `MB`, `TB/s` and `of_ceiling` counters; 1 / of_ceiling is the step
+// time over its floor): K and V rows the step must read (retrieval heads: the whole sequence; sparse
+// heads: their budget), q read, out written, the sparse heads' index rows read and the retrieval
+// heads' rows written. Extra counters: attention_us (the same attention launch alone), handoff_share
+// (1 - attention / step: what selection and handoff cost), dense_us and speedup_vs_dense.
+// torch SDPA (cuDNN) dense decode on the same shapes: benchmarks/torch_decode_attention.py.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "kvsift/policy/lycheedecode.cuh"
+#include "support/bench_support.cuh"
+
+namespace {
+
+using BF16 = __nv_bfloat16;
+constexpr int kHq = 32, kHkv = 8, kD = 128;
+constexpr int kSink = 128, kRecent = 256;
+
+enum Mode : int { kDense = -1, kToken1024 = 0, kToken4096 = 1, kBlock64x64 = 2 };
+
+int num_sms() {
+  int dev = 0, sms = 0;
+  KVSIFT_BENCH_CUDA(cudaGetDevice(&dev));
+  KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+// Median cold-L2 time of `launch` in microseconds, for the extra counters.
+template <class Launch>
+double median_us(Launch&& launch, int iterations = 15) {
+  cudaEvent_t start, stop;
+  KVSIFT_BENCH_CUDA(cudaEventCreate(&start));
+  KVSIFT_BENCH_CUDA(cudaEventCreate(&stop));
+  launch();
+  std::vector<double> us;
+  for (int i = 0; i < iterations; ++i) {
+    kvsift_bench::flush_l2(nullptr);
+    KVSIFT_BENCH_CUDA(cudaEventRecord(start, nullptr));
+    launch();
+    KVSIFT_BENCH_CUDA(cudaEventRecord(stop, nullptr));
+    KVSIFT_BENCH_CUDA(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    KVSIFT_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
+    us.push_back(ms * 1e3);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
+  return us[us.size() / 2];
+}
+
+// One full-length cache shared by every layer of the benchmark (contents do not change the traffic).
+struct Inputs {
+  int batch, seq;
+  kvsift_bench::DeviceArray<BF16> k, v, q, out;
+  kvsift_bench::DeviceArray<std::int32_t> lengths;
+  Inputs(int b, int s)
+      : batch(b),
+        seq(s),
+        k(std::size_t(b) * s * kHkv * kD),
+        v(k.n),
+        q(std::size_t(b) * kHq * kD),
+        out(q.n),
+        lengths(b) {
+    kvsift_bench::fill_uniform_bf16(k.get(), k.n, -1.f, 1.f, 21);
+    kvsift_bench::fill_uniform_bf16(v.get(), v.n, -1.f, 1.f, 22);
+    kvsift_bench::fill_uniform_bf16(q.get(), q.n, -1.f, 1.f, 23);
+    const std::vector<std::int32_t> len(b, s);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), len.data(), len.size() * 4, cudaMemcpyHostToDevice));
+  }
+  kvsift::ContiguousKV<BF16> view() const {
+    return kvsift::make_bshd(k.get(), v.get(), batch, kHkv, seq, kD, lengths.get());
+  }
+};
+
+double dense_decode_us(const Inputs& in, std::size_t* bytes_out = nullptr) {
+  const auto kv = in.view();
+  auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
+  p.num_sms = num_sms();
+  std::size_t bytes = 0;
+  if (!kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok()) return -1.0;
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  if (bytes_out) *bytes_out = bytes;
+  return median_us([&] { (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), bytes); });
+}
+
+kvsift::LycheeDecodeConfig layer_config(int batch, int seq, Mode mode, int retrieval) {
+  kvsift::LycheeDecodeConfig c;
+  c.num_layers = 2;  // layer 0 (all retrieval) seeds the table; layer 1 is the one timed
+  c.num_q_heads = kHq;
+  c.num_kv_heads = kHkv;
+  c.head_dim = kD;
+  std::vector<std::uint8_t> roles(2 * kHkv, 0);
+  for (int h = 0; h < kHkv; ++h) roles[h] = 1;
+  for (int h = 0; h < retrieval; ++h) roles[kHkv + h] = 1;
+  (void)kvsift::make_head_roles(2, kHkv, roles.data(), &c.roles);
+  c.max_batch = batch;
+  c.max_kv_length = seq;
+  c.sink = kSink;
+  c.recent = kRecent;
+  if (mode == kBlock64x64) {
+    c.selection = kvsift::LycheeSelection::kBlock;
+    c.block_size = 64;
+    c.num_blocks = 64;
+    c.sink_blocks = 1;
+  } else {
+    c.selection = kvsift::LycheeSelection::kToken;
+    c.budget = mode == kToken1024 ? 1024 : 4096;
+  }
+  c.num_sms = num_sms();
+  return c;
+}
+
+void BM_Dense(benchmark::State& state) {
+  const int B = int(state.range(0)), S = int(state.range(1));
+  Inputs in(B, S);
+  const auto kv = in.view();
+  auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
+  p.num_sms = num_sms();
+  std::size_t bytes = 0;
+  const auto st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  const double floor = double(B) * kHkv * S * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes();
+  kvsift_bench::time_gpu(state, floor, [&](cudaStream_t s) {
+    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
+  });
+}
+
+void BM_HybridLayer(benchmark::State& state) {
+  const int B = int(state.range(0)), S = int(state.range(1)), R = int(state.range(3));
+  const Mode mode = Mode(state.range(2));
+  const auto config = layer_config(B, S, mode, R);
+  kvsift::LycheeDecoder decoder;
+  auto st = kvsift::LycheeDecoder::create(config, &decoder);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  Inputs in(B, S);
+  const auto kv = in.view();
+  const auto io = kvsift::make_lychee_io<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
+  kvsift_bench::DeviceArray<unsigned char> state_memory(decoder.state_bytes());
+  const std::size_t ws_bytes = decoder.workspace_bytes<BF16>();
+  kvsift_bench::DeviceArray<unsigned char> ws(ws_bytes);
+  kvsift::LycheeDecodeState lychee;
+  st = decoder.make_state(state_memory.get(), state_memory.n, &lychee);
+  if (st.ok()) st = decoder.decode_layer(kvsift::cuda::Exec{}, lychee, 0, kv, io, ws.get(), ws_bytes);  // seed
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
+
+  // Re-running layer 1 of the same step: the host cursor is put back before every launch.
+  auto step = [&](cudaStream_t s) {
+    lychee.next_layer = 1;
+    const auto r = decoder.decode_layer(kvsift::cuda::on_stream(s), lychee, 1, kv, io, ws.get(), ws_bytes);
+    if (!r.ok()) std::fprintf(stderr, "decode_layer: %s\n", r.to_string().c_str());
+  };
+  const double budget_tokens = mode == kToken1024 ? 1024.0 : 4096.0;
+  const double kv_tokens = double(B) * (double(R) * S + double(kHkv - R) * budget_tokens);
+  const double index_entries = double(B) * kHkv * (mode == kBlock64x64 ? 64.0 : budget_tokens);
+  const double floor = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() + index_entries * 4.0;
+  kvsift_bench::time_gpu(state, floor, step);
+
+  // The attention launch alone (same parameters as inside the step), and our dense decode.
+  kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
+  const auto attention = kvsift::detail::lychee_attention_params(
+      config, io, 1, decoder.sparse_heads(1), kvsift::as_const(lychee.table), R > 0 ? scores.get() : nullptr,
+      mode == kBlock64x64 ? (S / 64 + 4) : S + 4);
+  std::size_t attention_bytes = 0;
+  if (kvsift::decode_attention_workspace_bytes(kv, attention, &attention_bytes).ok()) {
+    kvsift_bench::DeviceArray<unsigned char> attention_ws(attention_bytes);
+    const double attention_us = median_us([&] {
+      (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, attention, attention_ws.get(), attention_bytes);
+    });
+    state.counters["attention_us"] = attention_us;
+    if (state.counters.count("us_median"))
+      state.counters["handoff_share"] = 1.0 - attention_us / double(state.counters["us_median"]);
+  }
+  const double dense_us = dense_decode_us(in);
+  state.counters["dense_us"] = dense_us;
+  if (state.counters.count("us_median") && dense_us > 0)
+    state.counters["speedup_vs_dense"] = dense_us / double(state.counters["us_median"]);
+}
+
+// B in {1, 8} x S in {32K, 128K}: dense; token 4096 and block 64x64 with R in {0, 1, 2, 8}; token
+// 1024 with R = 1 (the paper's smaller budget). 40 cases, at most ~4.3 GB of cache each.
+void dense_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int s : {32768, 131072}) b->Args({batch, s});
+}
+void hybrid_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int s : {32768, 131072}) {
+      for (int mode : {kToken4096, kBlock64x64})
+        for (int r : {0, 1, 2, 8}) b->Args({batch, s, mode, r});
+      b->Args({batch, s, kToken1024, 1});
+    }
+}
+
+}  // namespace
+
+BENCHMARK(BM_Dense)->Apply(dense_shapes)->ArgNames({"B", "S"})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HybridLayer)
+    ->Apply(hybrid_shapes)
+    ->ArgNames({"B", "S", "mode", "R"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);

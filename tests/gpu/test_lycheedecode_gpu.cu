@@ -1,0 +1,199 @@
+// LycheeDecode on the GPU with bf16 K/V: CUDA against the host policy over multi-layer, multi-step
+// decodes (token, ratio and block modes; contiguous and paged caches; ragged batches with an empty
+// slot; head_dim 64/128/256), a whole multi-layer step captured in one CUDA graph and replayed with
+// new lengths and queries, and the CUDA path's own errors. fp16 K/V: test_lycheedecode_gpu_f16.cu.
+
+#include "gpu/lycheedecode_gpu_cases.cuh"
+
+using kvsift::bfloat16_t;
+using lychee_test::Case;
+using lychee_test::Layout;
+using kvsift::LycheeSelection;
+
+TEST_CASE("LycheeDecode bf16: token mode, contiguous cache, mixed roles") {
+  Case c;
+  lychee_test::run_case<bfloat16_t>(c, 801);
+}
+
+TEST_CASE("LycheeDecode bf16: token mode, paged cache, few SMs (many splits per head)") {
+  Case c;
+  c.layout = Layout::kPagedNHD;
+  c.roles = "RRRR/SSSR/SRSS/SSSS/RSSS";
+  c.num_sms = 3;
+  lychee_test::run_case<bfloat16_t>(c, 802);
+}
+
+TEST_CASE("LycheeDecode bf16: block mode 64, paged cache with 16-token pages") {
+  Case c;
+  c.layout = Layout::kPagedNHD;
+  c.selection = LycheeSelection::kBlock;
+  c.block_size = 64;
+  c.num_blocks = 5;
+  c.lengths = {640, 65, 0, 128};  // a partial last block, one past a block, exactly two blocks
+  lychee_test::run_case<bfloat16_t>(c, 803);
+}
+
+TEST_CASE("LycheeDecode bf16: block mode 16, contiguous cache") {
+  Case c;
+  c.selection = LycheeSelection::kBlock;
+  c.block_size = 16;
+  c.num_blocks = 8;
+  c.sink_blocks = 2;
+  lychee_test::run_case<bfloat16_t>(c, 804);
+}
+
+TEST_CASE("LycheeDecode bf16: ratio mode, the budget grows with the length") {
+  Case c;
+  c.layout = Layout::kPagedNHD;
+  c.page_size = 64;
+  c.selection = LycheeSelection::kRatio;
+  c.rho = 0.75;
+  c.lengths = {500, 33, 0, 129};
+  c.steps = 4;
+  lychee_test::run_case<bfloat16_t>(c, 805);
+}
+
+TEST_CASE("LycheeDecode bf16: head_dim 256 and 64") {
+  Case c;
+  c.d = 256;
+  c.cap = 320;
+  c.lengths = {320, 100, 0, 31};
+  c.roles = "RR/SR/RS";
+  c.group = 2;
+  lychee_test::run_case<bfloat16_t>(c, 806);
+  c.d = 64;
+  c.group = 8;
+  c.selection = LycheeSelection::kBlock;
+  c.block_size = 32;
+  lychee_test::run_case<bfloat16_t>(c, 807);
+}
+
+namespace {
+
+// One step's outputs of every layer: [layer][batch * q heads * head_dim].
+using LayerOutputs = std::vector<std::vector<bfloat16_t>>;
+
+void graph_replay(LycheeSelection selection, Layout layout) {
+  using lychee_test::DeviceBuffer;
+  Case c;
+  c.selection = selection;
+  c.layout = layout;
+  c.num_blocks = 6;
+  auto rng = kvsift_test::make_rng(810 + int(selection));
+  INFO(c.describe());
+  const auto config = c.config();
+  lychee_test::Caches<bfloat16_t> caches(rng, c);
+  lychee_test::HostPolicy host;
+  lychee_test::DevicePolicy device;
+  host.init<bfloat16_t>(config);
+  device.init<bfloat16_t>(config);
+  const int B = caches.B, Hq = caches.H * c.group, D = c.d, L = c.layers();
+  const std::size_t n = std::size_t(B) * Hq * D;
+  DeviceBuffer<std::int32_t> dlengths(c.lengths);
+  std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>> dq, graph_out, eager_out;
+  for (int l = 0; l < L; ++l) {
+    dq.push_back(std::make_unique<DeviceBuffer<bfloat16_t>>(n));
+    graph_out.push_back(std::make_unique<DeviceBuffer<bfloat16_t>>(n));
+    eager_out.push_back(std::make_unique<DeviceBuffer<bfloat16_t>>(n));
+  }
+  cudaStream_t stream;
+  KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
+  const auto exec = kvsift::cuda::on_stream(stream);
+  auto run_step = [&](std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>>& outs, std::vector<kvsift::Status>& st) {
+    for (int l = 0; l < L; ++l)
+      caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
+        const auto io = kvsift::make_lychee_io(dq[l]->get(), outs[l]->get(), 1, Hq, D);
+        st.push_back(device.decoder.decode_layer(exec, device.state, l, kv, io, device.workspace->get(),
+                                                 device.workspace->size()));
+      });
+  };
+
+  // Capture one whole step: every layer's attention, selection and handoff.
+  std::vector<kvsift::Status> captured;
+  cudaGraph_t graph;
+  KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  run_step(graph_out, captured);
+  KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+  for (const auto& st : captured) REQUIRE_MESSAGE(st.ok(), st.to_string());
+  cudaGraphExec_t graph_exec;
+  KVSIFT_TEST_CUDA(cudaGraphInstantiate(&graph_exec, graph, 0));
+  CHECK(device.state.next_layer == 0);  // the host cursor went round once, at capture
+
+  const std::vector<std::vector<std::int32_t>> length_sets = {
+      {640, 37, 0, 251}, {300, 1, 5, 640}, {64, 639, 128, 0}, {17, 17, 400, 33}};
+  for (const auto& lengths : length_sets) {
+    CAPTURE(lengths[0]);
+    dlengths.upload(lengths);
+    std::vector<std::vector<bfloat16_t>> q(L);
+    for (int l = 0; l < L; ++l) {
+      q[l] = lychee_test::quarter_steps<bfloat16_t>(rng, n);
+      dq[l]->upload(q[l]);
+      graph_out[l]->poison();
+      eager_out[l]->poison();
+    }
+    KVSIFT_TEST_CUDA(cudaGraphLaunch(graph_exec, stream));
+    KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+    const auto graph_table = lychee_test::device_table_rows(device.state.table, B * caches.H);
+    std::vector<kvsift::Status> eager;
+    run_step(eager_out, eager);
+    for (const auto& st : eager) REQUIRE_MESSAGE(st.ok(), st.to_string());
+    kvsift_test::sync_and_check();
+    CHECK(lychee_test::device_table_rows(device.state.table, B * caches.H) == graph_table);
+
+    for (int l = 0; l < L; ++l) {
+      CAPTURE(l);
+      std::vector<bfloat16_t> want(n);
+      caches.with_host_view(l, lengths.data(), [&](const auto& kv) {
+        const auto io = kvsift::make_lychee_io(q[l].data(), want.data(), 1, Hq, D);
+        const auto st = host.decoder.decode_layer(kvsift::host::Exec{}, host.state, l, kv, io, host.workspace->get(),
+                                                  host.workspace->bytes());
+        REQUIRE_MESSAGE(st.ok(), st.to_string());
+      });
+      const auto replayed = graph_out[l]->download();
+      const auto eager_l = eager_out[l]->download();
+      CHECK(std::memcmp(replayed.data(), eager_l.data(), n * sizeof(bfloat16_t)) == 0);  // identical bits
+      CHECK(lychee_test::compare_outputs(replayed, want, "replayed out") == 0);
+    }
+    const auto& ht = host.state.table;
+    CHECK(lychee_test::table_rows(ht, B * caches.H, ht.indices, ht.counts) == graph_table);
+  }
+  cudaGraphExecDestroy(graph_exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+}  // namespace
+
+TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays with new lengths (token, BSHD)") {
+  graph_replay(LycheeSelection::kToken, Layout::kBSHD);
+}
+
+TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays with new lengths (block, paged)") {
+  graph_replay(LycheeSelection::kBlock, Layout::kPagedNHD);
+}
+
+TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state without launching") {
+  Case c;
+  auto rng = kvsift_test::make_rng(820);
+  lychee_test::Caches<bfloat16_t> caches(rng, c);
+  lychee_test::DevicePolicy device;
+  device.init<bfloat16_t>(c.config());
+  const int Hq = caches.H * c.group;
+  lychee_test::DeviceBuffer<std::int32_t> dlengths(c.lengths);
+  lychee_test::DeviceBuffer<bfloat16_t> dq(std::size_t(caches.B) * Hq * c.d), dout(dq.size());
+  caches.with_device_view(0, dlengths.get(), [&](const auto& kv) {
+    const auto io = kvsift::make_lychee_io(dq.get(), dout.get(), 1, Hq, c.d);
+    auto st = device.decoder.decode_layer(kvsift::cuda::Exec{}, device.state, 0, kv, io, device.workspace->get(),
+                                          device.workspace->size() - 1);
+    CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
+    st = device.decoder.decode_layer(kvsift::cuda::Exec{}, device.state, 1, kv, io, device.workspace->get(),
+                                     device.workspace->size());
+    CHECK(st.message().find("layer = 1 is out of order") != std::string::npos);
+    kvsift::LycheeDecodeState foreign = device.state;
+    foreign.num_layers = 2;
+    st = device.decoder.decode_layer(kvsift::cuda::Exec{}, foreign, 0, kv, io, device.workspace->get(),
+                                     device.workspace->size());
+    CHECK(st.message().find("state") != std::string::npos);
+  });
+  kvsift_test::sync_and_check();
+}
