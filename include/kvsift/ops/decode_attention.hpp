@@ -132,18 +132,12 @@ inline constexpr int kDecodeCtasPerSm = 2;     // blocks resident per SM the spl
 inline constexpr int kDecodeCtaTokens = 64;    // tokens one block consumes per step (4 warps x 16)
 inline constexpr int kDecodeMaxChunk = 32768;  // bounds the block-max scratch in shared memory
 
-// Capacity of the views kvsift ships, for max_kv_length = 0; 0 for a view it does not know.
+// Tokens a view can hold (kv_capacity), 0 for a view that does not say: sizes the grid when
+// max_kv_length = 0.
 template <class V>
-int view_capacity(const V&) {
-  return 0;
-}
-template <class T>
-int view_capacity(const ContiguousKV<T>& kv) {
-  return kv.capacity;
-}
-template <class T>
-int view_capacity(const PagedKV<T>& kv) {
-  return kv.capacity();
+int view_capacity(const V& kv) {
+  const int cap = kv_capacity(kv);
+  return cap > 0 ? cap : 0;
 }
 
 // The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
