@@ -13,9 +13,9 @@
 //                         sink/recent inside the budget, written to that head's table row for the
 //                         sparse heads of later layers (lycheedecode_handoff.hpp).
 //
-// Every third-party pointer is in the backend's memory space; nothing is allocated, nothing waits on
-// the host, and launch shapes come from the configuration's capacities: a whole multi-layer step
-// captures into one CUDA graph and replays as lengths change.
+// Every pointer (view, io, state, workspace) is in the backend's memory space; nothing is allocated,
+// nothing waits on the host, and launch shapes come from the configuration's capacities: a whole
+// multi-layer step captures into one CUDA graph and replays as lengths change.
 //
 // Cache correction (off by default): at a step where correction_due(step) holds, the engine runs
 // correct_layer for every layer instead: dense causal attention of the last correction_interval
