@@ -51,8 +51,22 @@ output
   --check                run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)
   --compare              run every policy with --check on the same prompts; print a table
   --output-ids FILE      write the generated ids, one line per sequence (written only on success)
-  --device auto|cpu|gpu  backend (default auto; only the CPU backend exists so far)
+  --device auto|cpu|gpu  backend (default auto: the GPU when this build has CUDA and a device is present)
   --quiet                no progress bar, no per-sequence output
+passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md). Each replaces PROMPTS.
+  --eval-passkey FILE    the README protocol on "ANSWER d1..d5 | ids" prompts for every policy (options
+                         above), LycheeDecode with layer-0-only roles and with --roles; accuracy per length
+  --calibrate-clusterattn FILE   kvsift::calibrate_num_block (decode queries of dense decoding) for every
+                         --thetas value over --num-blocks, mean cosine per length; also the accuracy of each
+  --probe-roles FILE     CPU probe for retrieval KV heads: attention on the KEY span from the decode
+                         queries, per (layer, KV head); writes --roles-out (layer 0 + the top --probe-heads)
+  --lengths L,..         prompt lengths to use (default 1024,2048)
+  --limit N              prompts per length (default: all)
+  --eval-batch N         prompts per batch, one shared dense prefill each (default 16)
+  --json FILE            also write the results as JSON
+  --thetas F,..          calibration sweep (default 0.02,0.05,0.1,0.2)
+  --num-blocks N,..      calibration candidates (default 16,32,64,128,256)
+  --roles-out FILE, --probe-heads N   the probe's roles file and its retrieval heads beyond layer 0 (default 1)
 )";
 
 enum class DeviceChoice { kAuto, kCpu, kGpu };
@@ -75,6 +89,17 @@ struct Options {
   DeviceChoice device = DeviceChoice::kAuto;
   bool quiet = false;
   bool help = false;
+  // passkey fidelity tools (passkey_eval.hpp, passkey_tools.hpp)
+  std::string eval_passkey, calibrate_clusterattn, probe_roles;
+  std::vector<int> lengths = {1024, 2048};
+  int limit = 0;
+  int eval_batch = 16;
+  std::string json;
+  std::vector<float> thetas = {0.02f, 0.05f, 0.1f, 0.2f};
+  std::vector<int> num_blocks = {16, 32, 64, 128, 256};
+  std::string roles_out;
+  int probe_heads = 1;
+  bool passkey_tool() const { return !eval_passkey.empty() || !calibrate_clusterattn.empty() || !probe_roles.empty(); }
 };
 
 // "12 5 7" -> {12, 5, 7}; anything that is not an integer is an error naming `what`.
@@ -189,11 +214,50 @@ inline Options parse_options(const std::vector<std::string>& args) {
       else throw DecoderError("--device " + v + ": expected auto, cpu or gpu");
     }
     else if (flag == "--quiet") o.quiet = true;
+    else if (flag == "--eval-passkey") o.eval_passkey = value();
+    else if (flag == "--calibrate-clusterattn") o.calibrate_clusterattn = value();
+    else if (flag == "--probe-roles") o.probe_roles = value();
+    else if (flag == "--lengths" || flag == "--num-blocks") {
+      std::string list = value();
+      for (char& ch : list) ch = ch == ',' ? ' ' : ch;
+      std::vector<int>& dst = flag == "--lengths" ? o.lengths : o.num_blocks;
+      dst.clear();
+      for (std::int32_t n : parse_ids(list, flag))
+        if (n < 1) throw DecoderError(flag + ": values must be >= 1");
+        else dst.push_back(n);
+    }
+    else if (flag == "--thetas") {
+      std::string list = value();
+      for (char& ch : list) ch = ch == ',' ? ' ' : ch;
+      std::istringstream in(list);
+      std::string word;
+      o.thetas.clear();
+      while (in >> word) {
+        char* end = nullptr;
+        const double x = std::strtod(word.c_str(), &end);
+        if (*end != '\0' || !(x >= 0)) throw DecoderError("--thetas: \"" + word + "\" is not a number >= 0");
+        o.thetas.push_back(float(x));
+      }
+      if (o.thetas.empty()) throw DecoderError("--thetas: empty list");
+    }
+    else if (flag == "--limit") o.limit = integer(1);
+    else if (flag == "--eval-batch") o.eval_batch = integer(1);
+    else if (flag == "--json") o.json = value();
+    else if (flag == "--roles-out") o.roles_out = value();
+    else if (flag == "--probe-heads") o.probe_heads = integer(0);
     else throw DecoderError("unknown option " + flag + " (see --help)");
   }
   if (o.help) return o;
   if (o.model_dir.empty() == o.random_shape.empty()) throw DecoderError("give exactly one of --model DIR and --random SHAPE");
   const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
+  if (o.passkey_tool()) {
+    if (int(!o.eval_passkey.empty()) + int(!o.calibrate_clusterattn.empty()) + int(!o.probe_roles.empty()) != 1)
+      throw DecoderError("give one of --eval-passkey, --calibrate-clusterattn and --probe-roles");
+    if (sources != 0 || o.compare || o.check) throw DecoderError("the passkey tools read their own prompt file; drop the prompt source, --check and --compare");
+    if (o.model_dir.empty()) throw DecoderError("the passkey tools need a trained checkpoint (--model DIR)");
+    if (!o.probe_roles.empty() && o.roles_out.empty()) throw DecoderError("--probe-roles needs --roles-out FILE");
+    return o;
+  }
   if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");
   if (o.compare && o.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
   return o;

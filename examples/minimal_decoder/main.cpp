@@ -1,7 +1,7 @@
 // minimal_decoder: a Llama-style decoder whose attention runs through kvsift, dense or under a
-// KV policy. The model is written against a backend interface (host_backend.hpp); this version
-// ships the CPU backend (kvsift host reference). A CUDA backend with the same members (cuBLAS
-// projections, kvsift CUDA kernels) is the next step: docs/minimal_decoder.md.
+// KV policy. The model is written against a backend interface: the CPU backend (host_backend.hpp,
+// kvsift host reference) always, and the CUDA backend (cuda_backend.cuh: cuBLAS bf16 projections,
+// kvsift CUDA kernels) when this file is compiled by nvcc (KVSIFT_ENABLE_CUDA=ON).
 
 #include <cstdio>
 #include <fstream>
@@ -13,6 +13,11 @@
 #include "cli.hpp"
 #include "generate.hpp"
 #include "host_backend.hpp"
+#include "passkey_tools.hpp"
+#ifdef __CUDACC__
+#include "cuda_backend.cuh"
+#include "cuda_random.cuh"
+#endif
 
 namespace md = minimal_decoder;
 
@@ -73,8 +78,8 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
 }
 
 template <class Backend>
-int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
-  const md::BackendWeights<Backend> weights(be, config, host_weights);
+int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::BackendWeights<Backend>& weights) {
+  if (o.passkey_tool()) return md::run_passkey_tool(be, o, config, weights);  // --eval-passkey and friends
   md::GenerationRequest req = make_request(o, load_prompts(o, config.vocab_size));
   if (!o.compare) {
     std::printf("policy: %s\n", req.policy.describe().c_str());
@@ -111,6 +116,26 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   return 0;
 }
 
+template <class Backend>
+int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  const md::BackendWeights<Backend> weights(be, config, host_weights);
+  return run(be, o, config, weights);
+}
+
+// --device: auto takes the GPU when this build has the CUDA backend and a device is present.
+bool use_gpu(md::DeviceChoice device) {
+#ifdef __CUDACC__
+  if (device == md::DeviceChoice::kCpu) return false;
+  const bool present = md::cuda_device_present();
+  if (device == md::DeviceChoice::kGpu && !present) throw md::DecoderError("--device gpu: no CUDA device is present");
+  return present;
+#else
+  if (device == md::DeviceChoice::kGpu)
+    throw md::DecoderError("--device gpu: this build has no CUDA backend (configure with -DKVSIFT_ENABLE_CUDA=ON)");
+  return false;
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -126,18 +151,28 @@ int main(int argc, char** argv) {
     } else {
       ck.config = md::named_model_config(o.random_shape);
     }
-    if (o.device == md::DeviceChoice::kGpu)
-      throw md::DecoderError("--device gpu: the decoder's CUDA backend is not written yet (CPU only)");
-    if (ck.config.parameter_count() > 2'000'000'000LL)
+    const bool gpu = use_gpu(o.device);
+    // Random weights too large to generate on the host (llama3-8b) are generated on the GPU.
+    const bool device_random = gpu && o.model_dir.empty() && ck.config.parameter_count() > 2'000'000'000LL;
+    if (!gpu && ck.config.parameter_count() > 2'000'000'000LL)
       throw md::DecoderError("model " + ck.config.name + " (" + std::to_string(ck.config.parameter_count() / 1'000'000) +
                              "M parameters) is too large for the CPU reference path; run it on a GPU");
-    if (o.model_dir.empty()) ck.weights = md::random_weights(ck.config, o.seed);
+    if (o.model_dir.empty() && !device_random) ck.weights = md::random_weights(ck.config, o.seed);
     const md::ModelConfig& c = ck.config;
     std::printf("model: %s, %d layers, hidden %d, heads %d/%d (q/kv), head_dim %d, vocab %d, %.1fM parameters%s\n",
                 o.model_dir.empty() ? ("random " + o.random_shape + " (seed " + std::to_string(o.seed) + ")").c_str()
                                     : o.model_dir.c_str(),
                 c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                 double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
+#ifdef __CUDACC__
+    if (gpu) {
+      md::CudaBackend be;
+      std::printf("backend: %s\n", be.name());
+      if (device_random) return run(be, o, c, md::random_device_weights(be, c, o.seed));
+      return run(be, o, c, ck.weights);
+    }
+#endif
+    (void)device_random;
     md::HostBackend be;
     std::printf("backend: %s\n", be.name());
     return run(be, o, c, ck.weights);

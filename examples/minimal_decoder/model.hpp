@@ -44,6 +44,7 @@ struct BackendWeights {
   Vector final_norm;
   std::vector<Layer> layers;
 
+  BackendWeights() = default;  // filled member by member, e.g. by random_device_weights (cuda_random.cuh)
   BackendWeights(const Backend& be, const ModelConfig& c, const HostWeights& w) {
     const int H = c.hidden_size, I = c.intermediate_size, Q = int(c.q_dim()), K = int(c.kv_dim());
     auto vec = [&](const std::vector<float>& v) {
@@ -78,6 +79,9 @@ struct DecoderLimits {
   int max_prompt_len = 0;
   int max_new_tokens = 0;
   int prefill_chunk = 256;  // query positions per prefill chunk
+  // A non-compressing decoder also keeps the post-RoPE queries of each prompt's last N positions, so
+  // that compressing decoders can start from its prefill (prefill_from) instead of repeating it.
+  int keep_window_queries = 0;
 };
 
 // Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
@@ -94,6 +98,9 @@ class Decoder {
   using Cache = kvsift::ContiguousKV<KV>;
   // Called with (tokens done, tokens total) after each prefill chunk.
   using Progress = std::function<void(long long, long long)>;
+  // Sees every layer's post-RoPE queries, rows [n, q_heads * head_dim] in backend memory (prefill
+  // chunks and decode steps alike); offline tools (calibration, head probes) read them.
+  using QueryTap = std::function<void(int layer, const float* q, int rows)>;
 
   Decoder(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights, const PolicyOptions& policy,
           const DecoderLimits& limits)
@@ -106,6 +113,7 @@ class Decoder {
     if (lim_.max_batch < 1 || lim_.max_prompt_len < 1 || lim_.prefill_chunk < 1)
       throw DecoderError("batch, prompt length and prefill chunk must be >= 1");
     validate_policy(policy_, c_.num_layers, c_.num_q_heads, c_.num_kv_heads, c_.head_dim, lim_.max_prompt_len);
+    window_ = policy_.compresses_prompt() ? policy_.compression.window : std::max(0, lim_.keep_window_queries);
     const int B = lim_.max_batch;
     // Dense decodes in the prompt cache itself; a compressing policy decodes in a cache of Cp slots
     // (plus the new tokens) and holds the full prompt cache only until compression.
@@ -172,12 +180,11 @@ class Decoder {
     // compression reads once and then frees.
     const bool compress = policy_.compresses_prompt();
     std::vector<LayerCache> prompt_caches;
-    if (compress) {
-      const int W = policy_.compression.window;
+    if (compress)
       for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
-      window_q_.clear();
-      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * W * c_.q_dim()));
-    }
+    window_q_.clear();
+    if (window_ > 0)
+      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * window_ * c_.q_dim()));
     std::vector<LayerCache>& target = compress ? prompt_caches : decode_caches_;
 
     std::vector<float> logits(std::size_t(B) * c_.vocab_size);
@@ -193,7 +200,7 @@ class Decoder {
       for (int l = 0; l < c_.num_layers; ++l) {
         LayerCache& cache = target[std::size_t(l)];
         layer_forward(l, n, cache, [&](const float* q, float* out) {
-          if (compress)  // keep the window's post-RoPE queries: compression scores with them
+          if (window_ > 0)  // keep the window's post-RoPE queries: compression scores with them
             be_.scatter_rows(q, n, c_.q_dim(), window_rows_.data(), window_q_[std::size_t(l)].data());
           for (int b = 0; b < B; ++b) {
             if (plan.count[std::size_t(b)] == 0) continue;
@@ -252,6 +259,78 @@ class Decoder {
     return logits;
   }
 
+  // Starts this decoder from `src`'s finished dense prefill of the same prompts instead of running
+  // the prefill again (evaluating several policies on one prefill): a non-compressing policy copies
+  // the prompt caches, a compressing one runs kvsift::compress_prompt on them with the window queries
+  // `src` kept (DecoderLimits::keep_window_queries >= this policy's W). The prefill logits are src's.
+  void prefill_from(const Decoder& src) {
+    if (src.policy_.kind != PolicyKind::kDense || src.history_.empty() || src.cache_len_ != src.prompt_len_)
+      throw DecoderError("prefill_from: the source must be a dense decoder right after its prefill");
+    const int B = src.batch_;
+    if (B > lim_.max_batch) throw DecoderError("prefill_from: batch of " + std::to_string(B) + " exceeds the decoder's " + std::to_string(lim_.max_batch));
+    for (int L : src.prompt_len_)
+      if (L > lim_.max_prompt_len) throw DecoderError("prefill_from: a prompt of " + std::to_string(L) + " tokens exceeds the decoder's limit");
+    batch_ = B;
+    prompt_len_ = src.prompt_len_;
+    history_ = src.history_;
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    timing_ = StepTiming();
+    if (policy_.compresses_prompt()) {
+      const int W = policy_.compression.window;
+      if (src.window_ < W) throw DecoderError("prefill_from: the source kept " + std::to_string(src.window_) + " window queries, this policy needs " + std::to_string(W));
+      for (int L : prompt_len_)
+        if (L < src.window_) throw DecoderError("prefill_from: a prompt shorter than the kept window");
+      window_q_.clear();
+      for (int l = 0; l < c_.num_layers; ++l) {  // the last W of the source's kept rows
+        std::vector<float> rows(std::size_t(B) * src.window_ * c_.q_dim());
+        be_.download(rows.data(), src.window_q_[std::size_t(l)].data(), rows.size());
+        std::vector<float> mine;
+        for (int b = 0; b < B; ++b) {
+          const auto first = rows.begin() + (std::int64_t(b) * src.window_ + (src.window_ - W)) * c_.q_dim();
+          mine.insert(mine.end(), first, first + std::int64_t(W) * c_.q_dim());
+        }
+        window_q_.push_back(be_.template alloc<float>(mine.size()));
+        be_.upload(window_q_.back().data(), mine.data(), mine.size());
+      }
+      std::vector<LayerCache> none;
+      compress_prompt_caches(none, &src.decode_caches_);  // reads src's caches, frees nothing of them
+      window_q_.clear();
+      return;
+    }
+    // Copy slots [0, L_b) of every (sequence, KV head) row through the host: generic over backends
+    // and cheap next to a prefill.
+    const int D = c_.head_dim;
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const LayerCache& from = src.decode_caches_[std::size_t(l)];
+      LayerCache& to = decode_caches_[std::size_t(l)];
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < c_.num_kv_heads; ++h) {
+          const std::size_t n = std::size_t(prompt_len_[std::size_t(b)]) * D;
+          std::vector<KV> tmp(n);
+          const std::int64_t src_row = (std::int64_t(b) * c_.num_kv_heads + h) * from.capacity * D;
+          const std::int64_t dst_row = (std::int64_t(b) * c_.num_kv_heads + h) * to.capacity * D;
+          be_.download(tmp.data(), from.k.data() + src_row, n);
+          be_.upload(to.k.data() + dst_row, tmp.data(), n);
+          be_.download(tmp.data(), from.v.data() + src_row, n);
+          be_.upload(to.v.data() + dst_row, tmp.data(), n);
+        }
+    }
+  }
+
+  void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
+  // Layer l's decode cache, seen with the caller's lengths (backend memory, one per sequence).
+  Cache cache_view(int layer, const std::int32_t* lengths) const {
+    return decode_caches_[std::size_t(layer)].read_view(batch_, lengths);
+  }
+  // The last W kept window queries of layer l (DecoderLimits::keep_window_queries >= W), as kvsift QueryRows.
+  kvsift::QueryRows<float> window_queries(int layer, int W) const {
+    if (W > window_ || window_q_.empty()) throw DecoderError("window_queries: this decoder kept " + std::to_string(window_) + " window queries");
+    kvsift::QueryRows<float> q = kvsift::make_query_rows<float>(window_q_[std::size_t(layer)].data(), batch_, window_, c_.num_q_heads, c_.head_dim);
+    q.data += std::int64_t(window_ - W) * q.position_stride;
+    q.capacity = W;
+    return q;
+  }
   const StepTiming& timing() const { return timing_; }
   const std::vector<int>& cache_lengths() const { return cache_len_; }
   int batch() const { return batch_; }
@@ -269,6 +348,11 @@ class Decoder {
     int capacity = 0;
     Cache view(int batch, const std::int32_t* lengths) {
       return kvsift::make_bhsd(k.data(), v.data(), batch, num_kv_heads, capacity, head_dim, lengths);
+    }
+    // kvsift views carry mutable pointers; a view of a const cache is only ever read.
+    Cache read_view(int batch, const std::int32_t* lengths) const {
+      return kvsift::make_bhsd(const_cast<KV*>(k.data()), const_cast<KV*>(v.data()), batch, num_kv_heads, capacity,
+                               head_dim, lengths);
     }
     int num_kv_heads = 0, head_dim = 0;
   };
@@ -372,7 +456,7 @@ class Decoder {
 
   ChunkPlan plan_chunk(int start, int C) const {
     ChunkPlan p;
-    const int B = batch_, W = policy_.compression.window;
+    const int B = batch_, W = window_;
     for (int b = 0; b < B; ++b) {
       const int L = prompt_len_[std::size_t(b)], end = std::min(L, start + C);
       p.offset.push_back(std::int32_t(p.tokens.size()));
@@ -421,6 +505,7 @@ class Decoder {
     }
     be_.rope(q_.data(), positions_.data(), n, c_.num_q_heads, D, c_.rope_theta);
     be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
+    if (query_tap_) query_tap_(l, q_.data(), n);
     // kvsift reads the cache only through the view, so writing it is the engine's job.
     be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), cache.view(lim_.max_batch, lengths_.data()));
     attention(q_.data(), attn_.data());
@@ -454,7 +539,8 @@ class Decoder {
   // kvsift: compress_prompt once per layer, from the full prompt cache into the decode cache.
   // Every KV head of a sequence keeps the same number of tokens, so the result is an ordinary cache
   // whose lengths replace the prompt lengths; positions keep counting from the prompt length.
-  void compress_prompt_caches(std::vector<LayerCache>& prompt_caches) {
+  // `borrowed`, when given, replaces the decoder's own prompt caches as the source (prefill_from).
+  void compress_prompt_caches(std::vector<LayerCache>& prompt_caches, const std::vector<LayerCache>* borrowed = nullptr) {
     const int B = batch_;
     const kvsift::PromptCompressionConfig config = policy_.compression_config();
     const kvsift::PromptCompressionShape shape{B, c_.num_kv_heads, c_.num_q_heads, lim_.max_prompt_len};
@@ -462,7 +548,8 @@ class Decoder {
     Buffer<std::int32_t> new_lengths = be_.template alloc<std::int32_t>(std::size_t(B));
     be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
     for (int l = 0; l < c_.num_layers; ++l) {
-      const Cache src = prompt_caches[std::size_t(l)].view(B, lengths_.data());
+      const Cache src = borrowed ? (*borrowed)[std::size_t(l)].read_view(B, lengths_.data())
+                                 : prompt_caches[std::size_t(l)].view(B, lengths_.data());
       const Cache dst = decode_caches_[std::size_t(l)].view(B, new_lengths.data());
       const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), B, config.window,
                                                          c_.num_q_heads, c_.head_dim);
@@ -470,7 +557,7 @@ class Decoder {
       out.new_lengths = new_lengths.data();
       check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
             "compress_prompt (layer " + std::to_string(l) + ")");
-      prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
+      if (!borrowed) prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
     }
     be_.download(cache_len_.data(), new_lengths.data(), std::size_t(B));
   }
@@ -490,6 +577,8 @@ class Decoder {
   Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
   std::vector<LayerCache> decode_caches_;
   std::vector<Buffer<float>> window_q_;
+  int window_ = 0;  // window queries kept per sequence: the policy's W, or keep_window_queries
+  QueryTap query_tap_;
   Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
   Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
   Buffer<unsigned char> attn_ws_;
