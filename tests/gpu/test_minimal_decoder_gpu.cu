@@ -1,0 +1,288 @@
+// examples/minimal_decoder on the CUDA backend against the CPU backend, on the same weights and the
+// same tokens (teacher-forced: both decoders are fed the CPU's greedy tokens, so a near-tie can never
+// send them down different continuations).
+//
+// What differs between the two paths is bf16 rounding: the GPU rounds every GEMM input, the KV cache,
+// and (in kvsift's tensor-core attention) Q and the softmax weights, where the CPU keeps float and
+// the host reference accumulates attention in double. The weights are bf16 on both sides (rounded
+// by the test, or stored as bf16 in the checkpoint), so the weights add no difference of their own.
+// Emulating the GEMM-input and KV rounding on the host gives a logit error of about 0.5% of the
+// largest logit on these models; the bound below is 2%.
+
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "cuda_backend.cuh"
+#include "cuda_random.cuh"
+#include "generate.hpp"
+#include "host_backend.hpp"
+
+namespace md = minimal_decoder;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr double kRelTolerance = 2e-2;  // max |gpu - cpu| over max |cpu|, per logit vector
+
+float round_bf16(float x) { return kvsift::detail::bf16_bits_to_float(kvsift::detail::float_to_bf16_bits(x)); }
+
+void round_bf16(std::vector<float>& v) {
+  for (float& x : v) x = round_bf16(x);
+}
+
+// What the GPU backend stores: every matrix rounded to bf16 (norms stay float on both backends).
+void round_matrices_bf16(md::HostWeights& w) {
+  round_bf16(w.embed);
+  round_bf16(w.lm_head);
+  for (auto& l : w.layers)
+    for (auto* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round_bf16(*m);
+}
+
+md::ModelConfig small_config() {
+  md::ModelConfig c;
+  c.name = "gpu-test";
+  c.vocab_size = 96;
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_layers = 2;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.rope_theta = 10000.f;
+  c.max_positions = 1024;
+  return c;
+}
+
+std::vector<std::vector<std::int32_t>> random_prompts(const std::vector<int>& lengths, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<std::int32_t> id(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int n : lengths) {
+    std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+    for (auto& t : p) t = id(rng);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+// Logits of the prefill and of every decode step ([step][batch * vocab]). With `tokens` empty the
+// decoder feeds itself its greedy tokens and records them there; otherwise it is fed `tokens`.
+template <class Backend>
+std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c, const md::HostWeights& host_weights,
+                                           const md::PolicyOptions& policy,
+                                           const std::vector<std::vector<std::int32_t>>& prompts, int steps,
+                                           int prefill_chunk, std::vector<std::vector<std::int32_t>>& tokens) {
+  const md::BackendWeights<Backend> weights(be, c, host_weights);
+  md::DecoderLimits lim;
+  lim.max_batch = int(prompts.size());
+  for (const auto& p : prompts) lim.max_prompt_len = std::max(lim.max_prompt_len, int(p.size()));
+  lim.max_new_tokens = steps + 1;
+  lim.prefill_chunk = prefill_chunk;
+  md::Decoder<Backend> decoder(be, c, weights, policy, lim);
+  std::vector<std::vector<float>> out{decoder.prefill(prompts)};
+  const bool record = tokens.empty();
+  for (int s = 0; s < steps; ++s) {
+    if (record) {
+      std::vector<std::int32_t> next;
+      for (std::size_t b = 0; b < prompts.size(); ++b)
+        next.push_back(md::argmax(out.back().data() + b * std::size_t(c.vocab_size), c.vocab_size));
+      tokens.push_back(next);
+    }
+    out.push_back(decoder.decode(tokens[std::size_t(s)]));
+  }
+  return out;
+}
+
+// Every logit vector of the GPU within kRelTolerance of the CPU's; the GPU's top-1 equals the CPU's
+// wherever the CPU's top-1 leads its runner-up by more than the tolerance (closer calls may flip
+// under bf16 rounding and say nothing about correctness).
+void check_close(const std::vector<std::vector<float>>& cpu, const std::vector<std::vector<float>>& gpu, int vocab_size) {
+  const std::size_t vocab = std::size_t(vocab_size);
+  REQUIRE(cpu.size() == gpu.size());
+  double worst = 0;
+  int decided = 0, agree = 0;
+  for (std::size_t s = 0; s < cpu.size(); ++s) {
+    REQUIRE(cpu[s].size() == gpu[s].size());
+    for (std::size_t b = 0; b * vocab < cpu[s].size(); ++b) {
+      const float* c = cpu[s].data() + b * vocab;
+      const float* g = gpu[s].data() + b * vocab;
+      double max_abs = 0, max_diff = 0;
+      for (std::size_t i = 0; i < vocab; ++i) {
+        REQUIRE(std::isfinite(g[i]));
+        max_abs = std::max(max_abs, double(std::fabs(c[i])));
+        max_diff = std::max(max_diff, double(std::fabs(c[i] - g[i])));
+      }
+      const double rel = max_diff / std::max(max_abs, 1e-6);
+      worst = std::max(worst, rel);
+      INFO("step ", s, " sequence ", b, ": max |gpu - cpu| = ", max_diff, ", max |cpu| = ", max_abs);
+      CHECK(rel <= kRelTolerance);
+      const int top = md::argmax(c, vocab_size);
+      float runner_up = -INFINITY;
+      for (int i = 0; i < vocab_size; ++i)
+        if (i != top) runner_up = std::max(runner_up, c[i]);
+      if (c[top] - runner_up > kRelTolerance * max_abs) {
+        ++decided;
+        agree += md::argmax(g, vocab_size) == top;
+        CHECK(md::argmax(g, vocab_size) == top);
+      }
+    }
+  }
+  MESSAGE("worst relative logit difference ", worst, "; top-1 agreement ", agree, "/", decided, " clear calls");
+  CHECK(decided > 0);
+}
+
+// ---- a tiny checkpoint, written here: config.json + one safetensors file ----
+
+void put_tensor(nlohmann::json& header, std::string& data, const std::string& name, const std::string& dtype,
+                std::vector<std::int64_t> shape, std::vector<float>& values) {
+  const std::size_t begin = data.size();
+  for (float& x : values) {
+    if (dtype == "BF16") {
+      const std::uint16_t b = kvsift::detail::float_to_bf16_bits(x);
+      data.append(reinterpret_cast<const char*>(&b), 2);
+      x = kvsift::detail::bf16_bits_to_float(b);  // the test's copy holds what the file holds
+    } else {
+      data.append(reinterpret_cast<const char*>(&x), 4);
+    }
+  }
+  header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+}
+
+// A Qwen3-style checkpoint (q/k norm, head_dim 128): matrices bf16, norms f32 and not all ones.
+fs::path write_checkpoint(const md::ModelConfig& c, std::uint64_t seed) {
+  const fs::path dir = fs::temp_directory_path() /
+                       ("kvsift_md_gpu_" + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::create_directories(dir);
+  md::HostWeights w = md::random_weights(c, seed);
+  std::mt19937 rng(static_cast<unsigned>(seed));
+  std::normal_distribution<float> near_one(1.f, 0.1f);
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size, D = c.head_dim;
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  put_tensor(header, data, "model.embed_tokens.weight", "BF16", {V, H}, w.embed);
+  for (float& x : w.final_norm) x = near_one(rng);
+  put_tensor(header, data, "model.norm.weight", "F32", {H}, w.final_norm);
+  put_tensor(header, data, "lm_head.weight", "BF16", {V, H}, w.lm_head);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    auto& lw = w.layers[std::size_t(l)];
+    for (auto* norm : {&lw.attn_norm, &lw.mlp_norm, &lw.q_norm, &lw.k_norm})
+      for (float& x : *norm) x = near_one(rng);
+    put_tensor(header, data, p + "input_layernorm.weight", "F32", {H}, lw.attn_norm);
+    put_tensor(header, data, p + "self_attn.q_proj.weight", "BF16", {c.q_dim(), H}, lw.wq);
+    put_tensor(header, data, p + "self_attn.k_proj.weight", "BF16", {c.kv_dim(), H}, lw.wk);
+    put_tensor(header, data, p + "self_attn.v_proj.weight", "BF16", {c.kv_dim(), H}, lw.wv);
+    put_tensor(header, data, p + "self_attn.o_proj.weight", "BF16", {H, c.q_dim()}, lw.wo);
+    put_tensor(header, data, p + "self_attn.q_norm.weight", "F32", {D}, lw.q_norm);
+    put_tensor(header, data, p + "self_attn.k_norm.weight", "F32", {D}, lw.k_norm);
+    put_tensor(header, data, p + "post_attention_layernorm.weight", "F32", {H}, lw.mlp_norm);
+    put_tensor(header, data, p + "mlp.gate_proj.weight", "BF16", {I, H}, lw.w_gate);
+    put_tensor(header, data, p + "mlp.up_proj.weight", "BF16", {I, H}, lw.w_up);
+    put_tensor(header, data, p + "mlp.down_proj.weight", "BF16", {H, I}, lw.w_down);
+  }
+  const std::string text = header.dump();
+  const std::uint64_t n = text.size();
+  std::ofstream st(dir / "model.safetensors", std::ios::binary);
+  st.write(reinterpret_cast<const char*>(&n), 8);
+  st << text << data;
+  const nlohmann::json config = {{"model_type", "qwen3"},
+                                 {"vocab_size", c.vocab_size},
+                                 {"hidden_size", c.hidden_size},
+                                 {"intermediate_size", c.intermediate_size},
+                                 {"num_hidden_layers", c.num_layers},
+                                 {"num_attention_heads", c.num_q_heads},
+                                 {"num_key_value_heads", c.num_kv_heads},
+                                 {"head_dim", c.head_dim},
+                                 {"rms_norm_eps", c.rms_norm_eps},
+                                 {"rope_theta", c.rope_theta},
+                                 {"max_position_embeddings", c.max_positions},
+                                 {"tie_word_embeddings", false},
+                                 {"hidden_act", "silu"}};
+  std::ofstream(dir / "config.json") << config.dump(1);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("minimal decoder: GPU logits follow the CPU's on a random model (ragged batch, chunked prefill, decode)") {
+  const md::ModelConfig c = small_config();
+  md::HostWeights w = md::random_weights(c, 11);
+  round_matrices_bf16(w);
+  const auto prompts = random_prompts({70, 41, 5}, c.vocab_size, 3);  // 5 chunks of 16; one prompt in the first only
+  md::HostBackend cpu;
+  md::CudaBackend gpu;
+  std::vector<std::vector<std::int32_t>> tokens;
+  const auto ref = run_logits(cpu, c, w, md::PolicyOptions(), prompts, 8, 16, tokens);
+  const auto got = run_logits(gpu, c, w, md::PolicyOptions(), prompts, 8, 16, tokens);
+  check_close(ref, got, c.vocab_size);
+}
+
+TEST_CASE("minimal decoder: a checkpoint written by the test (Qwen3 q/k norm, head_dim 128) agrees on CPU and GPU") {
+  md::ModelConfig shape = small_config();
+  shape.head_dim = 128;
+  shape.num_q_heads = 2;
+  shape.num_kv_heads = 1;
+  shape.qk_norm = true;
+  shape.rope_theta = 1e6f;
+  const fs::path dir = write_checkpoint(shape, 5);
+  const md::Checkpoint ck = md::load_checkpoint(dir.string());
+  CHECK(ck.config.qk_norm);
+  const auto prompts = random_prompts({33, 60}, ck.config.vocab_size, 9);
+  md::HostBackend cpu;
+  md::CudaBackend gpu;
+  std::vector<std::vector<std::int32_t>> tokens;
+  const auto ref = run_logits(cpu, ck.config, ck.weights, md::PolicyOptions(), prompts, 6, 32, tokens);
+  const auto got = run_logits(gpu, ck.config, ck.weights, md::PolicyOptions(), prompts, 6, 32, tokens);
+  check_close(ref, got, ck.config.vocab_size);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on the CPU (budgets above the context)") {
+  const md::ModelConfig c = small_config();
+  md::HostWeights w = md::random_weights(c, 23);
+  round_matrices_bf16(w);
+  const auto prompts = random_prompts({45, 30}, c.vocab_size, 4);
+  md::HostBackend cpu;
+  md::CudaBackend gpu;
+  for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
+                              md::PolicyKind::kLychee}) {
+    md::PolicyOptions p;
+    p.kind = kind;
+    p.compression.capacity = 100;  // > 45 + 7: compression keeps every token
+    p.compression.window = 4;
+    p.compression.theta = 0.05f;
+    p.compression.num_block = 8;
+    p.lychee.budget = 100;
+    p.lychee.sink = 4;
+    p.lychee.recent = 8;
+    p.lychee.correction_interval = kind == md::PolicyKind::kLychee ? 3 : 0;  // steps 2 and 5 re-run densely
+    INFO("policy ", p.describe());
+    std::vector<std::vector<std::int32_t>> tokens;
+    const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens);
+    const auto got = run_logits(gpu, c, w, p, prompts, 6, 16, tokens);
+    check_close(ref, got, c.vocab_size);
+  }
+}
+
+TEST_CASE("minimal decoder: device-random weights of a named shape decode without NaN") {
+  md::ModelConfig c = small_config();
+  md::CudaBackend gpu;
+  const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 1);
+  md::DecoderLimits lim;
+  lim.max_batch = 2;
+  lim.max_prompt_len = 40;
+  lim.max_new_tokens = 3;
+  md::Decoder<md::CudaBackend> decoder(gpu, c, w, md::PolicyOptions(), lim);
+  std::vector<float> logits = decoder.prefill(random_prompts({40, 17}, c.vocab_size, 1));
+  logits = decoder.decode({1, 2});
+  for (float x : logits) REQUIRE(std::isfinite(x));
+}
