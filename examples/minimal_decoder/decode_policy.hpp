@@ -54,6 +54,10 @@ struct LycheeOptions {
   int sink = 128, recent = 256;
   int block_size = 64;
   std::string roles_file;       // empty: layer 0 retrieval, every other head sparse
+  // Roles in memory ([layers * kv_heads], 1 = retrieval), used when roles_file is empty: tools that
+  // try many role sets (the passkey head probe) need no files.
+  std::vector<std::uint8_t> roles;
+  std::string roles_name;  // how reports name the in-memory roles
   int correction_interval = 0;  // 0 = no cache correction
 };
 
@@ -73,6 +77,10 @@ struct PolicyOptions {
                                                 : kvsift::CompressionPolicy::kStreamingLLM;
     return c;
   }
+  std::string roles_label() const {
+    if (!lychee.roles_file.empty()) return lychee.roles_file;
+    return lychee.roles.empty() ? "layer 0 only" : lychee.roles_name;
+  }
   static std::string number(float x) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%g", double(x));
@@ -81,7 +89,7 @@ struct PolicyOptions {
   std::string describe() const {
     if (kind == PolicyKind::kLychee)
       return "lychee (" + lychee.mode + ", budget " + std::to_string(lychee.budget) + ", sink " + std::to_string(lychee.sink) +
-             ", recent " + std::to_string(lychee.recent) + ", roles " + (lychee.roles_file.empty() ? "layer 0 only" : lychee.roles_file) +
+             ", recent " + std::to_string(lychee.recent) + ", roles " + roles_label() +
              (lychee.correction_interval ? ", correction every " + std::to_string(lychee.correction_interval) : "") + ")";
     if (!compresses_prompt()) return policy_name(kind);
     const auto& c = compression;
@@ -102,6 +110,9 @@ inline kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_
   c.head_dim = head_dim;
   if (!o.roles_file.empty()) {
     check(kvsift::read_head_roles_file(o.roles_file, &c.roles, num_layers, num_kv_heads), "--roles " + o.roles_file);
+  } else if (!o.roles.empty()) {
+    if (o.roles.size() != std::size_t(num_layers) * num_kv_heads) throw DecoderError("LycheeDecode roles: wrong table size");
+    check(kvsift::make_head_roles(num_layers, num_kv_heads, o.roles.data(), &c.roles), "LycheeDecode roles");
   } else {
     std::vector<std::uint8_t> layer0_only(std::size_t(num_layers) * num_kv_heads, 0);
     std::fill_n(layer0_only.begin(), num_kv_heads, std::uint8_t(1));
