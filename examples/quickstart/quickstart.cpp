@@ -6,6 +6,8 @@
 // view contract by copy_kv_to_dense, with the results compared.
 // Part 2 (compression_demo.hpp): a synthetic long prompt compressed by ClusterAttn, SnapKV,
 // StreamingLLM and H2O-prefill, with kept fraction, needle recall, attention cosine and time.
+// Part 3 (lycheedecode_demo.hpp): one LycheeDecode step through a synthetic multi-layer model against
+// dense decode, with per-layer fidelity and time.
 
 #if defined(__CUDACC__)
 #include <kvsift/kvsift.cuh>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "compression_demo.hpp"
+#include "lycheedecode_demo.hpp"
 
 namespace {
 
@@ -216,9 +219,11 @@ int main() {
 #if defined(__CUDACC__)
   if (have_gpu(&prop)) {
     DeviceMemory mem;
-    return quickstart::run_compression_demo(kvsift::cuda::Exec{}, mem, quickstart::SyntheticPrompt(32768), backend);
+    if (quickstart::run_compression_demo(kvsift::cuda::Exec{}, mem, quickstart::SyntheticPrompt(32768), backend)) return 1;
+    return quickstart::run_lycheedecode_demo(kvsift::cuda::Exec{}, mem, 131072, backend);
   }
 #endif
   HostMemory mem;
-  return quickstart::run_compression_demo(kvsift::host::Exec{}, mem, quickstart::SyntheticPrompt(2048), backend);
+  if (quickstart::run_compression_demo(kvsift::host::Exec{}, mem, quickstart::SyntheticPrompt(2048), backend)) return 1;
+  return quickstart::run_lycheedecode_demo(kvsift::host::Exec{}, mem, 8192, backend);
 }
