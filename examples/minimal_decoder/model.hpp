@@ -150,6 +150,16 @@ class Decoder {
     slots_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     window_rows_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     lengths_ = be_.template alloc<std::int32_t>(std::size_t(B));
+    // kvsift: the decode steps' attention workspace, sized now from host values only (the whole
+    // batch, q_len 1, the cache capacity), so that no decode step allocates; prefill's launches
+    // (one sequence, q_len = chunk) grow it if they need more.
+    auto p = kvsift::make_decode_attention_params(static_cast<const float*>(q_.data()), attn_.data(), 1, c_.num_q_heads,
+                                                  c_.head_dim);
+    p.num_sms = be_.num_sms();
+    std::size_t attn_bytes = 0;
+    check(kvsift::decode_attention_workspace_bytes(decode_caches_[0].view(B, lengths_.data()), p, &attn_bytes),
+          "decode attention workspace");
+    attn_ws_ = be_.template alloc<unsigned char>(attn_bytes);
   }
 
   // Dense prefill of a ragged batch; returns the logits of each prompt's last token, [B, vocab].
