@@ -261,3 +261,23 @@ TEST_CASE("decode_attention workspace query needs no device memory and grows wit
   CHECK(plan.dense_splits >= 16 * plan.gathered_splits);
   CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::kDecodeCtasPerSm);
 }
+
+TEST_CASE("decode_attention workspace: the query for a batch covers every smaller batch") {
+  // Engines size the workspace once for their largest batch; the split plan rounds per batch size, so
+  // the query must report the most any batch up to it needs.
+  using kvsift::bfloat16_t;
+  for (int S : {1000, 32768, 131072})
+    for (int q_len : {1, 8}) {
+      std::size_t prev = 0;
+      for (int b = 1; b <= 24; ++b) {
+        auto kv = kvsift::make_bhsd<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256), reinterpret_cast<bfloat16_t*>(256),
+                                                b, 8, S, 128, reinterpret_cast<const std::int32_t*>(256));
+        auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
+                                                                  reinterpret_cast<bfloat16_t*>(256), q_len, 32, 128);
+        std::size_t bytes = 0;
+        REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok());
+        CHECK(bytes >= prev);
+        prev = bytes;
+      }
+    }
+}

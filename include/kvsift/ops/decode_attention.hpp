@@ -276,12 +276,19 @@ template <class View, class T>
 Status decode_attention_workspace_bytes(const View& kv, const DecodeAttentionParams<T>& p, std::size_t* bytes) {
   static_assert(check_kv_view<View>());
   KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
-  detail::DecodePlan plan;
-  KVSIFT_TRY(detail::plan_decode_attention(kv, p, &plan));
-  WorkspaceCarver ws(nullptr, 0);
-  float *o, *l;
-  plan.carve(ws, &o, &l);
-  *bytes = ws.required_bytes();
+  // The split plan rounds per batch size, so a smaller batch can need more scratch than a larger one.
+  // Engines size once for their largest batch: report the most any batch up to kv.batch needs.
+  *bytes = 0;
+  View smaller = kv;
+  for (int b = kv.batch < 1 ? kv.batch : 1; b <= kv.batch; ++b) {
+    smaller.batch = b;
+    detail::DecodePlan plan;
+    KVSIFT_TRY(detail::plan_decode_attention(smaller, p, &plan));
+    WorkspaceCarver ws(nullptr, 0);
+    float *o, *l;
+    plan.carve(ws, &o, &l);
+    *bytes = std::max(*bytes, ws.required_bytes());
+  }
   return Status();
 }
 
