@@ -33,6 +33,8 @@ generation
   --top-p P              nucleus sampling mass (default 1)
   --sample-seed N        seed of the sampler (default 0)
   --prefill-chunk N      query positions per prefill chunk (default 256)
+  --synthetic-prefill    fill the KV caches with random K/V instead of running the prompts (speed
+                         benchmarks with random weights; only the prompt lengths are used)
 policy
   --policy NAME          dense | clusterattn | snapkv | streaming | lychee (default dense)
   --cp N                 prompt-compression capacity Cp, window included (default 1024)
@@ -81,6 +83,7 @@ struct Options {
   std::vector<int> random_prompt_lengths;
   int new_tokens = 16;
   int prefill_chunk = 256;
+  bool synthetic_prefill = false;
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -179,6 +182,7 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--top-p") o.sampling.top_p = real(1e-6, 1);
     else if (flag == "--sample-seed") o.sampling.seed = std::uint64_t(integer(0));
     else if (flag == "--prefill-chunk") o.prefill_chunk = integer(1);
+    else if (flag == "--synthetic-prefill") o.synthetic_prefill = true;
     else if (flag == "--policy") o.policy.kind = parse_policy(value());
     else if (flag == "--cp") cfg.capacity = integer(1);
     else if (flag == "--window") cfg.window = integer(1);
@@ -260,6 +264,8 @@ inline Options parse_options(const std::vector<std::string>& args) {
   }
   if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");
   if (o.compare && o.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
+  if (o.synthetic_prefill && (o.check || o.compare))
+    throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
   return o;
 }
 

@@ -41,6 +41,7 @@ struct GenerationRequest {
   std::vector<std::vector<std::int32_t>> prompts;
   int new_tokens = 16;
   int prefill_chunk = 256;
+  bool synthetic_prefill = false;  // random K/V caches of the prompts' lengths (Decoder::synthetic_prefill)
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -66,7 +67,13 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   for (const auto& p : req.prompts) r.prompt_tokens += (long long)p.size();
   {
     ProgressBar bar("prefill", req.progress);
-    r.prefill_logits = model.prefill(req.prompts, [&](long long d, long long t) { bar.update(d, t); });
+    if (req.synthetic_prefill) {
+      std::vector<int> lengths;
+      for (const auto& p : req.prompts) lengths.push_back(int(p.size()));
+      r.prefill_logits = model.synthetic_prefill(lengths, req.sampling.seed + 1);
+    } else {
+      r.prefill_logits = model.prefill(req.prompts, [&](long long d, long long t) { bar.update(d, t); });
+    }
   }
   r.prefill_ms = model.timing().total_ms;
   if (dense) dense->prefill(req.prompts);

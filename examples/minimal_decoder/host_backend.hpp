@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <random>
 #include <type_traits>
 #include <vector>
 
@@ -168,6 +169,14 @@ struct HostBackend {
         std::copy_n(k + src, D, cache.k_row(seq[i], h, slot[i]));
         std::copy_n(v + src, D, cache.v_row(seq[i], h, slot[i]));
       }
+  }
+
+  // out[i] = N(0, scale^2) draws from `seed` (--synthetic-prefill's random K/V and window queries).
+  template <class T>
+  void fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> dist(0.f, scale);
+    for (std::int64_t i = 0; i < n; ++i) out[i] = T(dist(rng));
   }
 
   // dst row dst_row[i] = src row i, for rows with dst_row[i] >= 0.

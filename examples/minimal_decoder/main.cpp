@@ -48,6 +48,7 @@ md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector
   req.prompts = std::move(prompts);
   req.new_tokens = o.new_tokens;
   req.prefill_chunk = o.prefill_chunk;
+  req.synthetic_prefill = o.synthetic_prefill;
   req.sampling = o.sampling;
   req.policy = o.policy;
   req.check = o.check;

@@ -248,6 +248,48 @@ class Decoder {
     return logits;
   }
 
+  // --synthetic-prefill, for speed benchmarks with random weights: the caches are filled with random
+  // K/V (N(0, 1)) as if lengths[b] prompt tokens had been prefilled, without running the model; a
+  // compressing policy then compresses them, scoring with random window queries. The decode steps
+  // that follow cost what they cost after a real prefill. Returns all-zero logits [B, vocab].
+  std::vector<float> synthetic_prefill(const std::vector<int>& lengths, std::uint64_t seed) {
+    const int B = int(lengths.size());
+    if (B < 1 || B > lim_.max_batch)
+      throw DecoderError("batch of " + std::to_string(B) + " prompts exceeds the decoder's " + std::to_string(lim_.max_batch));
+    for (int L : lengths)
+      if (L < 1 || L > lim_.max_prompt_len)
+        throw DecoderError("synthetic prompt length " + std::to_string(L) + " outside 1.." + std::to_string(lim_.max_prompt_len));
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    batch_ = B;
+    prompts_ = nullptr;
+    prompt_len_ = lengths;
+    const bool compress = policy_.compresses_prompt();
+    std::vector<LayerCache> prompt_caches;
+    if (compress)
+      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
+    window_q_.clear();
+    if (window_ > 0)
+      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * window_ * c_.q_dim()));
+    std::uint64_t stream = seed;
+    for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
+      be_.fill_normal(cache.k.data(), std::int64_t(cache.k.size()), ++stream, 1.f);
+      be_.fill_normal(cache.v.data(), std::int64_t(cache.v.size()), ++stream, 1.f);
+    }
+    for (auto& q : window_q_) be_.fill_normal(q.data(), std::int64_t(q.size()), ++stream, 1.f);
+    history_.assign(std::size_t(B), {});
+    for (int b = 0; b < B; ++b) history_[std::size_t(b)].assign(std::size_t(lengths[std::size_t(b)]), 0);  // token 0 stands in
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    if (compress) {
+      compress_prompt_caches(prompt_caches);  // frees them when it returns
+      window_q_.clear();
+    }
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+    return std::vector<float>(std::size_t(B) * c_.vocab_size, 0.f);
+  }
+
   // One decode step for every sequence of the batch; returns logits [B, vocab].
   std::vector<float> decode(const std::vector<std::int32_t>& next) {
     const int B = batch_;
