@@ -192,9 +192,12 @@ PasskeyReport evaluate_passkey(Backend& be, const ModelConfig& config, const Bac
         total[p].total += part[p].total;
         total[p].outputs.insert(total[p].outputs.end(), part[p].outputs.begin(), part[p].outputs.end());
       }
-      if (verbose)
-        std::fprintf(stderr, "passkey L=%d: %zu/%zu prompts (prefill %.1f s)\n", L, start + chunk.size(), cases.size(),
+      if (verbose) {  // running totals, so a long run that is stopped still says what it measured
+        std::fprintf(stderr, "passkey L=%d: %zu/%zu prompts (prefill %.1f s):", L, start + chunk.size(), cases.size(),
                      prefill_ms / 1e3);
+        for (const PasskeyOutcome& o : total) std::fprintf(stderr, " %d/%d", o.correct, o.total);
+        std::fprintf(stderr, "\n");
+      }
     }
     r.outcomes.push_back(std::move(total));
     r.prefill_seconds.push_back(seconds);
