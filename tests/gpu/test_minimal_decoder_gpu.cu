@@ -286,3 +286,35 @@ TEST_CASE("minimal decoder: device-random weights of a named shape decode withou
   logits = decoder.decode({1, 2});
   for (float x : logits) REQUIRE(std::isfinite(x));
 }
+
+TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each policy") {
+  const md::ModelConfig c = small_config();
+  md::CudaBackend gpu;
+  const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 2);
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLychee}) {
+    md::PolicyOptions p;
+    p.kind = kind;
+    p.compression.capacity = 48;
+    p.compression.window = 8;
+    p.compression.theta = 0.05f;
+    p.compression.num_block = 16;
+    p.lychee.budget = 32;
+    p.lychee.sink = 4;
+    p.lychee.recent = 8;
+    p.lychee.correction_interval = 2;
+    INFO("policy ", p.describe());
+    md::DecoderLimits lim;
+    lim.max_batch = 2;
+    lim.max_prompt_len = 300;
+    lim.max_new_tokens = 4;
+    md::Decoder<md::CudaBackend> decoder(gpu, c, w, p, lim);
+    decoder.synthetic_prefill({300, 123}, 7);
+    const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
+    CHECK(decoder.cache_lengths()[0] == expect0);
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
+      for (float x : logits) REQUIRE(std::isfinite(x));
+    }
+    CHECK(decoder.cache_lengths()[0] == expect0 + 3);
+  }
+}
