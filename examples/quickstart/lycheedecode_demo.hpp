@@ -1,8 +1,8 @@
 #pragma once
 // Quickstart part 3: one LycheeDecode decode step through a synthetic multi-layer model, against
-// dense decode of the same step. Layer 0 is all retrieval (it always is); in every later layer KV
-// head 0 is a retrieval head and head 1 a sparse head that attends only to the tokens the most
-// recent retrieval head 1 selected. Each layer's cache hides a needle (a span of keys its query
+// dense decode of the same step. Layer 0 is all retrieval (it always is); in every later layer one KV
+// head (a different one per layer) is a retrieval head and the other seven are sparse heads that
+// attend only to the tokens the most recent retrieval head of their index selected. Each layer's cache hides a needle (a span of keys its query
 // looks for, at the same positions in every layer), so selection matters: fidelity is the relative error of the attention outputs against
 // dense. Written once over the backend (Exec); Mem provides that backend's memory and clock.
 
@@ -17,15 +17,15 @@ template <class Exec, class Mem>
 int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend) {
   using namespace kvsift;
   using bf16 = bfloat16_t;
-  constexpr int kLayers = 4, kQHeads = 8, kKvHeads = 2, kHeadDim = 64;
+  constexpr int kLayers = 8, kQHeads = 32, kKvHeads = 8, kHeadDim = 64;
   LycheeDecodeConfig c;
   c.num_layers = kLayers;
   c.num_q_heads = kQHeads;
   c.num_kv_heads = kKvHeads;
   c.head_dim = kHeadDim;
   std::vector<std::uint8_t> roles(kLayers * kKvHeads, 0);
-  roles[0] = roles[1] = 1;                                       // layer 0: all retrieval
-  for (int l = 1; l < kLayers; ++l) roles[l * kKvHeads] = 1;     // later layers: head 0 retrieval
+  for (int h = 0; h < kKvHeads; ++h) roles[h] = 1;                 // layer 0: all retrieval
+  for (int l = 1; l < kLayers; ++l) roles[l * kKvHeads + l % kKvHeads] = 1;  // later: one retrieval head
   Status st = make_head_roles(kLayers, kKvHeads, roles.data(), &c.roles);
   c.max_batch = 1;
   c.max_kv_length = context;
@@ -49,7 +49,7 @@ int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend)
   const std::size_t kv_elems = std::size_t(kKvHeads) * context * kHeadDim, q_elems = std::size_t(kQHeads) * kHeadDim;
   for (int l = 0; l < kLayers; ++l) {
     std::vector<float> dir(kHeadDim);
-    for (auto& x : dir) x = noise(rng) * 2.f;
+    for (auto& x : dir) x = noise(rng) * 3.f;  // peaked attention, as a retrieval pattern is
     std::vector<bf16> hk(kv_elems), hv(kv_elems), hq(q_elems);
     const int needle = context / 3;
     for (int h = 0; h < kKvHeads; ++h)
@@ -102,7 +102,7 @@ int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend)
   if (dense_ms < 0 || sparse_ms < 0) return 1;
 
   std::printf("\nLycheeDecode on %s: %d layers, %d query heads, %d KV heads (layer 0 all retrieval, then 1 retrieval + "
-              "1 sparse), context %d, token budget %d (sink %d, recent %d)\n",
+              "7 sparse), context %d, token budget %d (sink %d, recent %d)\n",
               backend, kLayers, kQHeads, kKvHeads, context, c.budget, c.sink, c.recent);
   std::printf("  %-6s %22s\n", "layer", "rel. error vs dense");
   for (int l = 0; l < kLayers; ++l) {
