@@ -66,6 +66,7 @@ passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md)
   --limit N              prompts per length (default: all)
   --eval-batch N         prompts per batch, one shared dense prefill each (default 16)
   --json FILE            also write the results as JSON
+  --eval-clusterattn T:N,..  evaluate ClusterAttn once per theta:num_block setting (default: --theta, --num-block)
   --thetas F,..          calibration sweep (default 0.02,0.05,0.1,0.2)
   --num-blocks N,..      calibration candidates (default 16,32,64,128,256)
   --roles-out FILE, --probe-heads N   the probe's roles file and its retrieval heads beyond layer 0 (default 1)
@@ -102,6 +103,7 @@ struct Options {
   std::vector<int> num_blocks = {16, 32, 64, 128, 256};
   std::string roles_out;
   int probe_heads = 1;
+  std::vector<std::pair<float, int>> eval_clusterattn;  // (theta, num_block) settings of --eval-passkey
   bool passkey_tool() const { return !eval_passkey.empty() || !calibrate_clusterattn.empty() || !probe_roles.empty(); }
 };
 
@@ -243,6 +245,20 @@ inline Options parse_options(const std::vector<std::string>& args) {
         o.thetas.push_back(float(x));
       }
       if (o.thetas.empty()) throw DecoderError("--thetas: empty list");
+    }
+    else if (flag == "--eval-clusterattn") {
+      std::string list = value();
+      for (char& ch : list) ch = ch == ',' ? ' ' : ch;
+      std::istringstream in(list);
+      std::string word;
+      while (in >> word) {
+        char* end = nullptr;
+        const double theta = std::strtod(word.c_str(), &end);
+        const long nb = *end == ':' ? std::strtol(end + 1, &end, 10) : 0;
+        if (*end != '\0' || !(theta >= 0) || nb < 1 || nb > INT32_MAX)
+          throw DecoderError("--eval-clusterattn: \"" + word + "\" is not THETA:NUM_BLOCK");
+        o.eval_clusterattn.emplace_back(float(theta), int(nb));
+      }
     }
     else if (flag == "--limit") o.limit = integer(1);
     else if (flag == "--eval-batch") o.eval_batch = integer(1);

@@ -253,9 +253,11 @@ inline void write_passkey_json(const PasskeyReport& r, const std::vector<Passkey
 }
 
 // The policies of an evaluation: every policy with the command line's options (Cp, W, theta,
-// num_block, pool, sinks, LycheeDecode budget/sink/recent/mode), LycheeDecode once with layer-0-only
-// roles (the control: the roles must do the work) and once more with --roles when given.
-inline std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base) {
+// num_block, pool, sinks, LycheeDecode budget/sink/recent/mode), ClusterAttn once per (theta,
+// num_block) in `cluster_settings` when given, LycheeDecode once with layer-0-only roles (the
+// control: the roles must do the work) and once more with --roles when given.
+inline std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base,
+                                                const std::vector<std::pair<float, int>>& cluster_settings = {}) {
   std::vector<EvalPolicy> out;
   auto add = [&](PolicyKind kind, const std::string& roles) {
     PolicyOptions p = base;
@@ -264,7 +266,14 @@ inline std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base) {
     out.push_back({p.describe(), p});
   };
   add(PolicyKind::kDense, "");
-  add(PolicyKind::kClusterAttn, "");
+  if (cluster_settings.empty()) add(PolicyKind::kClusterAttn, "");
+  for (const auto& [theta, num_block] : cluster_settings) {
+    PolicyOptions p = base;
+    p.kind = PolicyKind::kClusterAttn;
+    p.compression.theta = theta;
+    p.compression.num_block = num_block;
+    out.push_back({p.describe(), p});
+  }
   add(PolicyKind::kSnapKV, "");
   add(PolicyKind::kStreamingLLM, "");
   add(PolicyKind::kLychee, "");

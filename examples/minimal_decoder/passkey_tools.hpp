@@ -20,7 +20,7 @@ namespace minimal_decoder {
 template <class Backend>
 int run_passkey_eval(Backend& be, const Options& o, const ModelConfig& config, const BackendWeights<Backend>& weights) {
   const std::vector<PasskeyCase> all = read_passkey_file(o.eval_passkey);
-  const std::vector<EvalPolicy> policies = passkey_policies(o.policy);
+  const std::vector<EvalPolicy> policies = passkey_policies(o.policy, o.eval_clusterattn);
   const PasskeyReport r =
       evaluate_passkey(be, config, weights, all, o.lengths, o.limit, policies, o.eval_batch, o.prefill_chunk, !o.quiet);
   std::printf("passkey accuracy (%s, %s; all five digits correct)\n", o.eval_passkey.c_str(), be.name());
@@ -148,6 +148,7 @@ int run_calibrate_clusterattn(Backend& be, const Options& o, const ModelConfig& 
     std::printf("best mean cosine at L = %d: theta %g, num_block %d (%.5f, accuracy %.3f)\n", L,
                 double(o.thetas[std::size_t(best / N)]), o.num_blocks[std::size_t(best % N)], cosine[std::size_t(best)] / prompts,
                 double(correct[std::size_t(best)]) / prompts);
+    std::fflush(stdout);  // one table per length, visible while the next length runs
   }
   return 0;
 }
