@@ -64,7 +64,10 @@ class DeviceBuffer {
     void* p = nullptr;
     cuda_check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
     data_.reset(static_cast<T*>(p));
+    // cudaMemset runs on the legacy default stream, which the backend's non-blocking stream does
+    // not wait for: finish it here, or it could land after the first write through the stream.
     cuda_check(cudaMemset(p, 0, n * sizeof(T)), "cudaMemset");
+    cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaMemset (synchronize)");
   }
   T* data() { return data_.get(); }
   const T* data() const { return data_.get(); }
