@@ -15,6 +15,7 @@
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
+#include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/detail/decode_attention_common.cuh"
 #include "kvsift/ops/detail/decode_attention_mma.cuh"
@@ -32,32 +33,6 @@ Status dispatch_head_dim(int head_dim, F&& f) {
     case 256: return f(std::integral_constant<int, 256>{});
   }
   return make_status(StatusCode::kUnsupported, "head_dim = ", head_dim, " is not supported (64, 128 or 256)");
-}
-
-inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
-
-template <class V>
-Status check_decode_alignment(const V&) {
-  return Status();  // a custom view promises 16-byte aligned rows (docs/ops/decode_attention.md)
-}
-template <class T>
-Status check_decode_alignment(const ContiguousKV<T>& kv) {
-  constexpr std::int64_t e = 16 / sizeof(T);
-  KVSIFT_REQUIRE(aligned16(kv.k) && aligned16(kv.v), kMisaligned, "kv.k and kv.v must be 16-byte aligned");
-  const std::int64_t s[6] = {kv.k_batch_stride, kv.k_head_stride, kv.k_token_stride,
-                             kv.v_batch_stride, kv.v_head_stride, kv.v_token_stride};
-  for (std::int64_t x : s)
-    KVSIFT_REQUIRE(x % e == 0, kMisaligned, "kv strides must be multiples of ", e, " elements (16 bytes); got ", x);
-  return Status();
-}
-template <class T>
-Status check_decode_alignment(const PagedKV<T>& kv) {
-  constexpr std::int64_t e = 16 / sizeof(T);
-  KVSIFT_REQUIRE(aligned16(kv.k_pages) && aligned16(kv.v_pages), kMisaligned,
-                 "kv.k_pages and kv.v_pages must be 16-byte aligned");
-  KVSIFT_REQUIRE(kv.page_stride % e == 0, kMisaligned, "kv.page_stride = ", kv.page_stride, " must be a multiple of ",
-                 e, " elements (16 bytes)");
-  return Status();
 }
 
 template <int D, int R, bool kPrefetch, class View, class QT>
@@ -80,7 +55,7 @@ Status decode_attention(Exec exec, const View& kv, const DecodeAttentionParams<T
   detail::DecodePlan plan;
   KVSIFT_TRY(detail::plan_decode_attention(kv, p, &plan));
   if (kv.batch == 0) return Status();
-  KVSIFT_TRY(detail::check_decode_alignment(kv));
+  KVSIFT_TRY(check_rows_16byte_aligned(kv));  // the kernels move rows with 16-byte loads
   KVSIFT_REQUIRE_NOT_NULL(workspace, "workspace");
   WorkspaceCarver ws(workspace, workspace_bytes);
   float *partial_out, *partial_lse;

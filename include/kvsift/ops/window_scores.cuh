@@ -18,6 +18,7 @@
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
+#include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/window_scores.hpp"
 
 namespace kvsift {
@@ -296,7 +297,8 @@ Status window_scores(Exec exec, const View& kv, const QueryRows<QT>& q, const Wi
   KVSIFT_REQUIRE(chunks <= 65535, kUnsupported, "prompt too long for one launch");
   if constexpr (detail::window_scores_use_mma<View, QT>()) {
     const int d = kv.head_dim;
-    if (d == 64 || d == 128 || d == 256) {
+    // The tensor-core path stages K with 16-byte loads; unaligned rows take the CUDA-core path.
+    if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) {
       if (d == 64) detail::launch_window_scores_mma<64>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);
       if (d == 128) detail::launch_window_scores_mma<128>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);
       if (d == 256) detail::launch_window_scores_mma<256>(exec.stream, kv, q, params, cols, scale, rows, chunks, max_len, partials, lse_rows, scores);

@@ -6,8 +6,9 @@
 // A block is 8 warps. Warp w owns 16 query rows (rows 16w.. of a 128-row tile) and computes their
 // logits against 64 keys at a time: 8 n-tiles of 8 keys x head_dim / 16 k-steps. The warp's Q
 // fragments stay in registers for the whole block when the rows fit one tile (the window case: W x G
-// <= 128); K fragments are read straight from global memory (each 32-bit pair once per warp; the 8
-// warps of a block share them through L1).
+// <= 128). The block stages each 64-key tile of K in shared memory with 16-byte loads (one HBM read
+// per key per pass), rows padded by 16 bytes so the warps' 32-bit fragment reads hit 32 distinct
+// banks. Needs 16-byte aligned K rows (check_rows_16byte_aligned); otherwise the CUDA-core path runs.
 
 #include <cstdint>
 
@@ -80,24 +81,40 @@ __device__ __forceinline__ void load_q_fragments(const View& kv, const QueryRows
   }
 }
 
-// Logits of the warp's 16 rows against keys key0 .. key0 + 63: acc[n][0..1] are (row g, keys
-// key0 + 8n + 2t..+1), acc[n][2..3] the same keys for row g + 8. Keys past the sequence read nothing
-// and give 0 (the caller masks them).
-template <int D, class View, class QT>
-__device__ __forceinline__ void logits_tile_mma(const View& kv, int b, int hk, int len, int key0,
-                                                const std::uint32_t (&a)[D / 16][4], float (&acc)[8][4]) {
+template <int D>
+struct KeyTile {
+  static constexpr int kStride = D + 8;  // 16-bit elements per row: D plus 16 bytes of padding
+  std::uint16_t rows[kMmaKeyTile][kStride];
+};
+
+// All threads of the block: stage keys key0 .. key0 + 63 (zeros past len) into shared memory. The
+// caller synchronises before and after.
+template <int D, class View>
+__device__ __forceinline__ void load_key_tile(const View& kv, int b, int hk, int len, int key0, KeyTile<D>& tile) {
+  constexpr int kVectorsPerRow = D / 8;  // 16 bytes = 8 elements
+  for (int v = threadIdx.x; v < kMmaKeyTile * kVectorsPerRow; v += kMmaThreads) {
+    const int r = v / kVectorsPerRow, part = v % kVectorsPerRow, key = key0 + r;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (key < len) x = __ldg(reinterpret_cast<const uint4*>(kv.k_row(b, hk, key)) + part);
+    *reinterpret_cast<uint4*>(&tile.rows[r][part * 8]) = x;
+  }
+}
+
+// Logits of the warp's 16 rows against the staged 64 keys: acc[n][0..1] are (row g, keys
+// key0 + 8n + 2t..+1), acc[n][2..3] the same keys for row g + 8. Keys past the sequence are zeros
+// (the caller masks them).
+template <int D, class QT>
+__device__ __forceinline__ void logits_tile_mma(const KeyTile<D>& tile, const std::uint32_t (&a)[D / 16][4],
+                                                float (&acc)[8][4]) {
   const int lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  using KT = typename View::value_type;
 #pragma unroll
   for (int n = 0; n < 8; ++n) {
     acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-    const int key = key0 + 8 * n + g;  // this lane's B column: one key
-    // mma.sync needs the whole warp: lanes past the sequence feed zeros instead of skipping.
-    const KT* k = key < len ? kv.k_row(b, hk, key) : nullptr;
+    const std::uint16_t* k = tile.rows[8 * n + g];
 #pragma unroll
     for (int s = 0; s < D / 16; ++s) {
-      const std::uint32_t b0 = k ? pack_pair(k + 16 * s + 2 * t) : 0u;
-      const std::uint32_t b1 = k ? pack_pair(k + 16 * s + 8 + 2 * t) : 0u;
+      const std::uint32_t b0 = *reinterpret_cast<const std::uint32_t*>(k + 16 * s + 2 * t);
+      const std::uint32_t b1 = *reinterpret_cast<const std::uint32_t*>(k + 16 * s + 8 + 2 * t);
       mma_16816<QT>(acc[n], a[s], b0, b1);
     }
   }
@@ -109,21 +126,29 @@ template <int D, class View, class QT>
 __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q, WindowScoreParams p,
                                                                         std::int64_t cols, float scale, int num_chunks,
                                                                         int row_capacity, float2* partials) {
+  __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
   const ScoreProblem sp = score_problem(kv, q, p, cols, b);
+  const int block_row0 = blockIdx.x * kMmaRowTile;
+  if (block_row0 >= sp.rows() || sp.prefix <= 0) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int row0 = blockIdx.x * kMmaRowTile + warp * 16;
-  if (row0 >= sp.rows() || sp.prefix <= 0) return;  // warp-uniform; no block barrier below
+  const int row0 = block_row0 + warp * 16;
+  const bool active = row0 < sp.rows();  // warp-uniform; idle warps still help load and sync
   const int chunk = blockIdx.y, key_begin = chunk * kLseKeyChunk;
-  const int last_row = min(row0 + 16, sp.rows()) - 1;
-  const int key_end = min(key_begin + kLseKeyChunk, sp.last_key(last_row) + 1);
+  // Keys past the position of the block's last row are invisible to all of its rows.
+  const int block_last_row = min(block_row0 + kMmaRowTile, sp.rows()) - 1;
+  const int key_end = min(key_begin + kLseKeyChunk, sp.last_key(block_last_row) + 1);
   std::uint32_t a[D / 16][4];
   load_q_fragments<D>(kv, q, sp, b, hk, row0, a);
   const int my_rows[2] = {row0 + g, row0 + g + 8};
   float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.f, 0.f};
   for (int key0 = key_begin; key0 < key_end; key0 += kMmaKeyTile) {
+    __syncthreads();  // the previous tile is no longer read
+    load_key_tile<D>(kv, b, hk, sp.len, key0, tile);
+    __syncthreads();
+    if (!active) continue;
     float acc[8][4];
-    logits_tile_mma<D, View, QT>(kv, b, hk, sp.len, key0, a, acc);
+    logits_tile_mma<D, QT>(tile, a, acc);
 #pragma unroll
     for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -139,6 +164,7 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
         }
       }
   }
+  if (!active) return;
   // The 4 lanes of a row group hold disjoint keys of the same two rows: merge them in a fixed order.
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -167,6 +193,7 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
                                                                        std::int64_t cols, float scale, int row_capacity,
                                                                        const float* lse_rows, StridedView2D<float> out) {
   __shared__ float col[kMmaThreads / 32][kMmaKeyTile];
+  __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
   const ScoreProblem sp = score_problem(kv, q, p, cols, b);
   const int block_key0 = blockIdx.x * kMmaKeysPerBlock;
@@ -183,16 +210,18 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
   };
   const int passes = per_head ? sp.group : 1;
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
+    load_key_tile<D>(kv, b, hk, sp.len, key0, tile);  // the previous tile's last reader passed a barrier
+    __syncthreads();
     // The first row that can see key0 sits at query position key0 - (len - nq).
     const int first_row = max(0, key0 - (sp.len - sp.nq)) * sp.group;
     for (int pass = 0; pass < passes; ++pass) {
       float sum[8][2] = {};
-      for (int tile = first_row / kMmaRowTile; tile < row_tiles; ++tile) {
-        const int row0 = tile * kMmaRowTile + warp * 16;
+      for (int rt = first_row / kMmaRowTile; rt < row_tiles; ++rt) {
+        const int row0 = rt * kMmaRowTile + warp * 16;
         if (row0 >= sp.rows()) continue;  // warp-uniform
         if (row_tiles > 1) load_q_fragments<D>(kv, q, sp, b, hk, row0, a);
         float acc[8][4];
-        logits_tile_mma<D, View, QT>(kv, b, hk, sp.len, key0, a, acc);
+        logits_tile_mma<D, QT>(tile, a, acc);
         const int my_rows[2] = {row0 + g, row0 + g + 8};
         const float lse[2] = {row_lse(my_rows[0]), row_lse(my_rows[1])};
 #pragma unroll
