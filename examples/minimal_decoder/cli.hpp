@@ -35,6 +35,7 @@ generation
   --prefill-chunk N      query positions per prefill chunk (default 256)
   --synthetic-prefill    fill the KV caches with random K/V instead of running the prompts (speed
                          benchmarks with random weights; only the prompt lengths are used)
+  --no-attention-timing  do not synchronise around each attention call to measure its share (speed runs)
 policy
   --policy NAME          dense | clusterattn | snapkv | streaming | lychee (default dense)
   --cp N                 prompt-compression capacity Cp, window included (default 1024)
@@ -85,6 +86,7 @@ struct Options {
   int new_tokens = 16;
   int prefill_chunk = 256;
   bool synthetic_prefill = false;
+  bool time_attention = true;
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -185,6 +187,7 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--sample-seed") o.sampling.seed = std::uint64_t(integer(0));
     else if (flag == "--prefill-chunk") o.prefill_chunk = integer(1);
     else if (flag == "--synthetic-prefill") o.synthetic_prefill = true;
+    else if (flag == "--no-attention-timing") o.time_attention = false;
     else if (flag == "--policy") o.policy.kind = parse_policy(value());
     else if (flag == "--cp") cfg.capacity = integer(1);
     else if (flag == "--window") cfg.window = integer(1);

@@ -42,6 +42,7 @@ struct GenerationRequest {
   int new_tokens = 16;
   int prefill_chunk = 256;
   bool synthetic_prefill = false;  // random K/V caches of the prompts' lengths (Decoder::synthetic_prefill)
+  bool time_attention = true;      // false: no per-layer synchronisation for the attention share
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -59,6 +60,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   limits.max_new_tokens = req.new_tokens;
   limits.prefill_chunk = req.prefill_chunk;
   Decoder<Backend> model(be, config, weights, req.policy, limits);
+  model.set_attention_timing(req.time_attention);
   std::unique_ptr<Decoder<Backend>> dense;  // the --check reference
   if (req.check) dense = std::make_unique<Decoder<Backend>>(be, config, weights, PolicyOptions(), limits);
 

@@ -49,6 +49,7 @@ md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector
   req.new_tokens = o.new_tokens;
   req.prefill_chunk = o.prefill_chunk;
   req.synthetic_prefill = o.synthetic_prefill;
+  req.time_attention = o.time_attention;
   req.sampling = o.sampling;
   req.policy = o.policy;
   req.check = o.check;
@@ -62,8 +63,10 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
   const std::size_t steps = r.step_ms.size();
   if (steps > 0) {
     const double ms = r.decode_ms(), tokens = double(steps * req.prompts.size());
-    std::printf("decode: %zu steps x %zu sequence(s): %.1f tokens/s, %.2f ms/step (attention %.0f%%)\n", steps,
-                req.prompts.size(), tokens / (ms / 1e3), ms / double(steps), 100.0 * r.attention_ms() / ms);
+    std::printf("decode: %zu steps x %zu sequence(s): %.1f tokens/s, %.2f ms/step", steps, req.prompts.size(),
+                tokens / (ms / 1e3), ms / double(steps));
+    if (req.time_attention) std::printf(" (attention %.0f%%)", 100.0 * r.attention_ms() / ms);
+    std::printf("\n");
   }
   std::printf("KV cache: %s in use, %s allocated\n", mib(r.kv_bytes_used).c_str(), mib(r.kv_bytes_allocated).c_str());
   if (r.compared > 0)
