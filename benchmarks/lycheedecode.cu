@@ -31,7 +31,12 @@ using BF16 = __nv_bfloat16;
 constexpr int kHq = 32, kHkv = 8, kD = 128;
 constexpr int kSink = 128, kRecent = 256;
 
-enum Mode : int { kDense = -1, kToken1024 = 0, kToken4096 = 1, kBlock64x64 = 2 };
+enum Mode : int { kDense = -1, kToken1024 = 0, kToken4096 = 1, kBlock64x64 = 2, kBlockTenth = 3 };
+
+// Block modes: 64-token blocks, 64 of them, or a tenth of the sequence's blocks (the paper's
+// "10% of blocks" point).
+bool is_block_mode(int mode) { return mode == kBlock64x64 || mode == kBlockTenth; }
+int blocks_kept(int mode, int seq) { return mode == kBlockTenth ? seq / 64 / 10 : 64; }
 
 int num_sms() {
   int dev = 0, sms = 0;
@@ -130,10 +135,10 @@ kvsift::LycheeDecodeConfig layer_config(int batch, int seq, Mode mode, int retri
   c.max_kv_length = seq;
   c.sink = kSink;
   c.recent = kRecent;
-  if (mode == kBlock64x64) {
+  if (is_block_mode(mode)) {
     c.selection = kvsift::LycheeSelection::kBlock;
     c.block_size = 64;
-    c.num_blocks = 64;
+    c.num_blocks = blocks_kept(mode, seq);
     c.sink_blocks = 1;
   } else {
     c.selection = kvsift::LycheeSelection::kToken;
@@ -194,9 +199,9 @@ void BM_HybridLayer(benchmark::State& state) {
     const auto r = decoder.decode_layer(kvsift::cuda::on_stream(s), lychee, 1, kv, io, ws.get(), ws_bytes);
     if (!r.ok()) std::fprintf(stderr, "decode_layer: %s\n", r.to_string().c_str());
   };
-  const double budget_tokens = mode == kToken1024 ? 1024.0 : 4096.0;
+  const double budget_tokens = is_block_mode(mode) ? 64.0 * blocks_kept(mode, S) : (mode == kToken1024 ? 1024.0 : 4096.0);
   const double kv_tokens = double(B) * (double(R) * S + double(kHkv - R) * budget_tokens);
-  const double index_entries = double(B) * kHkv * (mode == kBlock64x64 ? 64.0 : budget_tokens);
+  const double index_entries = double(B) * kHkv * (is_block_mode(mode) ? budget_tokens / 64.0 : budget_tokens);
   const double floor = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() + index_entries * 4.0;
   kvsift_bench::time_gpu(state, floor, step);
 
@@ -204,7 +209,7 @@ void BM_HybridLayer(benchmark::State& state) {
   kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
   const auto attention = kvsift::detail::lychee_attention_params(
       config, io, 1, decoder.sparse_heads(1), kvsift::as_const(lychee.table), R > 0 ? scores.get() : nullptr,
-      mode == kBlock64x64 ? (S / 64 + 4) : S + 4);
+      is_block_mode(mode) ? (S / 64 + 4) : S + 4);
   std::size_t attention_bytes = 0;
   if (kvsift::decode_attention_workspace_bytes(kv, attention, &attention_bytes).ok()) {
     kvsift_bench::DeviceArray<unsigned char> attention_ws(attention_bytes);
@@ -235,6 +240,7 @@ void hybrid_shapes(benchmark::internal::Benchmark* b) {
         for (int r : {0, 1, 2, 8}) b->Args({batch, s, mode, r});
       b->Args({batch, s, kToken1024, 1});
     }
+  b->Args({8, 131072, kBlockTenth, 0});  // all sparse over 10% of the blocks, against cuDNN dense
 }
 
 }  // namespace
