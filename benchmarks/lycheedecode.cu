@@ -45,45 +45,6 @@ int num_sms() {
   return sms;
 }
 
-// Median cold-L2 time of `launch(stream)` in microseconds, for the extra counters. Replayed from a
-// CUDA graph like time_gpu, so these times and the step's compare without host launch overhead.
-template <class Launch>
-double median_us(Launch&& launch, int iterations = 15) {
-  cudaStream_t stream;
-  KVSIFT_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  KVSIFT_BENCH_CUDA(cudaEventCreate(&start));
-  KVSIFT_BENCH_CUDA(cudaEventCreate(&stop));
-  launch(stream);
-  KVSIFT_BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t replay = nullptr;
-  bool captured = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-  if (captured) launch(stream);
-  captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess && captured && graph != nullptr;
-  if (captured && cudaGraphInstantiate(&replay, graph, 0) != cudaSuccess) replay = nullptr;
-  if (graph) cudaGraphDestroy(graph);
-  (void)cudaGetLastError();  // a refused capture leaves its error behind; direct launches follow
-  std::vector<double> us;
-  for (int i = 0; i < iterations; ++i) {
-    kvsift_bench::flush_l2(stream);
-    KVSIFT_BENCH_CUDA(cudaEventRecord(start, stream));
-    if (replay) KVSIFT_BENCH_CUDA(cudaGraphLaunch(replay, stream));
-    else launch(stream);
-    KVSIFT_BENCH_CUDA(cudaEventRecord(stop, stream));
-    KVSIFT_BENCH_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    KVSIFT_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    us.push_back(ms * 1e3);
-  }
-  if (replay) cudaGraphExecDestroy(replay);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
-  std::nth_element(us.begin(), us.begin() + us.size() / 2, us.end());
-  return us[us.size() / 2];
-}
-
 // One full-length cache shared by every layer of the benchmark (contents do not change the traffic).
 struct Inputs {
   int batch, seq;
@@ -116,7 +77,7 @@ double dense_decode_us(const Inputs& in, std::size_t* bytes_out = nullptr) {
   if (!kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok()) return -1.0;
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   if (bytes_out) *bytes_out = bytes;
-  return median_us([&](cudaStream_t s) {
+  return kvsift_bench::median_gpu_us([&](cudaStream_t s) {
     (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
   });
 }
@@ -213,7 +174,7 @@ void BM_HybridLayer(benchmark::State& state) {
   std::size_t attention_bytes = 0;
   if (kvsift::decode_attention_workspace_bytes(kv, attention, &attention_bytes).ok()) {
     kvsift_bench::DeviceArray<unsigned char> attention_ws(attention_bytes);
-    const double attention_us = median_us([&](cudaStream_t s) {
+    const double attention_us = kvsift_bench::median_gpu_us([&](cudaStream_t s) {
       (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, attention, attention_ws.get(),
                                            attention_bytes);
     });

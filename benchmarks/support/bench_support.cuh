@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <utility>
 #include <vector>
 
 namespace kvsift_bench {
@@ -72,54 +74,94 @@ void flush_l2(cudaStream_t stream);
 // The kernel behind read_ceiling_tbps(): 16-byte loads over `bytes`, grid-stride.
 void launch_stream_read(const void* p, std::size_t bytes, float* sink, cudaStream_t stream);
 
+// Times one launch per call on a stream of its own between two events. The launch is warmed up, then
+// captured once into a CUDA graph and replayed (graph = true), or launched directly.
+class LaunchTimer {
+ public:
+  template <class Launch>
+  LaunchTimer(Launch&& launch, bool graph, bool flush) : launch_(std::forward<Launch>(launch)), flush_(flush) {
+    KVSIFT_BENCH_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    KVSIFT_BENCH_CUDA(cudaEventCreate(&start_));
+    KVSIFT_BENCH_CUDA(cudaEventCreate(&stop_));
+    // Warm-up: module load, first-touch and one-time attribute setting stay out of the numbers.
+    for (int i = 0; i < 3; ++i) launch_(stream_);
+    KVSIFT_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    if (graph) {
+      cudaGraph_t g = nullptr;
+      bool captured = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+      if (captured) launch_(stream_);
+      captured = cudaStreamEndCapture(stream_, &g) == cudaSuccess && captured && g != nullptr;
+      if (captured && cudaGraphInstantiate(&replay_, g, 0) != cudaSuccess) replay_ = nullptr;
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();  // a refused capture leaves its error behind; direct launches follow
+    }
+    run();
+    KVSIFT_BENCH_CUDA(cudaStreamSynchronize(stream_));
+  }
+  LaunchTimer(const LaunchTimer&) = delete;
+  LaunchTimer& operator=(const LaunchTimer&) = delete;
+  ~LaunchTimer() {
+    if (replay_) cudaGraphExecDestroy(replay_);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(stream_);
+  }
+
+  bool replayed() const { return replay_ != nullptr; }
+
+  // GPU seconds of one launch (L2 flushed first when asked, outside the events).
+  double seconds() {
+    if (flush_) flush_l2(stream_);
+    KVSIFT_BENCH_CUDA(cudaEventRecord(start_, stream_));
+    run();
+    KVSIFT_BENCH_CUDA(cudaEventRecord(stop_, stream_));
+    KVSIFT_BENCH_CUDA(cudaEventSynchronize(stop_));
+    float ms = 0.f;
+    KVSIFT_BENCH_CUDA(cudaEventElapsedTime(&ms, start_, stop_));
+    return ms * 1e-3;
+  }
+
+ private:
+  void run() {
+    if (replay_) KVSIFT_BENCH_CUDA(cudaGraphLaunch(replay_, stream_));
+    else launch_(stream_);
+  }
+
+  std::function<void(cudaStream_t)> launch_;
+  bool flush_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+  cudaGraphExec_t replay_ = nullptr;
+};
+
+inline double median_of(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
+// Median cold-L2 microseconds of `launch(stream)` over `iterations` graph replays, for extra counters
+// measured beside a benchmark's main timing.
+template <class Launch>
+double median_gpu_us(Launch&& launch, int iterations = 15) {
+  LaunchTimer timer(std::forward<Launch>(launch), /*graph=*/true, /*flush=*/true);
+  std::vector<double> us;
+  for (int i = 0; i < iterations; ++i) us.push_back(timer.seconds() * 1e6);
+  return median_of(us);
+}
+
 // ---- implementation of the template ----
 template <class Launch>
 void time_gpu(benchmark::State& state, double bytes, Launch&& launch, TimingOptions opt) {
-  cudaStream_t stream;
-  KVSIFT_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaEvent_t start, stop;
-  KVSIFT_BENCH_CUDA(cudaEventCreate(&start));
-  KVSIFT_BENCH_CUDA(cudaEventCreate(&stop));
-  // Warm-up: module load, first-touch and one-time attribute setting stay out of the numbers.
-  for (int i = 0; i < 3; ++i) launch(stream);
-  KVSIFT_BENCH_CUDA(cudaStreamSynchronize(stream));
-  cudaGraphExec_t replay = nullptr;
-  if (opt.graph) {
-    cudaGraph_t graph = nullptr;
-    bool captured = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
-    if (captured) launch(stream);
-    captured = cudaStreamEndCapture(stream, &graph) == cudaSuccess && captured && graph != nullptr;
-    if (captured && cudaGraphInstantiate(&replay, graph, 0) != cudaSuccess) replay = nullptr;
-    if (graph) cudaGraphDestroy(graph);
-    (void)cudaGetLastError();  // a refused capture leaves its error behind; direct launches follow
-  }
-  auto run = [&] {
-    if (replay) KVSIFT_BENCH_CUDA(cudaGraphLaunch(replay, stream));
-    else launch(stream);
-  };
-  run();
-  KVSIFT_BENCH_CUDA(cudaStreamSynchronize(stream));
+  LaunchTimer timer(std::forward<Launch>(launch), opt.graph, opt.flush_l2);
   std::vector<double> seconds;
   for (auto _ : state) {
-    if (opt.flush_l2) flush_l2(stream);
-    KVSIFT_BENCH_CUDA(cudaEventRecord(start, stream));
-    run();
-    KVSIFT_BENCH_CUDA(cudaEventRecord(stop, stream));
-    KVSIFT_BENCH_CUDA(cudaEventSynchronize(stop));
-    float ms = 0.f;
-    KVSIFT_BENCH_CUDA(cudaEventElapsedTime(&ms, start, stop));
-    seconds.push_back(ms * 1e-3);
-    state.SetIterationTime(ms * 1e-3);
+    seconds.push_back(timer.seconds());
+    state.SetIterationTime(seconds.back());
   }
   KVSIFT_BENCH_CUDA(cudaGetLastError());
-  if (replay) cudaGraphExecDestroy(replay);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  cudaStreamDestroy(stream);
-  state.counters["graph"] = replay ? 1 : 0;
+  state.counters["graph"] = timer.replayed() ? 1 : 0;
   if (seconds.empty()) return;
-  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
-  const double median = seconds[seconds.size() / 2];
+  const double median = median_of(seconds);
   state.counters["us_median"] = median * 1e6;
   if (bytes > 0) {
     const double tbps = bytes / median * 1e-12;
