@@ -61,12 +61,12 @@ passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md)
                          above), LycheeDecode with layer-0-only roles and with --roles; accuracy per length
   --calibrate-clusterattn FILE   kvsift::calibrate_num_block (decode queries of dense decoding) for every
                          --thetas value over --num-blocks, mean cosine per length; also the accuracy of each
-  --probe-roles FILE     CPU probe for retrieval KV heads: attention on the KEY span from the decode
+  --probe-roles FILE     CPU probe for retrieval KV heads: attention on the passkey digits from the decode
                          queries, per (layer, KV head); writes --roles-out (layer 0 + the top --probe-heads)
   --lengths L,..         prompt lengths to use (default 1024,2048)
   --limit N              prompts per length (default: all)
   --eval-batch N         prompts per batch, one shared dense prefill each (default 16)
-  --json FILE            also write the results as JSON
+  --json FILE            --eval-passkey: also write the results (every prompt's output) as JSON
   --eval-clusterattn T:N,..  evaluate ClusterAttn once per theta:num_block setting (default: --theta, --num-block)
   --thetas F,..          calibration sweep (default 0.02,0.05,0.1,0.2)
   --num-blocks N,..      calibration candidates (default 16,32,64,128,256)
