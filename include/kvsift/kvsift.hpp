@@ -14,6 +14,7 @@
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
+#include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/topk.hpp"
