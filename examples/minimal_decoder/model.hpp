@@ -237,14 +237,7 @@ class Decoder {
 
     history_ = prompts;
     prompts_ = nullptr;
-    cache_len_ = prompt_len_;
-    position_ = prompt_len_;
-    if (compress) {
-      compress_prompt_caches(prompt_caches);  // frees them when it returns
-      window_q_.clear();
-    }
-    be_.synchronize();
-    timing_.total_ms = be_.now_ms() - t0;
+    finish_prefill(prompt_caches, compress, t0);
     return logits;
   }
 
@@ -279,14 +272,7 @@ class Decoder {
     for (auto& q : window_q_) be_.fill_normal(q.data(), std::int64_t(q.size()), ++stream, 1.f);
     history_.assign(std::size_t(B), {});
     for (int b = 0; b < B; ++b) history_[std::size_t(b)].assign(std::size_t(lengths[std::size_t(b)]), 0);  // token 0 stands in
-    cache_len_ = prompt_len_;
-    position_ = prompt_len_;
-    if (compress) {
-      compress_prompt_caches(prompt_caches);  // frees them when it returns
-      window_q_.clear();
-    }
-    be_.synchronize();
-    timing_.total_ms = be_.now_ms() - t0;
+    finish_prefill(prompt_caches, compress, t0);
     return std::vector<float>(std::size_t(B) * c_.vocab_size, 0.f);
   }
 
@@ -599,6 +585,19 @@ class Decoder {
   // Every KV head of a sequence keeps the same number of tokens, so the result is an ordinary cache
   // whose lengths replace the prompt lengths; positions keep counting from the prompt length.
   // `borrowed`, when given, replaces the decoder's own prompt caches as the source (prefill_from).
+  // The end of every prefill: the cache now holds the prompt; a compressing policy shrinks it (kvsift's
+  // compress_prompt per layer) and decode positions continue at the prompt length either way.
+  void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    if (compress) {
+      compress_prompt_caches(prompt_caches);  // frees them when it returns
+      window_q_.clear();
+    }
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+  }
+
   void compress_prompt_caches(std::vector<LayerCache>& prompt_caches, const std::vector<LayerCache>* borrowed = nullptr) {
     const int B = batch_;
     const kvsift::PromptCompressionConfig config = policy_.compression_config();
