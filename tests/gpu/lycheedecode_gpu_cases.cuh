@@ -36,37 +36,8 @@ using kvsift::LycheeDecoder;
 using kvsift::LycheeDecodeState;
 using kvsift::LycheeSelection;
 using kvsift_test::DeviceBuffer;
-
-// Host memory with the 256-byte alignment state and workspace carving require.
-class HostBuffer {
- public:
-  explicit HostBuffer(std::size_t bytes)
-      : bytes_(bytes),
-        p_(static_cast<unsigned char*>(std::aligned_alloc(256, (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256)),
-           &std::free) {
-    std::memset(p_.get(), kvsift_test::kPoisonByte, bytes_);
-  }
-  unsigned char* get() const { return p_.get(); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t bytes_;
-  std::unique_ptr<unsigned char, void (*)(void*)> p_;
-};
-
-inline kvsift::HeadRoles roles_from(const std::string& rows) {
-  kvsift::HeadRoles r;
-  std::size_t start = 0;
-  while (start <= rows.size()) {
-    const std::size_t end = std::min(rows.find('/', start), rows.size());
-    const std::string row = rows.substr(start, end - start);
-    r.kv_heads = int(row.size());
-    for (char c : row) r.retrieval.push_back(c == 'R' ? 1 : 0);
-    ++r.layers;
-    start = end + 1;
-  }
-  return r;
-}
+using kvsift_test::HostBuffer;
+using kvsift_test::roles_from;
 
 template <class T>
 std::vector<T> quarter_steps(std::mt19937_64& rng, std::size_t n) {

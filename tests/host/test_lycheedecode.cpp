@@ -16,6 +16,7 @@
 
 #include "kvsift/kvsift.hpp"
 #include "kvsift/policy/lycheedecode.hpp"
+#include "support/host_buffer.hpp"
 #include "support/random.hpp"
 
 using kvsift::LycheeDecodeConfig;
@@ -23,41 +24,11 @@ using kvsift::LycheeDecoder;
 using kvsift::LycheeDecodeState;
 using kvsift::LycheeSelection;
 using kvsift::StatusCode;
+using kvsift_test::roles_from;
 
 namespace {
 
 // ---- test plumbing ----
-
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(std::size_t bytes)
-      : bytes_(bytes),
-        p_(static_cast<unsigned char*>(std::aligned_alloc(256, (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256)),
-           &std::free) {
-    std::fill(p_.get(), p_.get() + bytes_, 0xFF);  // never read as zeros
-  }
-  unsigned char* get() const { return p_.get(); }
-  std::size_t bytes() const { return bytes_; }
-
- private:
-  std::size_t bytes_;
-  std::unique_ptr<unsigned char, void (*)(void*)> p_;
-};
-
-// Rows like "RRRR/RSSR/SSRS": one per layer, R = retrieval, S = sparse.
-kvsift::HeadRoles roles_from(const std::string& rows) {
-  kvsift::HeadRoles r;
-  std::size_t start = 0;
-  while (start <= rows.size()) {
-    const std::size_t end = std::min(rows.find('/', start), rows.size());
-    const std::string row = rows.substr(start, end - start);
-    r.kv_heads = int(row.size());
-    for (char c : row) r.retrieval.push_back(c == 'R' ? 1 : 0);
-    ++r.layers;
-    start = end + 1;
-  }
-  return r;
-}
 
 std::vector<float> dyadic(std::mt19937_64& rng, std::size_t n) {
   std::vector<float> v(n);
@@ -185,15 +156,15 @@ struct Simulation {
 struct PolicyRun {
   LycheeDecoder decoder;
   LycheeDecodeState state;
-  std::unique_ptr<AlignedBuffer> state_memory, workspace;
+  std::unique_ptr<kvsift_test::HostBuffer> state_memory, workspace;
 
   explicit PolicyRun(const LycheeDecodeConfig& c) {
     const auto st = LycheeDecoder::create(c, &decoder);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
-    state_memory = std::make_unique<AlignedBuffer>(decoder.state_bytes());
+    state_memory = std::make_unique<kvsift_test::HostBuffer>(decoder.state_bytes());
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->bytes(), &state).ok());
     // 16-bit and float caches plan different attention tiles: size for both.
-    workspace = std::make_unique<AlignedBuffer>(
+    workspace = std::make_unique<kvsift_test::HostBuffer>(
         std::max(decoder.workspace_bytes<float>(), decoder.workspace_bytes<kvsift::bfloat16_t>()));
   }
 
@@ -695,7 +666,7 @@ TEST_CASE("LycheeDecode rejects layers out of order or range, wrong shapes and s
 
   // State memory too small.
   LycheeDecodeState s;
-  AlignedBuffer tiny(16);
+  kvsift_test::HostBuffer tiny(16);
   st = run.decoder.make_state(tiny.get(), tiny.bytes(), &s);
   CHECK(st.code() == StatusCode::kInsufficientSpace);
 }

@@ -8,6 +8,8 @@
 
 #include <doctest/doctest.h>
 
+#include "support/host_buffer.hpp"
+
 #define KVSIFT_TEST_CUDA(call)                                                    \
   do {                                                                            \
     const cudaError_t kvsift_test_err_ = (call);                                  \
@@ -16,9 +18,6 @@
 
 namespace kvsift_test {
 
-// Byte pattern written over outputs before a kernel runs: 0xFF makes every float, half and bfloat16
-// a NaN and every int32 -1, so an element the kernel failed to write never passes as a result.
-inline constexpr int kPoisonByte = 0xFF;
 
 template <class T>
 class DeviceBuffer {
