@@ -35,7 +35,11 @@ generation
   --prefill-chunk N      query positions per prefill chunk (default 256)
   --synthetic-prefill    fill the KV caches with random K/V instead of running the prompts (speed
                          benchmarks with random weights; only the prompt lengths are used)
-  --no-attention-timing  do not synchronise around each attention call to measure its share (speed runs)
+  --no-attention-timing  do not synchronise around each attention call to measure its share (speed runs;
+                         on the GPU each decode step is then recorded into a CUDA graph once and replayed)
+  --no-graph             with --no-attention-timing: launch every kernel of every step (no CUDA graph)
+  --roofline-tbps F      memory bandwidth for the roofline line of the report, TB/s (default 4.45: the
+                         H200's measured streaming-read ceiling, docs/performance.md)
 policy
   --policy NAME          dense | clusterattn | snapkv | streaming | lychee (default dense)
   --cp N                 prompt-compression capacity Cp, window included (default 1024)
@@ -87,6 +91,8 @@ struct Options {
   int prefill_chunk = 256;
   bool synthetic_prefill = false;
   bool time_attention = true;
+  bool graph_steps = true;
+  double roofline_tbps = 4.45;
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -188,6 +194,8 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--prefill-chunk") o.prefill_chunk = integer(1);
     else if (flag == "--synthetic-prefill") o.synthetic_prefill = true;
     else if (flag == "--no-attention-timing") o.time_attention = false;
+    else if (flag == "--no-graph") o.graph_steps = false;
+    else if (flag == "--roofline-tbps") o.roofline_tbps = real(1e-3, 1e3);
     else if (flag == "--policy") o.policy.kind = parse_policy(value());
     else if (flag == "--cp") cfg.capacity = integer(1);
     else if (flag == "--window") cfg.window = integer(1);

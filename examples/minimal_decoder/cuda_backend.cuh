@@ -3,7 +3,8 @@
 //
 //   weights      bf16 on the device (nn.Linear layout), norms float
 //   activations  float, as on the host; rounded to bf16 only as GEMM inputs
-//   projections  cuBLAS GemmEx, bf16 x bf16 -> float with CUBLAS_COMPUTE_32F
+//   projections  decode (n <= 8 rows): the streaming GEMV of cuda_gemv.cuh; prefill: cuBLAS GemmEx,
+//                bf16 x bf16 -> float with CUBLAS_COMPUTE_32F. Both round the float input to bf16.
 //   KV cache     bf16 (KvType); kvsift's tensor-core attention reads it
 //   attention    kvsift::cuda::* through Exec{stream}: model.hpp's unqualified calls resolve by ADL
 //
@@ -25,6 +26,7 @@
 
 #include <kvsift/kvsift.cuh>
 
+#include "cuda_gemv.cuh"
 #include "cuda_kernels.cuh"
 #include "errors.hpp"
 
@@ -153,6 +155,50 @@ class CudaBackend {
     launched("fill_normal");
   }
   void synchronize() const { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
+
+  // A decode step recorded once into a CUDA graph and replayed from then on: one launch per step
+  // instead of ~20 per layer, so the GPU never waits for the host between kernels.
+  class StepGraph {
+   public:
+    StepGraph() = default;
+    StepGraph(const StepGraph&) = delete;
+    StepGraph& operator=(const StepGraph&) = delete;
+    ~StepGraph() { reset(); }
+    // Forget the recording (the batch or the buffers it captured changed).
+    void reset() {
+      if (exec_) cudaGraphExecDestroy(exec_);
+      exec_ = nullptr;
+    }
+
+   private:
+    friend class CudaBackend;
+    cudaGraphExec_t exec_ = nullptr;
+  };
+  // The first call captures `record` (everything it queues on the stream) into `graph` and launches
+  // it; later calls only launch. Returns true when `record` ran, i.e. when its host-side effects
+  // happened. Capture is thread-local and strict: an allocation or synchronisation inside `record`
+  // fails loudly instead of being recorded wrongly.
+  template <class F>
+  bool replay(StepGraph& graph, F&& record) const {
+    const bool recording = graph.exec_ == nullptr;
+    if (recording) {
+      cuda_check(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      cudaGraph_t g = nullptr;
+      try {
+        record();
+      } catch (...) {
+        if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();  // the capture's error is the exception's, not the next call's
+        throw;
+      }
+      cuda_check(cudaStreamEndCapture(stream(), &g), "cudaStreamEndCapture");
+      const cudaError_t err = cudaGraphInstantiate(&graph.exec_, g, 0);
+      cudaGraphDestroy(g);
+      cuda_check(err, "cudaGraphInstantiate");
+    }
+    cuda_check(cudaGraphLaunch(graph.exec_, stream()), "cudaGraphLaunch");
+    return recording;
+  }
   double now_ms() const {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
@@ -175,6 +221,11 @@ class CudaBackend {
   // column-major terms C[out, n] = op_T(W)[out, in] * X[in, n], all leading dimensions contiguous.
   void linear(const float* x, int n, const Matrix& w, float* y) const {
     if (n == 0) return;
+    if (n <= kernels::kGemvMaxRows && w.cols % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+      kernels::launch_gemv_bf16(w.data.data(), w.rows, w.cols, x, n, y, stream());
+      launched("gemv_bf16");
+      return;
+    }
     const std::int64_t elems = std::int64_t(n) * w.cols;
     if (std::size_t(elems) > gemm_input_.size()) gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elems));  // prefill only
     kernels::to_bf16<<<kernels::blocks_for(elems), kernels::kThreads, 0, stream()>>>(x, elems, gemm_input_.data());

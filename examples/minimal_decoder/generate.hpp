@@ -20,6 +20,7 @@ struct GenerationReport {
   double prefill_ms = 0;
   long long prompt_tokens = 0;
   std::vector<double> step_ms, step_attention_ms;
+  std::vector<double> step_bytes;  // Decoder::step_bytes of each step: the roofline's bytes
   std::int64_t kv_bytes_used = 0, kv_bytes_allocated = 0;
   // --check: over every (step, sequence) of the decode steps
   long long compared = 0, top1_agree = 0;
@@ -28,6 +29,11 @@ struct GenerationReport {
   double decode_ms() const {
     double s = 0;
     for (double x : step_ms) s += x;
+    return s;
+  }
+  double bytes() const {
+    double s = 0;
+    for (double x : step_bytes) s += x;
     return s;
   }
   double attention_ms() const {
@@ -43,6 +49,7 @@ struct GenerationRequest {
   int prefill_chunk = 256;
   bool synthetic_prefill = false;  // random K/V caches of the prompts' lengths (Decoder::synthetic_prefill)
   bool time_attention = true;      // false: no per-layer synchronisation for the attention share
+  bool graph_steps = true;         // with time_attention off: decode steps replay a CUDA graph (GPU)
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -61,6 +68,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   limits.prefill_chunk = req.prefill_chunk;
   Decoder<Backend> model(be, config, weights, req.policy, limits);
   model.set_attention_timing(req.time_attention);
+  model.set_graph_steps(req.graph_steps);
   std::unique_ptr<Decoder<Backend>> dense;  // the --check reference
   if (req.check) dense = std::make_unique<Decoder<Backend>>(be, config, weights, PolicyOptions(), limits);
 
@@ -98,6 +106,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     logits = model.decode(next);
     r.step_ms.push_back(model.timing().total_ms);
     r.step_attention_ms.push_back(model.timing().attention_ms);
+    r.step_bytes.push_back(double(model.step_bytes()));
     if (req.keep_logits) r.step_logits.push_back(logits);
     if (dense) {
       const std::vector<float> ref = dense->decode(next);

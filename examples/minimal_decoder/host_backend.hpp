@@ -89,6 +89,15 @@ struct HostBackend {
     return m;
   }
   void synchronize() const {}
+  // The CUDA backend records a decode step into a graph once and replays it; here it simply runs.
+  struct StepGraph {
+    void reset() {}
+  };
+  template <class F>
+  bool replay(StepGraph&, F&& record) const {
+    record();
+    return true;
+  }
   double now_ms() const {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }

@@ -3,6 +3,7 @@
 // kvsift host reference) always, and the CUDA backend (cuda_backend.cuh: cuBLAS bf16 projections,
 // kvsift CUDA kernels) when this file is compiled by nvcc (KVSIFT_ENABLE_CUDA=ON).
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -50,6 +51,7 @@ md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector
   req.prefill_chunk = o.prefill_chunk;
   req.synthetic_prefill = o.synthetic_prefill;
   req.time_attention = o.time_attention;
+  req.graph_steps = o.graph_steps;
   req.sampling = o.sampling;
   req.policy = o.policy;
   req.check = o.check;
@@ -57,7 +59,12 @@ md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector
   return req;
 }
 
-void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet) {
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
   std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
               r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
   const std::size_t steps = r.step_ms.size();
@@ -67,6 +74,13 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
                 tokens / (ms / 1e3), ms / double(steps));
     if (req.time_attention) std::printf(" (attention %.0f%%)", 100.0 * r.attention_ms() / ms);
     std::printf("\n");
+    // Roofline: the bytes a step must read over the bandwidth, against the median step (the first
+    // step also records the CUDA graph, so the mean would charge that to every step).
+    const double step_ms = median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
+    const double floor_ms = gb / roofline_tbps;  // GB / (TB/s) = ms
+    std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %.2f TB/s = %.3f ms; median step %.3f ms"
+                " = %.1f%% of the roofline\n",
+                gb, roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
   }
   std::printf("KV cache: %s in use, %s allocated\n", mib(r.kv_bytes_used).c_str(), mib(r.kv_bytes_allocated).c_str());
   if (r.compared > 0)
@@ -88,7 +102,7 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   if (!o.compare) {
     std::printf("policy: %s\n", req.policy.describe().c_str());
     const md::GenerationReport r = md::generate(be, config, weights, req);
-    print_report(req, r, o.quiet);
+    print_report(req, r, o.quiet, o.roofline_tbps);
     if (!o.output_ids.empty()) {
       const std::string tmp = o.output_ids + ".tmp";  // renamed into place only when complete
       std::ofstream out(tmp);

@@ -309,6 +309,7 @@ class Decoder {
     for (int L : src.prompt_len_)
       if (L > lim_.max_prompt_len) throw DecoderError("prefill_from: a prompt of " + std::to_string(L) + " tokens exceeds the decoder's limit");
     batch_ = B;
+    step_graph_.reset();
     prompt_len_ = src.prompt_len_;
     history_ = src.history_;
     cache_len_ = prompt_len_;
@@ -370,6 +371,9 @@ class Decoder {
     return q;
   }
   const StepTiming& timing() const { return timing_; }
+  // On: with the attention timing off and no query tap, decode steps (not LycheeDecode's correction
+  // steps) are recorded into a CUDA graph once per prefill and replayed (CUDA backend; no effect on the host).
+  void set_graph_steps(bool on) { graph_steps_ = on; }
   // Off: no synchronisation around kvsift's calls and an attention share of 0 (speed benchmarks).
   void set_attention_timing(bool on) { time_attention_ = on; }
   const std::vector<int>& cache_lengths() const { return cache_len_; }
@@ -381,6 +385,33 @@ class Decoder {
     return tokens * kv_bytes_per_token();
   }
   std::int64_t kv_bytes_allocated() const { return std::int64_t(lim_.max_batch) * decode_capacity_ * kv_bytes_per_token(); }
+  // The HBM bytes the last decode step had to read at the least, for the roofline: every projection
+  // matrix and the LM head once (the batch shares them), plus the K/V the policy attends to: the whole
+  // (possibly compressed) cache for dense and prompt compression; for LycheeDecode, the whole cache of
+  // retrieval heads and min(length, budget) tokens of sparse heads (ratio mode: the kept fraction).
+  // Norm weights, embedding rows, activations and index tables are left out (< 0.1% at 8B).
+  std::int64_t step_bytes() const {
+    const std::int64_t H = c_.hidden_size, I = c_.intermediate_size;
+    const std::int64_t weights = c_.num_layers * (H * (c_.q_dim() + 2 * c_.kv_dim()) + c_.q_dim() * H + 3 * H * I) +
+                                 std::int64_t(c_.vocab_size) * H;
+    const std::int64_t weight_bytes = weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
+    const std::int64_t row_bytes = 2 * std::int64_t(c_.head_dim) * std::int64_t(sizeof(KV));  // one token of one KV head, K and V
+    std::int64_t kv_rows = 0;  // (token, layer, KV head) triples read
+    for (int n : cache_len_) {
+      if (policy_.kind != PolicyKind::kLychee) {
+        kv_rows += std::int64_t(n) * c_.num_layers * c_.num_kv_heads;
+        continue;
+      }
+      const kvsift::LycheeDecodeConfig& lc = lychee_.config();
+      const LycheeOptions& o = policy_.lychee;
+      const std::int64_t kept = o.mode == "ratio"   ? std::int64_t(double(n) * (1.0 - o.rho))
+                                : o.mode == "block" ? std::int64_t(o.budget) * o.block_size
+                                                    : std::int64_t(o.budget);
+      for (int l = 0; l < c_.num_layers; ++l)
+        for (int h = 0; h < c_.num_kv_heads; ++h) kv_rows += lc.roles.is_retrieval(l, h) ? n : std::min<std::int64_t>(n, kept);
+    }
+    return weight_bytes + kv_rows * row_bytes;
+  }
 
  private:
   struct LayerCache {
@@ -411,6 +442,22 @@ class Decoder {
     upload_rows(next, position_, seq, slots);
     for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
     be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    // Everything from here to the logits reads only device buffers filled above, so on the GPU it is
+    // captured into a graph once and replayed (kvsift's launchers never allocate or synchronise and
+    // size their grids from capacities, never from device lengths: that is what makes this legal).
+    // Not with the attention timing on (it synchronises) or a query tap (it reads on the host).
+    const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
+    const bool recorded = graph ? be_.replay(step_graph_, [&] { single_token_forward(); }) : (single_token_forward(), true);
+    // A replay runs no host code: LycheeDecode's step count (correction_due) moves here instead.
+    if (!recorded && policy_.kind == PolicyKind::kLychee) ++lychee_state_.steps;
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    be_.download(logits.data(), logits_.data(), logits.size());
+    return logits;
+  }
+
+  // The device part of single_token_step: embedding, every layer, final norm and LM head into logits_.
+  void single_token_forward() {
+    const int B = batch_;
     be_.embed(tokens_.data(), B, w_.embed, x_.data());
     for (int l = 0; l < c_.num_layers; ++l) {
       LayerCache& cache = decode_caches_[std::size_t(l)];
@@ -430,9 +477,7 @@ class Decoder {
         }
       });
     }
-    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
-    lm_head(x_.data(), B, logits.data());
-    return logits;
+    lm_head_to_device(x_.data(), B);
   }
 
   // LycheeDecode cache correction: the last N positions (the new token included) run through every
@@ -574,10 +619,14 @@ class Decoder {
     timed([&] { check(decode_attention(be_.exec(), kv, p, attn_ws_.data(), attn_ws_.size()), "decode attention"); });
   }
 
-  // x [n, hidden] -> final norm -> LM head -> host logits [n, vocab]
-  void lm_head(const float* x, int n, float* host_logits) {
+  // x [n, hidden] -> final norm -> LM head -> logits_ [n, vocab] (backend memory)
+  void lm_head_to_device(const float* x, int n) {
     be_.rms_norm(x, n, c_.hidden_size, w_.final_norm.data(), c_.rms_norm_eps, h_.data());
     be_.linear(h_.data(), n, w_.lm_head, logits_.data());
+  }
+  // ... and on to host logits [n, vocab]
+  void lm_head(const float* x, int n, float* host_logits) {
+    lm_head_to_device(x, n);
     be_.download(host_logits, logits_.data(), std::size_t(n) * c_.vocab_size);
   }
 
@@ -588,6 +637,7 @@ class Decoder {
   // The end of every prefill: the cache now holds the prompt; a compressing policy shrinks it (kvsift's
   // compress_prompt per layer) and decode positions continue at the prompt length either way.
   void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
+    step_graph_.reset();  // a recorded step is for the previous batch
     cache_len_ = prompt_len_;
     position_ = prompt_len_;
     if (compress) {
@@ -642,6 +692,8 @@ class Decoder {
   Buffer<unsigned char> attn_ws_;
   StepTiming timing_;
   bool time_attention_ = true;
+  bool graph_steps_ = false;
+  typename Backend::StepGraph step_graph_;
 };
 
 }  // namespace minimal_decoder

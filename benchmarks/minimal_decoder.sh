@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# End-to-end decode speed of examples/minimal_decoder on the llama3-8b shape (random bf16 weights,
+# synthetic prefill), the issue-8 table: context 32K and 128K x batch 1 and 4 x dense, LycheeDecode
+# (layer 0 + 24 learned-like retrieval KV heads, token mode, budget 4096) and ClusterAttn (Cp 1024).
+#
+#   benchmarks/minimal_decoder.sh [DECODER] [NEW_TOKENS]
+#
+# DECODER defaults to build/bench/examples/minimal_decoder/minimal_decoder (the `bench` preset).
+# Each cell runs twice: with --no-attention-timing (decode steps replayed from a CUDA graph: the
+# speed, median step, and the roofline ratio the decoder prints), and with the attention timing on
+# (a synchronisation around every attention call: the attention share of the step, slower).
+# The roofline's bandwidth is the decoder's default, 4.45 TB/s (H200 streaming read, measured).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+decoder=${1:-$here/build/bench/examples/minimal_decoder/minimal_decoder}
+new_tokens=${2:-32}
+roles=$here/examples/minimal_decoder/roles/llama3-8b-learned-like.roles
+[[ -x $decoder ]] || { echo "minimal_decoder.sh: no decoder at $decoder (build the bench preset)" >&2; exit 1; }
+
+policy_args() {
+  case $1 in
+    dense) echo "--policy dense" ;;
+    lychee) echo "--policy lychee --lychee-mode token --lychee-budget 4096 --lychee-sink 128 --lychee-recent 256 --roles $roles" ;;
+    clusterattn) echo "--policy clusterattn --cp 1024 --window 32 --theta 0.002 --num-block 128" ;;
+  esac
+}
+
+printf '%-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' context batch policy "tok/s" "ms/step" "floor ms" roofline "GB/step" "attn"
+for context in 32768 131072; do
+  prompt=$((context - new_tokens))
+  for batch in 1 4; do
+    lengths=$(printf "$prompt%.0s," $(seq "$batch")); lengths=${lengths%,}
+    for policy in dense lychee clusterattn; do
+      common=(--random llama3-8b --random-prompts "$lengths" --synthetic-prefill --new-tokens "$new_tokens" --quiet
+              --device gpu $(policy_args "$policy"))
+      fast=$("$decoder" "${common[@]}" --no-attention-timing)
+      timed=$("$decoder" "${common[@]}")
+      tps=$(sed -n 's/^decode: .*: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$fast")
+      roof=$(grep '^roofline:' <<<"$fast")
+      gb=$(sed -n 's/^roofline: \([0-9.]*\) GB.*/\1/p' <<<"$roof")
+      floor=$(sed -n 's/.* = \([0-9.]*\) ms; median.*/\1/p' <<<"$roof")
+      step=$(sed -n 's/.*median step \([0-9.]*\) ms.*/\1/p' <<<"$roof")
+      ratio=$(sed -n 's/.* = \([0-9.]*%\) of the roofline/\1/p' <<<"$roof")
+      attn=$(sed -n 's/.*(attention \([0-9]*%\)).*/\1/p' <<<"$timed")
+      printf '%-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' "$context" "$batch" "$policy" "$tps" "$step" "$floor" "$ratio" "$gb" "$attn"
+    done
+  done
+done
