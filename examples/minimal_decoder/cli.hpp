@@ -11,6 +11,7 @@
 
 #include "decode_policy.hpp"
 #include "errors.hpp"
+#include "kv_cache.hpp"
 #include "sampling.hpp"
 
 namespace minimal_decoder {
@@ -37,6 +38,9 @@ generation
                          benchmarks with random weights; only the prompt lengths are used)
   --no-attention-timing  do not synchronise around each attention call to measure its share (speed runs;
                          on the GPU each decode step is then recorded into a CUDA graph once and replayed)
+  --kv-layout L          contiguous (default: [batch, kv_heads, capacity, head_dim] per layer) or paged
+                         (a page pool and block table per layer, vLLM-style NHD pages)
+  --page-size N          tokens per page of the paged layout (default 16)
   --no-graph             with --no-attention-timing: launch every kernel of every step (no CUDA graph)
   --roofline-tbps F      memory bandwidth for the roofline line of the report, TB/s (default 4.45: the
                          H200's measured streaming-read ceiling, docs/performance.md)
@@ -92,6 +96,8 @@ struct Options {
   bool synthetic_prefill = false;
   bool time_attention = true;
   bool graph_steps = true;
+  KvLayout kv_layout = KvLayout::kContiguous;
+  int page_size = 16;
   double roofline_tbps = 4.45;
   SamplingOptions sampling;
   PolicyOptions policy;
@@ -195,6 +201,12 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--synthetic-prefill") o.synthetic_prefill = true;
     else if (flag == "--no-attention-timing") o.time_attention = false;
     else if (flag == "--no-graph") o.graph_steps = false;
+    else if (flag == "--kv-layout") {
+      const std::string v = value();
+      if (v != "contiguous" && v != "paged") throw DecoderError("--kv-layout " + v + ": expected contiguous or paged");
+      o.kv_layout = v == "paged" ? KvLayout::kPaged : KvLayout::kContiguous;
+    }
+    else if (flag == "--page-size") o.page_size = integer(1);
     else if (flag == "--roofline-tbps") o.roofline_tbps = real(1e-3, 1e3);
     else if (flag == "--policy") o.policy.kind = parse_policy(value());
     else if (flag == "--cp") cfg.capacity = integer(1);

@@ -221,7 +221,7 @@ class CudaBackend {
   // column-major terms C[out, n] = op_T(W)[out, in] * X[in, n], all leading dimensions contiguous.
   void linear(const float* x, int n, const Matrix& w, float* y) const {
     if (n == 0) return;
-    if (n <= kernels::kGemvMaxRows && w.cols % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0) {
+    if (gemv_applies(x, n, w)) {
       kernels::launch_gemv_bf16(w.data.data(), w.rows, w.cols, x, n, y, stream());
       launched("gemv_bf16");
       return;
@@ -249,6 +249,23 @@ class CudaBackend {
     launched("add");
   }
 
+  void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const {
+    if (rows == 0) return;
+    kernels::add_rms_norm<<<unsigned(rows), kernels::kThreads, 0, stream()>>>(x, y, dim, w, eps, out);
+    launched("add_rms_norm");
+  }
+
+  void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const {
+    if (n == 0) return;
+    if (gemv_applies(gate, n, w) && reinterpret_cast<std::uintptr_t>(up) % 16 == 0) {
+      kernels::launch_gemv_bf16(w.data.data(), w.rows, w.cols, gate, n, y, stream(), up);
+      launched("gemv_bf16 (SwiGLU)");
+      return;
+    }
+    silu_mul(gate, up, std::int64_t(n) * w.cols);
+    linear(gate, n, w, y);
+  }
+
   void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const {
     if (n == 0) return;
     kernels::rope<<<kernels::blocks_for(std::int64_t(n) * (head_dim / 2)), kernels::kThreads, 0, stream()>>>(
@@ -256,8 +273,9 @@ class CudaBackend {
     launched("rope");
   }
 
+  template <class View>  // kvsift::ContiguousKV or PagedKV of KvType
   void store_kv(const float* k, const float* v, int n, const std::int32_t* seq, const std::int32_t* slot,
-                const kvsift::ContiguousKV<KvType>& cache) const {
+                const View& cache) const {
     if (n == 0) return;
     const std::int64_t elems = std::int64_t(n) * cache.num_kv_heads * cache.head_dim;
     kernels::store_kv<<<kernels::blocks_for(elems), kernels::kThreads, 0, stream()>>>(k, v, n, seq, slot, cache);
@@ -280,6 +298,11 @@ class CudaBackend {
   struct DestroyCublas {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
+
+  // The decode GEMV takes a few rows of 16-byte aligned float input and 8-element weight chunks.
+  static bool gemv_applies(const float* x, int n, const Matrix& w) {
+    return n <= kernels::kGemvMaxRows && w.cols % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
+  }
 
   // A bad launch configuration shows up here without synchronizing.
   static void launched(const char* kernel) { cuda_check(cudaGetLastError(), kernel); }

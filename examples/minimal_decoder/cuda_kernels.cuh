@@ -52,6 +52,29 @@ __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
   for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = T(float(xr[i]) * inv * w[i]);
 }
 
+// One block per row: x += y, then out = rms_norm(x) as above (the residual add fused into the next
+// norm). Each thread writes out only where it read y, after the block-wide sum, so out may alias y.
+template <class T>
+__global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float eps, T* out) {
+  __shared__ float warp_sums[kThreads / 32];
+  T* xr = x + std::int64_t(blockIdx.x) * dim;
+  const T* yr = y + std::int64_t(blockIdx.x) * dim;
+  T* outr = out + std::int64_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = float(xr[i]) + float(yr[i]);
+    xr[i] = T(v);
+    ss += v * v;
+  }
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_sums[i];
+  const float inv = 1.f / sqrtf(total / float(dim) + eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xr[i]) * inv * w[i]);
+}
+
 // RoPE "rotate half" in place on x [n, heads, head_dim]; one thread per (row, pair), looping over
 // heads. The angle is the host's (rope_angle in host_backend.hpp): float32 inverse frequency and
 // product, as Hugging Face computes them. The power is taken in double and rounded, which matches a
@@ -104,10 +127,10 @@ __global__ void to_bf16(const T* x, std::int64_t n, __nv_bfloat16* y) {
 
 // K/V rows of token i ([n, kv_heads * head_dim], float) to cache slot slot[i] of sequence seq[i],
 // rounded to the cache's type. One thread per element; the view's own addressing (k_row/v_row)
-// places it, so any ContiguousKV layout works.
-template <class T, class KV>
-__global__ void store_kv(const T* k, const T* v, int n, const std::int32_t* seq, const std::int32_t* slot,
-                         kvsift::ContiguousKV<KV> cache) {
+// places it, so any kvsift view works: ContiguousKV in any layout, PagedKV through its block table.
+template <class T, class View>
+__global__ void store_kv(const T* k, const T* v, int n, const std::int32_t* seq, const std::int32_t* slot, View cache) {
+  using KV = typename View::value_type;
   const int D = cache.head_dim, row = cache.num_kv_heads * D;
   const std::int64_t total = std::int64_t(n) * row;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;

@@ -50,6 +50,8 @@ struct GenerationRequest {
   bool synthetic_prefill = false;  // random K/V caches of the prompts' lengths (Decoder::synthetic_prefill)
   bool time_attention = true;      // false: no per-layer synchronisation for the attention share
   bool graph_steps = true;         // with time_attention off: decode steps replay a CUDA graph (GPU)
+  KvLayout kv_layout = KvLayout::kContiguous;
+  int page_size = 16;
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -66,6 +68,8 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   for (const auto& p : req.prompts) limits.max_prompt_len = std::max(limits.max_prompt_len, int(p.size()));
   limits.max_new_tokens = req.new_tokens;
   limits.prefill_chunk = req.prefill_chunk;
+  limits.kv_layout = req.kv_layout;
+  limits.page_size = req.page_size;
   Decoder<Backend> model(be, config, weights, req.policy, limits);
   model.set_attention_timing(req.time_attention);
   model.set_graph_steps(req.graph_steps);

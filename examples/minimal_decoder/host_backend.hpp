@@ -152,6 +152,18 @@ struct HostBackend {
     for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
   }
 
+  // x += y, then out = rms_norm(x) (one fused kernel on the GPU); out may alias y.
+  void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const {
+    add(x, y, rows * dim);
+    rms_norm(x, rows, dim, w, eps, out);
+  }
+
+  // y = (silu(gate) * up) W^T, the SwiGLU down projection (one fused kernel on the GPU); gate is overwritten.
+  void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const {
+    silu_mul(gate, up, std::int64_t(n) * w.cols);
+    linear(gate, n, w, y);
+  }
+
   // RoPE in place on x [n, heads, head_dim], "rotate half": pair i is (x[i], x[i + head_dim/2]).
   void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const {
     const int half = head_dim / 2;
@@ -169,8 +181,9 @@ struct HostBackend {
   }
 
   // Writes token i's K and V rows ([n, kv_heads * head_dim]) to cache slot slot[i] of sequence seq[i].
+  template <class View>  // kvsift::ContiguousKV or PagedKV of KvType
   void store_kv(const float* k, const float* v, int n, const std::int32_t* seq, const std::int32_t* slot,
-                const kvsift::ContiguousKV<KvType>& cache) const {
+                const View& cache) const {
     const int D = cache.head_dim;
     for (int i = 0; i < n; ++i)
       for (int h = 0; h < cache.num_kv_heads; ++h) {

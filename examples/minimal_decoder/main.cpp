@@ -52,6 +52,8 @@ md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector
   req.synthetic_prefill = o.synthetic_prefill;
   req.time_attention = o.time_attention;
   req.graph_steps = o.graph_steps;
+  req.kv_layout = o.kv_layout;
+  req.page_size = o.page_size;
   req.sampling = o.sampling;
   req.policy = o.policy;
   req.check = o.check;
@@ -82,7 +84,9 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
                 " = %.1f%% of the roofline\n",
                 gb, roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
   }
-  std::printf("KV cache: %s in use, %s allocated\n", mib(r.kv_bytes_used).c_str(), mib(r.kv_bytes_allocated).c_str());
+  std::printf("KV cache (%s", md::kv_layout_name(req.kv_layout));
+  if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
+  std::printf("): %s in use, %s allocated\n", mib(r.kv_bytes_used).c_str(), mib(r.kv_bytes_allocated).c_str());
   if (r.compared > 0)
     std::printf("check vs dense: top-1 agreement %lld/%lld (%.1f%%), KL(dense || policy) mean %.3g, max %.3g nats\n",
                 r.top1_agree, r.compared, 100.0 * double(r.top1_agree) / double(r.compared), r.kl_sum / double(r.compared),

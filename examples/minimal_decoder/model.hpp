@@ -15,8 +15,10 @@
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step.
 //
-// KV layout: one [batch, kv_heads, capacity, head_dim] tensor each for K and V per layer, seen by
-// kvsift through ContiguousKV (make_bhsd). Ragged batches: every sequence has its own length.
+// KV layout (kv_cache.hpp): contiguous, one [batch, kv_heads, capacity, head_dim] tensor each for K
+// and V per layer (kvsift::ContiguousKV), or paged, a page pool and a block table per layer
+// (kvsift::PagedKV); every kvsift call below is written once for both through LayerKvCache::with_view.
+// Ragged batches: every sequence has its own length.
 
 #include <algorithm>
 #include <cstdint>
@@ -27,6 +29,7 @@
 #include "checkpoint.hpp"
 #include "decode_policy.hpp"
 #include "errors.hpp"
+#include "kv_cache.hpp"
 #include "model_config.hpp"
 
 namespace minimal_decoder {
@@ -82,6 +85,8 @@ struct DecoderLimits {
   // A non-compressing decoder also keeps the post-RoPE queries of each prompt's last N positions, so
   // that compressing decoders can start from its prefill (prefill_from) instead of repeating it.
   int keep_window_queries = 0;
+  KvLayout kv_layout = KvLayout::kContiguous;
+  int page_size = 16;  // tokens per page of the paged layout
 };
 
 // Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
@@ -95,7 +100,7 @@ class Decoder {
   using KV = typename Backend::KvType;
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
-  using Cache = kvsift::ContiguousKV<KV>;
+  using LayerCache = LayerKvCache<Backend>;
   // Called with (tokens done, tokens total) after each prefill chunk.
   using Progress = std::function<void(long long, long long)>;
   // Sees every layer's post-RoPE queries, rows [n, q_heads * head_dim] in backend memory (prefill
@@ -157,8 +162,9 @@ class Decoder {
                                                   c_.head_dim);
     p.num_sms = be_.num_sms();
     std::size_t attn_bytes = 0;
-    check(kvsift::decode_attention_workspace_bytes(decode_caches_[0].view(B, lengths_.data()), p, &attn_bytes),
-          "decode attention workspace");
+    decode_caches_[0].with_view(B, lengths_.data(), [&](const auto& kv) {
+      check(kvsift::decode_attention_workspace_bytes(kv, p, &attn_bytes), "decode attention workspace");
+    });
     attn_ws_ = be_.template alloc<unsigned char>(attn_bytes);
   }
 
@@ -216,13 +222,10 @@ class Decoder {
             if (plan.count[std::size_t(b)] == 0) continue;
             // kvsift: causal multi-query attention of this chunk's q_len queries over tokens
             // [0, end) of sequence b, through a one-sequence view of the batch cache.
-            Cache one = cache.view(batch_, lengths_.data());
-            one.k += b * one.k_batch_stride;
-            one.v += b * one.v_batch_stride;
-            one.lengths = lengths_.data() + b;
-            one.batch = 1;
             const std::int64_t row = plan.offset[std::size_t(b)] * c_.q_dim();
-            attend(l, one, q + row, out + row, plan.count[std::size_t(b)]);
+            cache.with_sequence_view(b, lengths_.data() + b, [&](const auto& one) {
+              attend(l, one, q + row, out + row, plan.count[std::size_t(b)]);
+            });
           }
         });
       }
@@ -266,8 +269,8 @@ class Decoder {
       for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * window_ * c_.q_dim()));
     std::uint64_t stream = seed;
     for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
-      be_.fill_normal(cache.k.data(), std::int64_t(cache.k.size()), ++stream, 1.f);
-      be_.fill_normal(cache.v.data(), std::int64_t(cache.v.size()), ++stream, 1.f);
+      be_.fill_normal(cache.k_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
+      be_.fill_normal(cache.v_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
     }
     for (auto& q : window_q_) be_.fill_normal(q.data(), std::int64_t(q.size()), ++stream, 1.f);
     history_.assign(std::size_t(B), {});
@@ -338,29 +341,28 @@ class Decoder {
       return;
     }
     // Copy slots [0, L_b) of every (sequence, KV head) row through the host: generic over backends
-    // and cheap next to a prefill.
+    // and cheap next to a prefill. Both decoders are contiguous (the evaluation tools' layout).
     const int D = c_.head_dim;
     for (int l = 0; l < c_.num_layers; ++l) {
-      const LayerCache& from = src.decode_caches_[std::size_t(l)];
-      LayerCache& to = decode_caches_[std::size_t(l)];
+      const auto from = src.decode_caches_[std::size_t(l)].contiguous(B, nullptr);
+      const auto to = decode_caches_[std::size_t(l)].contiguous(B, nullptr);
       for (int b = 0; b < B; ++b)
         for (int h = 0; h < c_.num_kv_heads; ++h) {
           const std::size_t n = std::size_t(prompt_len_[std::size_t(b)]) * D;
           std::vector<KV> tmp(n);
-          const std::int64_t src_row = (std::int64_t(b) * c_.num_kv_heads + h) * from.capacity * D;
-          const std::int64_t dst_row = (std::int64_t(b) * c_.num_kv_heads + h) * to.capacity * D;
-          be_.download(tmp.data(), from.k.data() + src_row, n);
-          be_.upload(to.k.data() + dst_row, tmp.data(), n);
-          be_.download(tmp.data(), from.v.data() + src_row, n);
-          be_.upload(to.v.data() + dst_row, tmp.data(), n);
+          be_.download(tmp.data(), from.k_row(b, h, 0), n);
+          be_.upload(to.k_row(b, h, 0), tmp.data(), n);
+          be_.download(tmp.data(), from.v_row(b, h, 0), n);
+          be_.upload(to.v_row(b, h, 0), tmp.data(), n);
         }
     }
   }
 
   void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
-  // Layer l's decode cache, seen with the caller's lengths (backend memory, one per sequence).
-  Cache cache_view(int layer, const std::int32_t* lengths) const {
-    return decode_caches_[std::size_t(layer)].read_view(batch_, lengths);
+  // Layer l's decode cache, seen with the caller's lengths (backend memory, one per sequence); the
+  // offline tools that read it need the contiguous layout (the default).
+  kvsift::ContiguousKV<KV> cache_view(int layer, const std::int32_t* lengths) const {
+    return decode_caches_[std::size_t(layer)].contiguous(batch_, lengths);
   }
   // The last W kept window queries of layer l (DecoderLimits::keep_window_queries >= W), as kvsift QueryRows.
   kvsift::QueryRows<float> window_queries(int layer, int W) const {
@@ -414,20 +416,6 @@ class Decoder {
   }
 
  private:
-  struct LayerCache {
-    Buffer<KV> k, v;
-    int capacity = 0;
-    Cache view(int batch, const std::int32_t* lengths) {
-      return kvsift::make_bhsd(k.data(), v.data(), batch, num_kv_heads, capacity, head_dim, lengths);
-    }
-    // kvsift views carry mutable pointers; a view of a const cache is only ever read.
-    Cache read_view(int batch, const std::int32_t* lengths) const {
-      return kvsift::make_bhsd(const_cast<KV*>(k.data()), const_cast<KV*>(v.data()), batch, num_kv_heads, capacity,
-                               head_dim, lengths);
-    }
-    int num_kv_heads = 0, head_dim = 0;
-  };
-
   // The packed rows of one prefill chunk: positions [start, start + C) of every sequence that has them.
   struct ChunkPlan {
     std::vector<std::int32_t> tokens, positions, seq, slots, window_rows;
@@ -462,19 +450,21 @@ class Decoder {
     for (int l = 0; l < c_.num_layers; ++l) {
       LayerCache& cache = decode_caches_[std::size_t(l)];
       layer_forward(l, B, cache, [&](const float* q, float* out) {
-        const Cache kv = cache.view(B, lengths_.data());
-        if (policy_.kind == PolicyKind::kLychee) {
-          // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
-          // to the table rows of the latest retrieval head with their index.
-          timed([&] {
-            check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv, kvsift::make_lychee_io(q, out, 1, c_.num_q_heads, c_.head_dim),
-                                       lychee_ws_.data(), lychee_ws_.size()),
-                  "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
-          });
-        } else {
-          // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
-          attend(l, kv, q, out, 1);
-        }
+        cache.with_view(B, lengths_.data(), [&](const auto& kv) {
+          if (policy_.kind == PolicyKind::kLychee) {
+            // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
+            // to the table rows of the latest retrieval head with their index.
+            timed([&] {
+              check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv,
+                                         kvsift::make_lychee_io(q, out, 1, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
+                                         lychee_ws_.size()),
+                    "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+            });
+          } else {
+            // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
+            attend(l, kv, q, out, 1);
+          }
+        });
       });
     }
     lm_head_to_device(x_.data(), B);
@@ -502,11 +492,13 @@ class Decoder {
     for (int l = 0; l < c_.num_layers; ++l) {
       LayerCache& cache = decode_caches_[std::size_t(l)];
       layer_forward(l, B * N, cache, [&](const float* q, float* out) {
-        timed([&] {
-          check(lychee_.correct_layer(be_.exec(), lychee_state_, l, cache.view(B, lengths_.data()),
-                                      kvsift::make_lychee_io(q, out, N, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
-                                      lychee_ws_.size()),
-                "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+        cache.with_view(B, lengths_.data(), [&](const auto& kv) {
+          timed([&] {
+            check(lychee_.correct_layer(be_.exec(), lychee_state_, l, kv,
+                                        kvsift::make_lychee_io(q, out, N, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
+                                        lychee_ws_.size()),
+                  "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+          });
         });
       });
     }
@@ -534,14 +526,14 @@ class Decoder {
   std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
 
   LayerCache allocate_cache(int capacity) {
-    LayerCache cache;
-    cache.capacity = capacity;
-    cache.num_kv_heads = c_.num_kv_heads;
-    cache.head_dim = c_.head_dim;
-    const std::size_t n = std::size_t(lim_.max_batch) * c_.kv_dim() * capacity;
-    cache.k = be_.template alloc<KV>(n);
-    cache.v = be_.template alloc<KV>(n);
-    return cache;
+    KvCacheShape shape;
+    shape.layout = lim_.kv_layout;
+    shape.max_batch = lim_.max_batch;
+    shape.capacity = capacity;
+    shape.num_kv_heads = c_.num_kv_heads;
+    shape.head_dim = c_.head_dim;
+    shape.page_size = lim_.page_size;
+    return LayerCache(be_, shape);
   }
 
   ChunkPlan plan_chunk(int start, int C) const {
@@ -581,11 +573,16 @@ class Decoder {
   // One transformer block over the n rows in x_, pre-norm residual:
   //   x += o_proj(attention(rope(q), rope(k), v));  x += down(silu(gate(x)) * up(x))
   // `attention(q, out)` is the policy's part; K/V of the rows are stored before it runs.
+  // Each residual add is fused into the norm that follows it (add_rms_norm), so the MLP's output
+  // (h_) reaches x_ at the start of the next layer; the last layer adds it itself.
   template <class Attention>
   void layer_forward(int l, int n, LayerCache& cache, Attention&& attention) {
     const auto& lw = w_.layers[std::size_t(l)];
     const int H = c_.hidden_size, D = c_.head_dim;
-    be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
+    if (l == 0)
+      be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
+    else
+      be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
     be_.linear(h_.data(), n, lw.wq, q_.data());
     be_.linear(h_.data(), n, lw.wk, k_.data());
     be_.linear(h_.data(), n, lw.wv, v_.data());
@@ -597,20 +594,20 @@ class Decoder {
     be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
     if (query_tap_) query_tap_(l, q_.data(), n);
     // kvsift reads the cache only through the view, so writing it is the engine's job.
-    be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), cache.view(lim_.max_batch, lengths_.data()));
+    cache.with_view(lim_.max_batch, lengths_.data(),
+                    [&](const auto& kv) { be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), kv); });
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
-    be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
-    be_.rms_norm(x_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
     be_.linear(h_.data(), n, lw.w_gate, gate_.data());
     be_.linear(h_.data(), n, lw.w_up, up_.data());
-    be_.silu_mul(gate_.data(), up_.data(), std::int64_t(n) * c_.intermediate_size);
-    be_.linear(gate_.data(), n, lw.w_down, h_.data());
-    be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
+    be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
+    if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
   }
 
   // kvsift: decode_attention (dense heads, causal for q_len > 1), timed as the step's attention share.
-  void attend(int /*layer*/, const Cache& kv, const float* q, float* out, int q_len) {
+  template <class View>
+  void attend(int /*layer*/, const View& kv, const float* q, float* out, int q_len) {
     auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
     p.num_sms = be_.num_sms();
     std::size_t bytes = 0;
@@ -656,15 +653,17 @@ class Decoder {
     Buffer<std::int32_t> new_lengths = be_.template alloc<std::int32_t>(std::size_t(B));
     be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
     for (int l = 0; l < c_.num_layers; ++l) {
-      const Cache src = borrowed ? (*borrowed)[std::size_t(l)].read_view(B, lengths_.data())
-                                 : prompt_caches[std::size_t(l)].view(B, lengths_.data());
-      const Cache dst = decode_caches_[std::size_t(l)].view(B, new_lengths.data());
+      const LayerCache& from = borrowed ? (*borrowed)[std::size_t(l)] : prompt_caches[std::size_t(l)];
       const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), B, config.window,
                                                          c_.num_q_heads, c_.head_dim);
       kvsift::CompactOutputs out;
       out.new_lengths = new_lengths.data();
-      check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
-            "compress_prompt (layer " + std::to_string(l) + ")");
+      from.with_view(B, lengths_.data(), [&](const auto& src) {
+        decode_caches_[std::size_t(l)].with_view(B, new_lengths.data(), [&](const auto& dst) {
+          check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
+                "compress_prompt (layer " + std::to_string(l) + ")");
+        });
+      });
       if (!borrowed) prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
     }
     be_.download(cache_len_.data(), new_lengths.data(), std::size_t(B));

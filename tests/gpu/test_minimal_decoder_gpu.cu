@@ -82,13 +82,15 @@ std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c
                                            const md::PolicyOptions& policy,
                                            const std::vector<std::vector<std::int32_t>>& prompts, int steps,
                                            int prefill_chunk, std::vector<std::vector<std::int32_t>>& tokens,
-                                           bool graph_steps = false) {
+                                           bool graph_steps = false, md::KvLayout layout = md::KvLayout::kContiguous) {
   const md::BackendWeights<Backend> weights(be, c, host_weights);
   md::DecoderLimits lim;
   lim.max_batch = int(prompts.size());
   for (const auto& p : prompts) lim.max_prompt_len = std::max(lim.max_prompt_len, int(p.size()));
   lim.max_new_tokens = steps + 1;
   lim.prefill_chunk = prefill_chunk;
+  lim.kv_layout = layout;
+  lim.page_size = 16;
   md::Decoder<Backend> decoder(be, c, weights, policy, lim);
   decoder.set_attention_timing(!graph_steps);
   decoder.set_graph_steps(graph_steps);
@@ -323,7 +325,25 @@ TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each
   }
 }
 
-TEST_CASE("minimal decoder: the decode GEMV equals a host bf16 x bf16 product with float sums, for 1..8 rows") {
+namespace {
+
+// y[i, r] = sum_c W[r, c] bf16(x[i, c]) in double, and the sum of the terms' magnitudes (the error scale).
+void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, int rows, int cols, std::vector<double>& ref,
+               std::vector<double>& mag) {
+  ref.assign(std::size_t(n) * rows, 0.0);
+  mag.assign(ref.size(), 0.0);
+  for (int i = 0; i < n; ++i)
+    for (int r = 0; r < rows; ++r)
+      for (int c = 0; c < cols; ++c) {
+        const double term = double(w[std::size_t(r) * cols + c]) * round_bf16(x[std::size_t(i) * cols + c]);
+        ref[std::size_t(i) * rows + r] += term;
+        mag[std::size_t(i) * rows + r] += std::fabs(term);
+      }
+}
+
+}  // namespace
+
+TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a host bf16 x bf16 product, for 1..8 rows") {
   md::CudaBackend gpu;
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.f, 1.f);
@@ -334,32 +354,40 @@ TEST_CASE("minimal decoder: the decode GEMV equals a host bf16 x bf16 product wi
     const md::CudaBackend::Matrix m = gpu.make_matrix(w, rows, cols);
     for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n) {
       INFO("rows ", rows, ", cols ", cols, ", n ", n);
-      std::vector<float> x(std::size_t(n) * cols);
+      std::vector<float> x(std::size_t(n) * cols), up(x.size());
       for (float& v : x) v = normal(rng);
+      for (float& v : up) v = normal(rng);
       auto dx = gpu.alloc<float>(x.size());
+      auto dup = gpu.alloc<float>(up.size());
       auto dy = gpu.alloc<float>(std::size_t(n) * rows);
-      gpu.upload(dx.data(), x.data(), x.size());
+      gpu.upload(dup.data(), up.data(), up.size());
       const std::vector<float> poison(dy.size(), NAN);
+      gpu.upload(dx.data(), x.data(), x.size());
       gpu.upload(dy.data(), poison.data(), poison.size());
       gpu.linear(dx.data(), n, m, dy.data());
       std::vector<float> y(dy.size());
       gpu.download(y.data(), dy.data(), y.size());
-      for (int i = 0; i < n; ++i)
-        for (int r = 0; r < rows; ++r) {
-          double ref = 0, mag = 0;
-          for (int c = 0; c < cols; ++c) {
-            const double term = double(w[std::size_t(r) * cols + c]) * round_bf16(x[std::size_t(i) * cols + c]);
-            ref += term;
-            mag += std::fabs(term);
-          }
-          REQUIRE(std::isfinite(y[std::size_t(i) * rows + r]));
-          CHECK(std::fabs(y[std::size_t(i) * rows + r] - ref) <= 1e-5 * mag + 1e-6);
-        }
+      std::vector<double> ref, mag;
+      host_gemv(w, x, n, rows, cols, ref, mag);
+      for (std::size_t j = 0; j < y.size(); ++j) {
+        REQUIRE(std::isfinite(y[j]));
+        CHECK(std::fabs(y[j] - ref[j]) <= 1e-5 * mag[j] + 1e-6);
+      }
+      // The SwiGLU-fused GEMV computes silu(x) * up with kernels::silu_mul's expression: it must equal
+      // silu_mul followed by the plain GEMV checked above, bit for bit.
+      gpu.upload(dy.data(), poison.data(), poison.size());
+      gpu.silu_mul_linear(dx.data(), dup.data(), n, m, dy.data());
+      std::vector<float> fused(dy.size());
+      gpu.download(fused.data(), dy.data(), fused.size());
+      gpu.silu_mul(dx.data(), dup.data(), std::int64_t(x.size()));
+      gpu.linear(dx.data(), n, m, dy.data());
+      gpu.download(y.data(), dy.data(), y.size());
+      CHECK(fused == y);
     }
   }
 }
 
-TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph equal launched steps, bit for bit") {
+TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit") {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);
   md::CudaBackend gpu;
@@ -387,6 +415,13 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph equal launch
       for (std::size_t s = 0; s < launched.size(); ++s) {
         INFO("step ", s);
         CHECK(launched[s] == replayed[s]);
+      }
+      // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
+      const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
+      REQUIRE(paged.size() == launched.size());
+      for (std::size_t s = 0; s < launched.size(); ++s) {
+        INFO("step ", s, " (paged)");
+        CHECK(paged[s] == launched[s]);
       }
     }
 }

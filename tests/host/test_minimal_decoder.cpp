@@ -327,6 +327,41 @@ TEST_CASE("minimal decoder: every policy with a budget above the context gives e
   }
 }
 
+TEST_CASE("minimal decoder: the paged KV layout gives exactly the contiguous layout's logits, every policy") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 13);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLychee}) {
+    md::GenerationRequest req;
+    req.prompts = random_prompts({61, 34, 17}, c.vocab_size, 6);  // lengths that end mid-page
+    req.new_tokens = 7;
+    req.prefill_chunk = 16;
+    req.keep_logits = true;
+    req.policy.kind = kind;
+    req.policy.compression.capacity = 24;  // compression really drops tokens
+    req.policy.compression.window = 4;
+    req.policy.compression.theta = 0.05f;
+    req.policy.compression.num_block = 8;
+    req.policy.lychee.budget = 16;
+    req.policy.lychee.sink = 2;
+    req.policy.lychee.recent = 4;
+    req.policy.lychee.correction_interval = kind == md::PolicyKind::kLychee ? 3 : 0;
+    const md::GenerationReport contiguous = md::generate(be, c, weights, req);
+    for (int page_size : {1, 5, 16}) {
+      INFO("policy ", req.policy.describe(), ", page size ", page_size);
+      md::GenerationRequest paged = req;
+      paged.kv_layout = md::KvLayout::kPaged;
+      paged.page_size = page_size;
+      const md::GenerationReport r = md::generate(be, c, weights, paged);
+      CHECK(r.generated == contiguous.generated);
+      CHECK(r.prefill_logits == contiguous.prefill_logits);
+      CHECK(r.step_logits == contiguous.step_logits);
+    }
+  }
+}
+
 TEST_CASE("minimal decoder: small budgets compress the cache and --check measures the difference") {
   const md::ModelConfig c = tiny_config();
   md::HostBackend be;
@@ -408,6 +443,13 @@ TEST_CASE("minimal decoder: argument errors are one clear line") {
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--prompt-ids", "1 x 3"}), "\"x\" is not a token id");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--frobnicate"}), "unknown option --frobnicate");
   CHECK_ERROR_CONTAINS(md::named_model_config("llama9"), "unknown model shape");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--kv-layout", "ring"}),
+                       "--kv-layout ring: expected contiguous or paged");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--page-size", "0"}),
+                       "--page-size 0: expected an integer >= 1");
+  const md::Options paged = parse({"--random", "tiny", "--random-prompts", "10", "--kv-layout", "paged", "--page-size", "32"});
+  CHECK(paged.kv_layout == md::KvLayout::kPaged);
+  CHECK(paged.page_size == 32);
   const md::Options ok = parse({"--random", "tiny", "--random-prompts", "500,320", "--policy", "clusterattn", "--cp", "256"});
   CHECK(ok.random_prompt_lengths == std::vector<int>{500, 320});
   CHECK(ok.policy.compression.capacity == 256);
