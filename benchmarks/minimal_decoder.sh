@@ -3,8 +3,9 @@
 # synthetic prefill), the issue-8 table: context 32K and 128K x batch 1 and 4 x dense, LycheeDecode
 # (layer 0 + 24 learned-like retrieval KV heads, token mode, budget 4096) and ClusterAttn (Cp 1024).
 #
-#   benchmarks/minimal_decoder.sh [DECODER] [NEW_TOKENS]
+#   benchmarks/minimal_decoder.sh [DECODER] [NEW_TOKENS] [LAYOUTS]
 #
+# LAYOUTS: the KV layouts to run, "contiguous" (default), "paged" (16-token pages) or "contiguous paged".
 # DECODER defaults to build/bench/examples/minimal_decoder/minimal_decoder (the `bench` preset).
 # Each cell runs twice: with --no-attention-timing (decode steps replayed from a CUDA graph: the
 # speed, median step, and the roofline ratio the decoder prints), and with the attention timing on
@@ -15,6 +16,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 decoder=${1:-$here/build/bench/examples/minimal_decoder/minimal_decoder}
 new_tokens=${2:-32}
+layouts=${3:-contiguous}
 roles=$here/examples/minimal_decoder/roles/llama3-8b-learned-like.roles
 [[ -x $decoder ]] || { echo "minimal_decoder.sh: no decoder at $decoder (build the bench preset)" >&2; exit 1; }
 
@@ -26,14 +28,15 @@ policy_args() {
   esac
 }
 
-printf '%-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' context batch policy "tok/s" "ms/step" "floor ms" roofline "GB/step" "attn"
+printf '%-11s %-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' layout context batch policy "tok/s" "ms/step" "floor ms" roofline "GB/step" "attn"
+for layout in $layouts; do
 for context in 32768 131072; do
   prompt=$((context - new_tokens))
   for batch in 1 4; do
     lengths=$(printf "$prompt%.0s," $(seq "$batch")); lengths=${lengths%,}
     for policy in dense lychee clusterattn; do
       common=(--random llama3-8b --random-prompts "$lengths" --synthetic-prefill --new-tokens "$new_tokens" --quiet
-              --device gpu $(policy_args "$policy"))
+              --device gpu --kv-layout "$layout" $(policy_args "$policy"))
       fast=$("$decoder" "${common[@]}" --no-attention-timing)
       timed=$("$decoder" "${common[@]}")
       tps=$(sed -n 's/^decode: .*: \([0-9.]*\) tokens\/s.*/\1/p' <<<"$fast")
@@ -43,7 +46,8 @@ for context in 32768 131072; do
       step=$(sed -n 's/.*median step \([0-9.]*\) ms.*/\1/p' <<<"$roof")
       ratio=$(sed -n 's/.* = \([0-9.]*%\) of the roofline/\1/p' <<<"$roof")
       attn=$(sed -n 's/.*(attention \([0-9]*%\)).*/\1/p' <<<"$timed")
-      printf '%-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' "$context" "$batch" "$policy" "$tps" "$step" "$floor" "$ratio" "$gb" "$attn"
+      printf '%-11s %-8s %-5s %-12s %10s %10s %10s %9s %10s %8s\n' "$layout" "$context" "$batch" "$policy" "$tps" "$step" "$floor" "$ratio" "$gb" "$attn"
     done
   done
+done
 done
