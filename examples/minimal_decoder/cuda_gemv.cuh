@@ -28,31 +28,29 @@ constexpr int kGemvMaxRows = 8;  // batch sizes served by gemv_bf16; larger n go
 constexpr int kGemvRowsPerBlock = 4;
 constexpr int kGemvThreads = 256;
 
-__device__ inline float bf16_round(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// x rounded to bf16 and back, two at a time: one paired conversion per two values. The rounding is
+// done once per activation chunk and reused for every weight row (conversions, not FMAs, are the
+// scarce unit: 16 per clock per SM).
+__device__ inline float2 bf16_round2(float a, float b) { return __bfloat1622float2(__floats2bfloat162_rn(a, b)); }
 
-// acc += dot(w[0..7], x[0..7]) with x rounded to bf16 first.
-__device__ inline float dot8(const uint4& w, const float4& x0, const float4& x1, float acc) {
+// acc += dot(w[0..7], x[0..7]), x already rounded.
+__device__ inline float dot8(const uint4& w, const float2 (&x)[4], float acc) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
-  const float2 w0 = __bfloat1622float2(wp[0]), w1 = __bfloat1622float2(wp[1]);
-  const float2 w2 = __bfloat1622float2(wp[2]), w3 = __bfloat1622float2(wp[3]);
-  acc = fmaf(w0.x, bf16_round(x0.x), acc);
-  acc = fmaf(w0.y, bf16_round(x0.y), acc);
-  acc = fmaf(w1.x, bf16_round(x0.z), acc);
-  acc = fmaf(w1.y, bf16_round(x0.w), acc);
-  acc = fmaf(w2.x, bf16_round(x1.x), acc);
-  acc = fmaf(w2.y, bf16_round(x1.y), acc);
-  acc = fmaf(w3.x, bf16_round(x1.z), acc);
-  acc = fmaf(w3.y, bf16_round(x1.w), acc);
+  for (int j = 0; j < 4; ++j) {
+    const float2 wj = __bfloat1622float2(wp[j]);
+    acc = fmaf(wj.x, x[j].x, acc);
+    acc = fmaf(wj.y, x[j].y, acc);
+  }
   return acc;
 }
 
 // The GEMV's input chunk i of a row: x itself, or for the SwiGLU down projection silu(gate) * up
 // computed on the fly (the expression of kernels::silu_mul, so the fused and unfused paths agree).
+// Returns the chunk rounded to bf16 (as the GEMM input is).
 template <bool kSwiGLU>
-__device__ inline void load_input(const float* x, const float* up, std::int64_t i, float4& a, float4& b) {
+__device__ inline void load_input(const float* x, const float* up, std::int64_t i, float2 (&out)[4]) {
   const float4* xr = reinterpret_cast<const float4*>(x) + 2 * i;
-  a = __ldg(xr);
-  b = __ldg(xr + 1);
+  float4 a = __ldg(xr), b = __ldg(xr + 1);
   if (kSwiGLU) {
     const float4* ur = reinterpret_cast<const float4*>(up) + 2 * i;
     const float4 ua = __ldg(ur), ub = __ldg(ur + 1);
@@ -60,6 +58,10 @@ __device__ inline void load_input(const float* x, const float* up, std::int64_t 
     a = make_float4(swiglu(a.x, ua.x), swiglu(a.y, ua.y), swiglu(a.z, ua.z), swiglu(a.w, ua.w));
     b = make_float4(swiglu(b.x, ub.x), swiglu(b.y, ub.y), swiglu(b.z, ub.z), swiglu(b.w, ub.w));
   }
+  out[0] = bf16_round2(a.x, a.y);
+  out[1] = bf16_round2(a.z, a.w);
+  out[2] = bf16_round2(b.x, b.y);
+  out[3] = bf16_round2(b.z, b.w);
 }
 
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a
@@ -85,9 +87,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __nv_bfloat16* _
     const bool more = c + kGemvThreads < chunks;
     for (int r = 0; r < R; ++r) next[r] = more ? __ldcs(wr[r] + c + kGemvThreads) : cur[r];
     for (int i = 0; i < N; ++i) {
-      float4 x0, x1;
-      load_input<kSwiGLU>(x, up, std::int64_t(i) * chunks + c, x0, x1);
-      for (int r = 0; r < R; ++r) acc[r][i] = dot8(cur[r], x0, x1, acc[r][i]);
+      float2 xi[4];
+      load_input<kSwiGLU>(x, up, std::int64_t(i) * chunks + c, xi);
+      for (int r = 0; r < R; ++r) acc[r][i] = dot8(cur[r], xi, acc[r][i]);
     }
     for (int r = 0; r < R; ++r) cur[r] = next[r];
   }
