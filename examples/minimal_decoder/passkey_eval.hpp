@@ -137,6 +137,47 @@ PasskeyOutcome passkey_decode(Backend& be, const ModelConfig& config, const Back
   return o;
 }
 
+// The cases of every requested length, `limit` each, in batches of at most `batch`.
+inline std::vector<std::vector<PasskeyCase>> passkey_batches(const std::vector<PasskeyCase>& all, int length, int limit,
+                                                             int batch) {
+  const std::vector<PasskeyCase> cases = passkey_cases_of_length(all, length, limit);
+  if (cases.empty()) throw DecoderError("no prompts of " + std::to_string(length) + " tokens in the file");
+  std::vector<std::vector<PasskeyCase>> out;
+  for (std::size_t i = 0; i < cases.size(); i += std::size_t(batch))
+    out.emplace_back(cases.begin() + std::ptrdiff_t(i), cases.begin() + std::ptrdiff_t(std::min(cases.size(), i + std::size_t(batch))));
+  return out;
+}
+
+// Teacher-forced decode of d1..d4 on the source (after every policy has started from its prefill),
+// handing each layer's post-RoPE decode queries to `tap(layer, step, q)` (q in backend memory, [B, Hq * D]).
+template <class Backend, class Tap>
+void passkey_teacher_forced(Decoder<Backend>& source, const std::vector<PasskeyCase>& cases, Tap&& tap) {
+  int step = 0;
+  source.set_query_tap([&](int layer, const float* q, int) { tap(layer, step, q); });
+  for (step = 0; step < kPasskeyDigits - 1; ++step) {
+    std::vector<std::int32_t> next;
+    for (const PasskeyCase& c : cases) next.push_back(c.answer[std::size_t(step)]);
+    source.decode(next);
+  }
+  source.set_query_tap(nullptr);
+}
+
+// The post-RoPE queries of every layer during that teacher-forced decode (positions L..L+3), as host
+// floats [layer][B, steps, q_heads * head_dim]. The source is left after the answer's fourth digit.
+template <class Backend>
+std::vector<std::vector<float>> collect_decode_queries(Backend& be, const ModelConfig& config, Decoder<Backend>& source,
+                                                       const std::vector<PasskeyCase>& cases) {
+  const int B = int(cases.size()), steps = kPasskeyDigits - 1, qd = int(config.q_dim());
+  std::vector<std::vector<float>> dq(std::size_t(config.num_layers), std::vector<float>(std::size_t(B) * steps * qd));
+  std::vector<float> rows(std::size_t(B) * qd);
+  passkey_teacher_forced(source, cases, [&](int layer, int step, const float* q) {
+    be.download(rows.data(), q, rows.size());
+    for (int b = 0; b < B; ++b)
+      std::copy_n(rows.begin() + std::int64_t(b) * qd, qd, dq[std::size_t(layer)].begin() + (std::int64_t(b) * steps + step) * qd);
+  });
+  return dq;
+}
+
 inline int max_window(const std::vector<EvalPolicy>& policies) {
   int w = 0;
   for (const EvalPolicy& p : policies)

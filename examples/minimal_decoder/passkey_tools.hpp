@@ -14,6 +14,8 @@
 
 #include "cli.hpp"
 #include "passkey_eval.hpp"
+#include "roles_output.hpp"
+#include "token_selection.hpp"
 
 namespace minimal_decoder {
 
@@ -29,36 +31,11 @@ int run_passkey_eval(Backend& be, const Options& o, const ModelConfig& config, c
   return 0;
 }
 
-// The cases of every requested length, `limit` each, in batches of at most `batch`.
-inline std::vector<std::vector<PasskeyCase>> passkey_batches(const std::vector<PasskeyCase>& all, int length, int limit,
-                                                             int batch) {
-  const std::vector<PasskeyCase> cases = passkey_cases_of_length(all, length, limit);
-  if (cases.empty()) throw DecoderError("no prompts of " + std::to_string(length) + " tokens in the file");
-  std::vector<std::vector<PasskeyCase>> out;
-  for (std::size_t i = 0; i < cases.size(); i += std::size_t(batch))
-    out.emplace_back(cases.begin() + std::ptrdiff_t(i), cases.begin() + std::ptrdiff_t(std::min(cases.size(), i + std::size_t(batch))));
-  return out;
-}
-
 // Position of d1 (the token after KEY_START) in a prompt.
 inline int passkey_digit_position(const std::vector<std::int32_t>& prompt) {
   for (std::size_t i = 0; i + kPasskeyDigits + 1 < prompt.size(); ++i)
     if (prompt[i] == kKeyStart) return int(i) + 1;
   throw DecoderError("a passkey prompt without KEY_START d1..d5 KEY_END");
-}
-
-// Teacher-forced decode of d1..d4 on the source (after every policy has started from its prefill),
-// handing each layer's post-RoPE decode queries to `tap(layer, step, q)` (q in backend memory, [B, Hq * D]).
-template <class Backend, class Tap>
-void passkey_teacher_forced(Decoder<Backend>& source, const std::vector<PasskeyCase>& cases, Tap&& tap) {
-  int step = 0;
-  source.set_query_tap([&](int layer, const float* q, int) { tap(layer, step, q); });
-  for (step = 0; step < kPasskeyDigits - 1; ++step) {
-    std::vector<std::int32_t> next;
-    for (const PasskeyCase& c : cases) next.push_back(c.answer[std::size_t(step)]);
-    source.decode(next);
-  }
-  source.set_query_tap(nullptr);
 }
 
 // --calibrate-clusterattn: for every theta, kvsift::calibrate_num_block over the num_block
@@ -70,7 +47,7 @@ int run_calibrate_clusterattn(Backend& be, const Options& o, const ModelConfig& 
                               const BackendWeights<Backend>& weights) {
   const std::vector<PasskeyCase> all = read_passkey_file(o.calibrate_clusterattn);
   const int T = int(o.thetas.size()), N = int(o.num_blocks.size()), steps = kPasskeyDigits - 1;
-  const int Hq = config.num_q_heads, D = config.head_dim, qd = int(config.q_dim());
+  const int Hq = config.num_q_heads, D = config.head_dim;
   kvsift::PromptCompressionConfig base = o.policy.compression;
   base.policy = kvsift::CompressionPolicy::kClusterAttn;
   std::printf("ClusterAttn calibration (%s): Cp %d, W %d; mean cosine of full vs kept attention (decode queries,\n"
@@ -93,13 +70,7 @@ int run_calibrate_clusterattn(Backend& be, const Options& o, const ModelConfig& 
           correct[std::size_t(t * N + n)] += passkey_decode(be, config, weights, *source, first, cases, p, o.prefill_chunk).correct;
         }
       // Decode queries [layer][B, steps, Hq, D] of the dense continuation.
-      std::vector<std::vector<float>> dq(std::size_t(config.num_layers), std::vector<float>(std::size_t(B) * steps * qd));
-      passkey_teacher_forced(*source, cases, [&](int layer, int step, const float* q) {
-        std::vector<float> rows(std::size_t(B) * qd);
-        be.download(rows.data(), q, rows.size());
-        for (int b = 0; b < B; ++b)
-          std::copy_n(rows.begin() + std::int64_t(b) * qd, qd, dq[std::size_t(layer)].begin() + (std::int64_t(b) * steps + step) * qd);
-      });
+      const std::vector<std::vector<float>> dq = collect_decode_queries(be, config, *source, cases);
       std::vector<std::int32_t> lens;
       for (const PasskeyCase& c : cases) lens.push_back(std::int32_t(c.prompt.size()));
       auto lengths = be.template alloc<std::int32_t>(lens.size());
@@ -200,6 +171,7 @@ int run_probe_roles(Backend& be, const Options& o, const ModelConfig& config, co
         for (std::size_t c = 0; c < candidates.size(); ++c)
           correct[c] += passkey_decode(be, config, weights, *source, first, cases, candidates[c], o.prefill_chunk).correct;
         std::vector<int> digit0;  // position of d1 in each prompt
+        std::vector<std::int32_t> selected;
         for (const PasskeyCase& c : cases) digit0.push_back(passkey_digit_position(c.prompt));
         passkey_teacher_forced(*source, cases, [&](int layer, int step, const float* q) {
           const auto kv = source->cache_view(layer, nullptr);  // host memory: K read in place
@@ -228,18 +200,11 @@ int run_probe_roles(Backend& be, const Options& o, const ModelConfig& config, co
                 }
                 head_mass += key / sum / G;
               }
-              // The head's own token selection: sink and recent forced, the rest by score.
-              std::vector<int> order;
-              for (int t = ly.sink; t < n - ly.recent; ++t) order.push_back(t);
-              const int room = std::max(0, std::min(int(order.size()), ly.budget - ly.sink - ly.recent));
-              std::partial_sort(order.begin(), order.begin() + room, order.end(), [&](int x, int y) {
-                return mean_score[std::size_t(x)] > mean_score[std::size_t(y)] || (mean_score[std::size_t(x)] == mean_score[std::size_t(y)] && x < y);
-              });
+              // The head's own token selection (sink and recent forced, the rest by score).
+              const std::vector<float> row(mean_score.begin(), mean_score.end());
+              select_tokens(row.data(), n, TokenBudget{ly.budget, ly.sink, ly.recent}, &selected);
               int hit = 0;
-              for (int k = 0; k < room; ++k) {
-                const int t = order[std::size_t(k)];
-                hit += t >= digit0[std::size_t(b)] && t < digit0[std::size_t(b)] + kPasskeyDigits;
-              }
+              for (std::int32_t t : selected) hit += t >= digit0[std::size_t(b)] && t < digit0[std::size_t(b)] + kPasskeyDigits;
               const std::size_t i = std::size_t(layer * Hkv + h);
               mass[i] += head_mass;
               recall[i] += double(hit) / kPasskeyDigits;
@@ -276,22 +241,15 @@ int run_probe_roles(Backend& be, const Options& o, const ModelConfig& config, co
     for (int i = Hkv; i < heads; ++i) order.push_back(i);
     std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return mass[std::size_t(x)] > mass[std::size_t(y)]; });
     std::vector<std::uint8_t> roles = layer0();
-    std::string chosen;
-    for (int k = 0; k < std::min(o.probe_heads, int(order.size())); ++k) {
-      roles[std::size_t(order[std::size_t(k)])] = 1;
-      chosen += (chosen.empty() ? "" : ", ") + head_name(order[std::size_t(k)]);
-    }
-    kvsift::HeadRoles hr;
-    check(kvsift::make_head_roles(layers, Hkv, roles.data(), &hr), "roles");
-    const std::string tmp = o.roles_out + ".tmp";
-    std::ofstream out(tmp);
-    out << "# From the passkey head probe (minimal_decoder --probe-roles " << o.probe_roles << "): layer 0 plus the "
-        << o.probe_heads << " KV head(s) with the most attention on the passkey digits (layer.head: " << chosen
-        << ").\n# A probe on training prompts, not HardKuma training.\n"
-        << kvsift::format_head_roles(hr);
-    if (!out.good() || (out.close(), std::rename(tmp.c_str(), o.roles_out.c_str())) != 0)
-      throw DecoderError("--roles-out " + o.roles_out + ": cannot write");
-    std::printf("roles written to %s: layer 0 + %s\n", o.roles_out.c_str(), chosen.empty() ? "nothing" : chosen.c_str());
+    for (int k = 0; k < std::min(o.probe_heads, int(order.size())); ++k) roles[std::size_t(order[std::size_t(k)])] = 1;
+    const std::string chosen = retrieval_heads_beyond_layer0(roles, Hkv);
+    write_roles_file(o.roles_out,
+                     {"From the passkey head probe (minimal_decoder --probe-roles " + o.probe_roles + "): layer 0 plus the " +
+                          std::to_string(o.probe_heads) +
+                          " KV head(s) with the most attention on the passkey digits (layer.head: " + chosen + ").",
+                      "A probe on training prompts, not HardKuma training."},
+                     roles, layers, Hkv);
+    std::printf("roles written to %s: layer 0 + %s\n", o.roles_out.c_str(), chosen.c_str());
     return 0;
   }
 }

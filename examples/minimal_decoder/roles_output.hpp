@@ -1,0 +1,39 @@
+#pragma once
+// The roles files the decoder's tools write (--probe-roles, --train-roles): comment lines saying how
+// the roles were made, then kvsift's roles format (kvsift/gates/roles_file.hpp). Written to FILE.tmp
+// and renamed into place, so an interrupted run never leaves a half-written roles file behind.
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <kvsift/kvsift.hpp>
+
+#include "errors.hpp"
+
+namespace minimal_decoder {
+
+// "4.1, 5.0": the retrieval heads beyond layer 0 as layer.head, or "nothing".
+inline std::string retrieval_heads_beyond_layer0(const std::vector<std::uint8_t>& roles, int kv_heads) {
+  std::string s;
+  for (std::size_t i = std::size_t(kv_heads); i < roles.size(); ++i)
+    if (roles[i]) s += (s.empty() ? "" : ", ") + std::to_string(i / std::size_t(kv_heads)) + "." + std::to_string(i % std::size_t(kv_heads));
+  return s.empty() ? "nothing" : s;
+}
+
+// roles[layers * kv_heads], 1 = retrieval; each comment line is written as "# line".
+inline void write_roles_file(const std::string& path, const std::vector<std::string>& comment,
+                             const std::vector<std::uint8_t>& roles, int layers, int kv_heads) {
+  kvsift::HeadRoles hr;
+  check(kvsift::make_head_roles(layers, kv_heads, roles.data(), &hr), "roles");
+  const std::string tmp = path + ".tmp";
+  std::ofstream out(tmp);
+  for (const std::string& line : comment) out << "# " << line << "\n";
+  out << kvsift::format_head_roles(hr);
+  if (!out.good() || (out.close(), std::rename(tmp.c_str(), path.c_str())) != 0)
+    throw DecoderError("--roles-out " + path + ": cannot write");
+}
+
+}  // namespace minimal_decoder
