@@ -1,6 +1,6 @@
 // The minimal decoder's decode projections (examples/minimal_decoder/cuda_gemv.cuh) on the
 // llama3-8b shapes, against cuBLAS GemmEx (bf16 x bf16 -> fp32, CUBLAS_COMPUTE_32F) on the same
-// matrix in the same run. Cold L2, graph replay, median. Bytes counted: the weight matrix (bf16),
+// matrices in the same run (one GemmEx per matrix). Cold L2, graph replay, median. Bytes counted: the weight matrix (bf16),
 // the float input rows and the float output rows. A decode step reads each matrix once, so the
 // fraction of the read ceiling here is what bounds the decoder's speed on its weights.
 #include <benchmark/benchmark.h>
@@ -8,6 +8,9 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
 
 #include "cuda_gemv.cuh"
 #include "support/bench_support.cuh"
@@ -16,13 +19,16 @@ namespace {
 
 using BF16 = __nv_bfloat16;
 
+// Projections of one input in one launch (the decoder fuses q/k/v and gate/up): up to 3 row counts
+// sharing the column count. nn.Linear [out, in] of Llama-3-8B.
 struct Shape {
   const char* name;
-  int rows, cols;
+  int cols;
+  std::vector<int> rows;
 };
-// nn.Linear [out, in] of Llama-3-8B; q/o are 4096 x 4096, k/v 1024 x 4096.
-constexpr Shape kShapes[] = {{"q_o", 4096, 4096},       {"k_v", 1024, 4096},         {"gate_up", 14336, 4096},
-                             {"down", 4096, 14336},     {"lm_head", 128256, 4096}};
+const std::vector<Shape> kShapes = {{"q", 4096, {4096}},           {"k", 4096, {1024}},
+                                    {"qkv", 4096, {4096, 1024, 1024}}, {"gate+up", 4096, {14336, 14336}},
+                                    {"down", 14336, {4096}},       {"lm_head", 4096, {128256}}};
 
 cublasHandle_t cublas() {
   static cublasHandle_t h = [] {
@@ -37,30 +43,45 @@ cublasHandle_t cublas() {
 }
 
 void bench(benchmark::State& state, bool use_cublas) {
-  const Shape& s = kShapes[state.range(0)];
-  const int n = int(state.range(1));
-  kvsift_bench::DeviceArray<BF16> w(std::size_t(s.rows) * s.cols), x_bf16(std::size_t(n) * s.cols);
-  kvsift_bench::DeviceArray<float> x(std::size_t(n) * s.cols), y(std::size_t(n) * s.rows);
-  kvsift_bench::fill_uniform_bf16(w.get(), w.n, -1.f, 1.f, 1);
-  kvsift_bench::fill_uniform_bf16(x_bf16.get(), x_bf16.n, -1.f, 1.f, 2);
-  kvsift_bench::fill_uniform(x.get(), x.n, -1.f, 1.f, 3);
+  const Shape& s = kShapes[std::size_t(state.range(0))];
+  const int n = int(state.range(1)), count = int(s.rows.size());
+  std::vector<std::unique_ptr<kvsift_bench::DeviceArray<BF16>>> w;
+  std::vector<std::unique_ptr<kvsift_bench::DeviceArray<float>>> y;
+  double bytes = 0;
+  minimal_decoder::kernels::GemvTargets targets{};
+  for (int t = 0; t < count; ++t) {
+    w.push_back(std::make_unique<kvsift_bench::DeviceArray<BF16>>(std::size_t(s.rows[t]) * s.cols));
+    y.push_back(std::make_unique<kvsift_bench::DeviceArray<float>>(std::size_t(n) * s.rows[t]));
+    kvsift_bench::fill_uniform_bf16(w.back()->get(), w.back()->n, -1.f, 1.f, 1 + t);
+    bytes += double(w.back()->bytes()) + double(y.back()->bytes());
+    targets.w[t] = w.back()->get();
+    targets.y[t] = y.back()->get();
+    targets.rows[t] = s.rows[t];
+  }
+  targets.count = count;
+  kvsift_bench::DeviceArray<BF16> x_bf16(std::size_t(n) * s.cols);
+  kvsift_bench::DeviceArray<float> x(std::size_t(n) * s.cols);
+  kvsift_bench::fill_uniform_bf16(x_bf16.get(), x_bf16.n, -1.f, 1.f, 7);
+  kvsift_bench::fill_uniform(x.get(), x.n, -1.f, 1.f, 8);
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
-  const double bytes = double(w.bytes()) + double(x.bytes()) + double(y.bytes());
+  bytes += double(x.bytes());
   state.SetLabel(std::string(s.name) + (use_cublas ? " cuBLAS" : " gemv"));
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     if (!use_cublas) {
-      minimal_decoder::kernels::launch_gemv_bf16(w.get(), s.rows, s.cols, x.get(), n, y.get(), stream);
+      minimal_decoder::kernels::launch_gemv_bf16(targets, s.cols, x.get(), n, stream);
       return;
     }
     const float alpha = 1.f, beta = 0.f;
     cublasSetStream(cublas(), stream);
-    cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.rows, n, s.cols, &alpha, w.get(), CUDA_R_16BF, s.cols, x_bf16.get(),
-                 CUDA_R_16BF, s.cols, &beta, y.get(), CUDA_R_32F, s.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    for (int t = 0; t < count; ++t)
+      cublasGemmEx(cublas(), CUBLAS_OP_T, CUBLAS_OP_N, s.rows[t], n, s.cols, &alpha, targets.w[t], CUDA_R_16BF, s.cols,
+                   x_bf16.get(), CUDA_R_16BF, s.cols, &beta, targets.y[t], CUDA_R_32F, s.rows[t], CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT);
   });
 }
 
 void shapes(benchmark::internal::Benchmark* b) {
-  for (int i = 0; i < int(sizeof(kShapes) / sizeof(kShapes[0])); ++i)
+  for (int i = 0; i < int(kShapes.size()); ++i)
     for (int n : {1, 4, 8}) b->Args({i, n});
   b->ArgNames({"shape", "n"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }

@@ -19,9 +19,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <kvsift/kvsift.cuh>
@@ -235,6 +237,26 @@ class CudaBackend {
                               w.cols, gemm_input_.data(), CUDA_R_16BF, w.cols, &beta, y, CUDA_R_32F, w.rows,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                  "cublasGemmEx");
+  }
+
+  // Several projections of the same input (q/k/v, gate/up): one GEMV launch when it applies.
+  void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
+    if (n == 0) return;
+    bool fused = outputs.size() <= std::size_t(kernels::kGemvMaxTargets);
+    for (const auto& o : outputs) fused = fused && gemv_applies(x, n, *o.first) && o.first->cols == outputs.begin()->first->cols;
+    if (!fused) {
+      for (const auto& o : outputs) linear(x, n, *o.first, o.second);
+      return;
+    }
+    kernels::GemvTargets targets{};
+    for (const auto& o : outputs) {
+      targets.w[targets.count] = o.first->data.data();
+      targets.rows[targets.count] = o.first->rows;
+      targets.y[targets.count] = o.second;
+      ++targets.count;
+    }
+    kernels::launch_gemv_bf16(targets, outputs.begin()->first->cols, x, n, stream());
+    launched("gemv_bf16 (shared input)");
   }
 
   void silu_mul(float* gate, const float* up, std::int64_t n) const {

@@ -33,15 +33,14 @@ constexpr int kGemvThreads = 256;
 // scarce unit: 16 per clock per SM).
 __device__ inline float2 bf16_round2(float a, float b) { return __bfloat1622float2(__floats2bfloat162_rn(a, b)); }
 
-// acc += dot(w[0..7], x[0..7]), x already rounded.
-__device__ inline float dot8(const uint4& w, const float2 (&x)[4], float acc) {
+// The 8 bf16 weights of a 16-byte chunk as floats (unpacked once per chunk, then used for every input row).
+__device__ inline void unpack8(const uint4& w, float (&out)[8]) {
   const __nv_bfloat162* wp = reinterpret_cast<const __nv_bfloat162*>(&w);
   for (int j = 0; j < 4; ++j) {
-    const float2 wj = __bfloat1622float2(wp[j]);
-    acc = fmaf(wj.x, x[j].x, acc);
-    acc = fmaf(wj.y, x[j].y, acc);
+    const float2 f = __bfloat1622float2(wp[j]);
+    out[2 * j] = f.x;
+    out[2 * j + 1] = f.y;
   }
-  return acc;
 }
 
 // The GEMV's input chunk i of a row: x itself, or for the SwiGLU down projection silu(gate) * up
@@ -64,15 +63,30 @@ __device__ inline void load_input(const float* x, const float* up, std::int64_t 
   out[3] = bf16_round2(b.z, b.w);
 }
 
+// Up to kGemvMaxTargets projections of the same input (q/k/v, gate/up) in one launch: target t
+// owns blocks [first_block[t], first_block[t + 1]). One launch instead of three keeps the GPU busy
+// across what would be three ramps and tails, which is most of the cost of the small k/v matrices.
+constexpr int kGemvMaxTargets = 3;
+struct GemvTargets {
+  const __nv_bfloat16* w[kGemvMaxTargets];
+  float* y[kGemvMaxTargets];
+  int rows[kGemvMaxTargets];
+  int first_block[kGemvMaxTargets + 1];
+  int count;
+};
+
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a
 // multiple of 8 elements are).
 template <int N, bool kSwiGLU>
-__global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __nv_bfloat16* __restrict__ w, int rows, int cols,
-                                                          const float* __restrict__ x, const float* __restrict__ up,
-                                                          float* __restrict__ y) {
+__global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __grid_constant__ GemvTargets targets, int cols,
+                                                          const float* __restrict__ x, const float* __restrict__ up) {
   constexpr int R = kGemvRowsPerBlock, kWarps = kGemvThreads / 32;
   __shared__ float partial[kWarps][R][N];
-  const int first_row = blockIdx.x * R;
+  int t = 0;
+  while (t + 1 < targets.count && int(blockIdx.x) >= targets.first_block[t + 1]) ++t;
+  const __nv_bfloat16* w = targets.w[t];
+  const int rows = targets.rows[t];
+  const int first_row = (int(blockIdx.x) - targets.first_block[t]) * R;
   const int chunks = cols / 8;
   const uint4* wr[R];
   for (int r = 0; r < R; ++r)  // rows past the end re-read the last row and are not written
@@ -86,10 +100,16 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __nv_bfloat16* _
     uint4 next[R];
     const bool more = c + kGemvThreads < chunks;
     for (int r = 0; r < R; ++r) next[r] = more ? __ldcs(wr[r] + c + kGemvThreads) : cur[r];
+    float wf[R][8];
+    for (int r = 0; r < R; ++r) unpack8(cur[r], wf[r]);
     for (int i = 0; i < N; ++i) {
       float2 xi[4];
       load_input<kSwiGLU>(x, up, std::int64_t(i) * chunks + c, xi);
-      for (int r = 0; r < R; ++r) acc[r][i] = dot8(cur[r], xi, acc[r][i]);
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < 4; ++j) {
+          acc[r][i] = fmaf(wf[r][2 * j], xi[j].x, acc[r][i]);
+          acc[r][i] = fmaf(wf[r][2 * j + 1], xi[j].y, acc[r][i]);
+        }
     }
     for (int r = 0; r < R; ++r) cur[r] = next[r];
   }
@@ -105,21 +125,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __nv_bfloat16* _
     const int r = threadIdx.x / N, i = threadIdx.x % N;
     float sum = 0.f;
     for (int k = 0; k < kWarps; ++k) sum += partial[k][r][i];  // fixed order: deterministic
-    if (first_row + r < rows) y[std::int64_t(i) * rows + first_row + r] = sum;
+    if (first_row + r < rows) targets.y[t][std::int64_t(i) * rows + first_row + r] = sum;
   }
 }
 
-// Launches gemv_bf16 for n in 1..kGemvMaxRows on `stream`; with `up`, the input is silu(x) * up.
-inline void launch_gemv_bf16(const __nv_bfloat16* w, int rows, int cols, const float* x, int n, float* y, cudaStream_t stream,
+// Launches gemv_bf16 for n in 1..kGemvMaxRows on `stream`: y_t = x W_t^T for every target of
+// `targets` (w, rows, y filled, count set; the block ranges are filled here). With `up`, the input
+// is silu(x) * up.
+inline void launch_gemv_bf16(GemvTargets targets, int cols, const float* x, int n, cudaStream_t stream,
                              const float* up = nullptr) {
-  const unsigned blocks = unsigned((rows + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock);
+  targets.first_block[0] = 0;
+  for (int t = 0; t < targets.count; ++t)
+    targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
+  const unsigned blocks = unsigned(targets.first_block[targets.count]);
   switch (n) {
 #define KVSIFT_DECODER_GEMV_CASE(N)                                                        \
   case N:                                                                                  \
     if (up)                                                                                \
-      gemv_bf16<N, true><<<blocks, kGemvThreads, 0, stream>>>(w, rows, cols, x, up, y);    \
+      gemv_bf16<N, true><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);       \
     else                                                                                   \
-      gemv_bf16<N, false><<<blocks, kGemvThreads, 0, stream>>>(w, rows, cols, x, up, y);   \
+      gemv_bf16<N, false><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);      \
     break;
     KVSIFT_DECODER_GEMV_CASE(1)
     KVSIFT_DECODER_GEMV_CASE(2)
@@ -133,6 +158,17 @@ inline void launch_gemv_bf16(const __nv_bfloat16* w, int rows, int cols, const f
     default:
       break;
   }
+}
+
+// One projection.
+inline void launch_gemv_bf16(const __nv_bfloat16* w, int rows, int cols, const float* x, int n, float* y, cudaStream_t stream,
+                             const float* up = nullptr) {
+  GemvTargets one{};
+  one.w[0] = w;
+  one.rows[0] = rows;
+  one.y[0] = y;
+  one.count = 1;
+  launch_gemv_bf16(one, cols, x, n, stream, up);
 }
 
 }  // namespace kernels

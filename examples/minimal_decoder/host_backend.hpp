@@ -10,12 +10,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <new>
 #include <random>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <kvsift/kvsift.hpp>
@@ -140,6 +142,11 @@ struct HostBackend {
         }
       }
     }
+  }
+
+  // Several projections of the same input (q/k/v, gate/up): y_i = x W_i^T (one launch on the GPU).
+  void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
+    for (const auto& o : outputs) linear(x, n, *o.first, o.second);
   }
 
   // gate = silu(gate) * up (SwiGLU)

@@ -583,9 +583,7 @@ class Decoder {
       be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
     else
       be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
-    be_.linear(h_.data(), n, lw.wq, q_.data());
-    be_.linear(h_.data(), n, lw.wk, k_.data());
-    be_.linear(h_.data(), n, lw.wv, v_.data());
+    be_.linear_shared_input(h_.data(), n, {{&lw.wq, q_.data()}, {&lw.wk, k_.data()}, {&lw.wv, v_.data()}});
     if (c_.qk_norm) {
       be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
       be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
@@ -599,8 +597,7 @@ class Decoder {
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
     be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
-    be_.linear(h_.data(), n, lw.w_gate, gate_.data());
-    be_.linear(h_.data(), n, lw.w_up, up_.data());
+    be_.linear_shared_input(h_.data(), n, {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
     be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
     if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
   }
