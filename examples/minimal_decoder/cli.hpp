@@ -71,6 +71,8 @@ passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md)
                          --thetas value over --num-blocks, mean cosine per length; also the accuracy of each
   --probe-roles FILE     CPU probe for retrieval KV heads: attention on the passkey digits from the decode
                          queries, per (layer, KV head); writes --roles-out (layer 0 + the top --probe-heads)
+  --train-roles FILE     HardKuma head-role training for LycheeDecode's token mode (--lychee-budget/-sink/
+                         -recent): layer-local distillation at the answer's decode steps; writes --roles-out
   --lengths L,..         prompt lengths to use (default 1024,2048)
   --limit N              prompts per length (default: all)
   --eval-batch N         prompts per batch, one shared dense prefill each (default 16)
@@ -78,7 +80,13 @@ passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md)
   --eval-clusterattn T:N,..  evaluate ClusterAttn once per theta:num_block setting (default: --theta, --num-block)
   --thetas F,..          calibration sweep (default 0.02,0.05,0.1,0.2)
   --num-blocks N,..      calibration candidates (default 16,32,64,128,256)
-  --roles-out FILE, --probe-heads N   the probe's roles file and its retrieval heads beyond layer 0 (default 1)
+  --roles-out FILE       the roles file --probe-roles and --train-roles write
+  --probe-heads N        --probe-roles: retrieval heads beyond layer 0 (default 1)
+  --train-steps N        --train-roles: optimisation steps (default 3000)
+  --train-heads K        --train-roles: retrieval KV heads wanted beyond layer 0, density target K / gates (default 2)
+  --train-seed N         --train-roles: seed of the gate draws and of the prompt order (default 1)
+  --train-norm model|layer  --train-roles: the relative loss's denominator, all layers' dense output norm
+                         (default) or the head's own layer's (role_training.hpp, gate_training.hpp)
 )";
 
 enum class DeviceChoice { kAuto, kCpu, kGpu };
@@ -108,7 +116,7 @@ struct Options {
   bool quiet = false;
   bool help = false;
   // passkey fidelity tools (passkey_eval.hpp, passkey_tools.hpp)
-  std::string eval_passkey, calibrate_clusterattn, probe_roles;
+  std::string eval_passkey, calibrate_clusterattn, probe_roles, train_roles;
   std::vector<int> lengths = {1024, 2048};
   int limit = 0;
   int eval_batch = 16;
@@ -117,8 +125,13 @@ struct Options {
   std::vector<int> num_blocks = {16, 32, 64, 128, 256};
   std::string roles_out;
   int probe_heads = 1;
+  int train_steps = 3000, train_heads = 2;
+  std::uint64_t train_seed = 1;
+  std::string train_norm = "model";
   std::vector<std::pair<float, int>> eval_clusterattn;  // (theta, num_block) settings of --eval-passkey
-  bool passkey_tool() const { return !eval_passkey.empty() || !calibrate_clusterattn.empty() || !probe_roles.empty(); }
+  bool passkey_tool() const {
+    return !eval_passkey.empty() || !calibrate_clusterattn.empty() || !probe_roles.empty() || !train_roles.empty();
+  }
 };
 
 // "12 5 7" -> {12, 5, 7}; anything that is not an integer is an error naming `what`.
@@ -246,6 +259,7 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--eval-passkey") o.eval_passkey = value();
     else if (flag == "--calibrate-clusterattn") o.calibrate_clusterattn = value();
     else if (flag == "--probe-roles") o.probe_roles = value();
+    else if (flag == "--train-roles") o.train_roles = value();
     else if (flag == "--lengths" || flag == "--num-blocks") {
       std::string list = value();
       for (char& ch : list) ch = ch == ',' ? ' ' : ch;
@@ -288,17 +302,33 @@ inline Options parse_options(const std::vector<std::string>& args) {
     else if (flag == "--json") o.json = value();
     else if (flag == "--roles-out") o.roles_out = value();
     else if (flag == "--probe-heads") o.probe_heads = integer(0);
+    else if (flag == "--train-steps") o.train_steps = integer(1);
+    else if (flag == "--train-heads") o.train_heads = integer(1);
+    else if (flag == "--train-seed") o.train_seed = std::uint64_t(integer(0));
+    else if (flag == "--train-norm") {
+      o.train_norm = value();
+      if (o.train_norm != "model" && o.train_norm != "layer") throw DecoderError("--train-norm " + o.train_norm + ": expected model or layer");
+    }
     else throw DecoderError("unknown option " + flag + " (see --help)");
   }
   if (o.help) return o;
   if (o.model_dir.empty() == o.random_shape.empty()) throw DecoderError("give exactly one of --model DIR and --random SHAPE");
   const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
   if (o.passkey_tool()) {
-    if (int(!o.eval_passkey.empty()) + int(!o.calibrate_clusterattn.empty()) + int(!o.probe_roles.empty()) != 1)
-      throw DecoderError("give one of --eval-passkey, --calibrate-clusterattn and --probe-roles");
+    if (int(!o.eval_passkey.empty()) + int(!o.calibrate_clusterattn.empty()) + int(!o.probe_roles.empty()) +
+            int(!o.train_roles.empty()) != 1)
+      throw DecoderError("give one of --eval-passkey, --calibrate-clusterattn, --probe-roles and --train-roles");
     if (sources != 0 || o.compare || o.check) throw DecoderError("the passkey tools read their own prompt file; drop the prompt source, --check and --compare");
     if (o.model_dir.empty()) throw DecoderError("the passkey tools need a trained checkpoint (--model DIR)");
     if (!o.probe_roles.empty() && o.roles_out.empty()) throw DecoderError("--probe-roles needs --roles-out FILE");
+    if (!o.train_roles.empty()) {
+      const LycheeOptions& ly = o.policy.lychee;
+      if (o.roles_out.empty()) throw DecoderError("--train-roles needs --roles-out FILE");
+      if (ly.mode != "token") throw DecoderError("--train-roles trains roles for LycheeDecode's token mode: drop --lychee-mode " + ly.mode);
+      if (ly.budget < ly.sink + ly.recent)
+        throw DecoderError("--lychee-budget " + std::to_string(ly.budget) + " is below --lychee-sink + --lychee-recent = " +
+                           std::to_string(ly.sink + ly.recent) + " (the forced tokens count inside the budget)");
+    }
     return o;
   }
   if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");

@@ -3,6 +3,7 @@
 //   --eval-passkey           passkey_eval.hpp: per-length accuracy of every policy
 //   --calibrate-clusterattn  ClusterAttn theta x num_block with kvsift::calibrate_num_block
 //   --probe-roles            a CPU probe for LycheeDecode retrieval heads (not HardKuma training)
+//   --train-roles            role_training.hpp: LycheeDecode head roles from HardKuma gate training
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +15,7 @@
 
 #include "cli.hpp"
 #include "passkey_eval.hpp"
+#include "role_training.hpp"
 #include "roles_output.hpp"
 #include "token_selection.hpp"
 
@@ -131,7 +133,7 @@ int run_calibrate_clusterattn(Backend& be, const Options& o, const ModelConfig& 
 //           raw scores, sink + recent forced, budget), i.e. what it would hand to sparse heads.
 // The roles file gets layer 0 plus the --probe-heads heads of highest mass beyond layer 0. Every
 // single extra head, and the chosen set, are also decoded under LycheeDecode on the same prompts.
-// This is a probe on training prompts, not HardKuma training (issue 9 still wants that, on the GPU).
+// This is a probe on training prompts, not HardKuma training (--train-roles, role_training.hpp).
 template <class Backend>
 int run_probe_roles(Backend& be, const Options& o, const ModelConfig& config, const BackendWeights<Backend>& weights) {
   if constexpr (!std::is_same<typename Backend::KvType, float>::value) {
@@ -258,6 +260,7 @@ template <class Backend>
 int run_passkey_tool(Backend& be, const Options& o, const ModelConfig& config, const BackendWeights<Backend>& weights) {
   if (!o.eval_passkey.empty()) return run_passkey_eval(be, o, config, weights);
   if (!o.calibrate_clusterattn.empty()) return run_calibrate_clusterattn(be, o, config, weights);
+  if (!o.train_roles.empty()) return run_train_roles(be, o, config, weights);
   return run_probe_roles(be, o, config, weights);
 }
 

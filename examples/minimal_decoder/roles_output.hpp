@@ -18,8 +18,9 @@ namespace minimal_decoder {
 // "4.1, 5.0": the retrieval heads beyond layer 0 as layer.head, or "nothing".
 inline std::string retrieval_heads_beyond_layer0(const std::vector<std::uint8_t>& roles, int kv_heads) {
   std::string s;
-  for (std::size_t i = std::size_t(kv_heads); i < roles.size(); ++i)
-    if (roles[i]) s += (s.empty() ? "" : ", ") + std::to_string(i / std::size_t(kv_heads)) + "." + std::to_string(i % std::size_t(kv_heads));
+  const std::size_t kv = std::size_t(kv_heads);
+  for (std::size_t i = kv; i < roles.size(); ++i)
+    if (roles[i]) s += (s.empty() ? "" : ", ") + std::to_string(i / kv) + "." + std::to_string(i % kv);
   return s.empty() ? "nothing" : s;
 }
 
