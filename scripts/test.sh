@@ -6,17 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! [ -f /usr/include/doctest/doctest.h ] && ! [ -f /usr/local/include/doctest/doctest.h ] && [ -z "${CMAKE_PREFIX_PATH:-}" ]; then
-  echo "doctest not found: installing doctest-dev"
-  if [ "$(id -u)" = 0 ]; then apt-get install -y doctest-dev || { apt-get update && apt-get install -y doctest-dev; }
-  else sudo apt-get install -y doctest-dev; fi
-fi
+source scripts/ensure-packages.sh
+ensure_package doctest-dev doctest/doctest.h required
 # examples/minimal_decoder and its test need nlohmann-json; without it CMake skips them.
-if ! [ -f /usr/include/nlohmann/json.hpp ] && [ -z "${CMAKE_PREFIX_PATH:-}" ]; then
-  echo "nlohmann-json not found: installing nlohmann-json3-dev"
-  if [ "$(id -u)" = 0 ]; then apt-get install -y nlohmann-json3-dev || { apt-get update && apt-get install -y nlohmann-json3-dev; } || true
-  else sudo apt-get install -y nlohmann-json3-dev || true; fi
-fi
+ensure_package nlohmann-json3-dev nlohmann/json.hpp optional
 
 preset=cpu
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then

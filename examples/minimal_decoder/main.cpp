@@ -122,14 +122,14 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   // --compare: every policy on the same prompts, each checked against dense.
   req.check = true;
   req.progress = false;
-  std::printf("%-46s %9s %10s %10s %12s %6s %12s\n", "policy", "top-1", "KL mean", "KL max", "decode tok/s", "attn",
+  std::printf("%-58s %9s %10s %10s %12s %6s %12s\n", "policy", "top-1", "KL mean", "KL max", "decode tok/s", "attn",
               "KV in use");
   for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
                               md::PolicyKind::kStreamingLLM, md::PolicyKind::kLychee}) {
     req.policy.kind = kind;
     const md::GenerationReport r = md::generate(be, config, weights, req);
     const double ms = r.decode_ms();
-    std::printf("%-46s %8.1f%% %10.3g %10.3g %12.1f %5.0f%% %12s\n", req.policy.describe().c_str(),
+    std::printf("%-58s %8.1f%% %10.3g %10.3g %12.1f %5.0f%% %12s\n", req.policy.describe().c_str(),
                 r.compared ? 100.0 * double(r.top1_agree) / double(r.compared) : 100.0,
                 r.compared ? r.kl_sum / double(r.compared) : 0.0, r.kl_max,
                 ms > 0 ? double(r.step_ms.size() * req.prompts.size()) / (ms / 1e3) : 0.0,
