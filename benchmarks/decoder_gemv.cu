@@ -42,7 +42,8 @@ cublasHandle_t cublas() {
   return h;
 }
 
-void bench(benchmark::State& state, bool use_cublas) {
+// rows_per_block: the GEMV's weight rows per block (2 or 4; 0 = its default for n), unused by cuBLAS.
+void bench(benchmark::State& state, bool use_cublas, int rows_per_block) {
   const Shape& s = kShapes[std::size_t(state.range(0))];
   const int n = int(state.range(1)), count = int(s.rows.size());
   std::vector<std::unique_ptr<kvsift_bench::DeviceArray<BF16>>> w;
@@ -65,10 +66,10 @@ void bench(benchmark::State& state, bool use_cublas) {
   kvsift_bench::fill_uniform(x.get(), x.n, -1.f, 1.f, 8);
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
   bytes += double(x.bytes());
-  state.SetLabel(std::string(s.name) + (use_cublas ? " cuBLAS" : " gemv"));
+  state.SetLabel(std::string(s.name) + (use_cublas ? " cuBLAS" : " gemv R=" + std::to_string(rows_per_block)));
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     if (!use_cublas) {
-      minimal_decoder::kernels::launch_gemv_bf16(targets, s.cols, x.get(), n, stream);
+      minimal_decoder::kernels::launch_gemv_bf16(targets, s.cols, x.get(), n, stream, nullptr, rows_per_block);
       return;
     }
     const float alpha = 1.f, beta = 0.f;
@@ -86,9 +87,13 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "n"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-void BM_DecoderGemv(benchmark::State& state) { bench(state, false); }
-void BM_CublasGemmEx(benchmark::State& state) { bench(state, true); }
+void BM_DecoderGemv(benchmark::State& state) { bench(state, false, 0); }
+void BM_DecoderGemvR2(benchmark::State& state) { bench(state, false, 2); }
+void BM_DecoderGemvR4(benchmark::State& state) { bench(state, false, 4); }
+void BM_CublasGemmEx(benchmark::State& state) { bench(state, true, 0); }
 BENCHMARK(BM_DecoderGemv)->Apply(shapes);
+BENCHMARK(BM_DecoderGemvR2)->Apply(shapes);
+BENCHMARK(BM_DecoderGemvR4)->Apply(shapes);
 BENCHMARK(BM_CublasGemmEx)->Apply(shapes);
 
 }  // namespace

@@ -8,7 +8,7 @@
 // rounds them to bf16 in registers (the same rounding the cuBLAS path applies, so both paths compute
 // bf16 x bf16 products with fp32 sums and agree to summation order).
 //
-// Layout of the work: one block of kGemvThreads computes kGemvRowsPerBlock output rows, its threads
+// Layout of the work: one block of kGemvThreads computes R (2 or 4) output rows, its threads
 // splitting the columns in 16-byte chunks (8 bf16). Every thread keeps the loads of its next chunk
 // of all those rows in flight while it multiplies the current one, and reuses each activation chunk
 // for all of the rows (activations are a few KB and stay in L1/L2; the weights are read once, with
@@ -25,8 +25,11 @@ namespace minimal_decoder {
 namespace kernels {
 
 constexpr int kGemvMaxRows = 8;  // batch sizes served by gemv_bf16; larger n goes to cuBLAS
-constexpr int kGemvRowsPerBlock = 4;
 constexpr int kGemvThreads = 256;
+
+// Weight rows per block: more rows reuse each activation chunk more, fewer keep the registers (and
+// so the blocks resident per SM, and the bytes in flight) up as the input rows grow. 0 = this default.
+constexpr int gemv_rows_per_block(int input_rows) { return input_rows <= 2 ? 4 : 2; }
 
 // x rounded to bf16 and back, two at a time: one paired conversion per two values. The rounding is
 // done once per activation chunk and reused for every weight row (conversions, not FMAs, are the
@@ -77,10 +80,10 @@ struct GemvTargets {
 
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a
 // multiple of 8 elements are).
-template <int N, bool kSwiGLU>
+template <int N, int R, bool kSwiGLU>
 __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __grid_constant__ GemvTargets targets, int cols,
                                                           const float* __restrict__ x, const float* __restrict__ up) {
-  constexpr int R = kGemvRowsPerBlock, kWarps = kGemvThreads / 32;
+  constexpr int kWarps = kGemvThreads / 32;
   __shared__ float partial[kWarps][R][N];
   int t = 0;
   while (t + 1 < targets.count && int(blockIdx.x) >= targets.first_block[t + 1]) ++t;
@@ -129,34 +132,39 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __grid_constant_
   }
 }
 
+template <int N, int R>
+void launch_gemv_rows(const GemvTargets& targets, int cols, const float* x, cudaStream_t stream, const float* up) {
+  const unsigned blocks = unsigned(targets.first_block[targets.count]);
+  if (up)
+    gemv_bf16<N, R, true><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);
+  else
+    gemv_bf16<N, R, false><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);
+}
+
+template <int N>
+void launch_gemv_n(GemvTargets targets, int cols, const float* x, cudaStream_t stream, const float* up, int rows_per_block) {
+  const int R = rows_per_block > 0 ? rows_per_block : gemv_rows_per_block(N);
+  targets.first_block[0] = 0;
+  for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  if (R == 2) launch_gemv_rows<N, 2>(targets, cols, x, stream, up);
+  else launch_gemv_rows<N, 4>(targets, cols, x, stream, up);
+}
+
 // Launches gemv_bf16 for n in 1..kGemvMaxRows on `stream`: y_t = x W_t^T for every target of
 // `targets` (w, rows, y filled, count set; the block ranges are filled here). With `up`, the input
-// is silu(x) * up.
-inline void launch_gemv_bf16(GemvTargets targets, int cols, const float* x, int n, cudaStream_t stream,
-                             const float* up = nullptr) {
-  targets.first_block[0] = 0;
-  for (int t = 0; t < targets.count; ++t)
-    targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + kGemvRowsPerBlock - 1) / kGemvRowsPerBlock;
-  const unsigned blocks = unsigned(targets.first_block[targets.count]);
+// is silu(x) * up. rows_per_block: 2 or 4 weight rows per block, 0 = gemv_rows_per_block(n).
+inline void launch_gemv_bf16(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
+                             const float* up = nullptr, int rows_per_block = 0) {
   switch (n) {
-#define KVSIFT_DECODER_GEMV_CASE(N)                                                        \
-  case N:                                                                                  \
-    if (up)                                                                                \
-      gemv_bf16<N, true><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);       \
-    else                                                                                   \
-      gemv_bf16<N, false><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);      \
-    break;
-    KVSIFT_DECODER_GEMV_CASE(1)
-    KVSIFT_DECODER_GEMV_CASE(2)
-    KVSIFT_DECODER_GEMV_CASE(3)
-    KVSIFT_DECODER_GEMV_CASE(4)
-    KVSIFT_DECODER_GEMV_CASE(5)
-    KVSIFT_DECODER_GEMV_CASE(6)
-    KVSIFT_DECODER_GEMV_CASE(7)
-    KVSIFT_DECODER_GEMV_CASE(8)
-#undef KVSIFT_DECODER_GEMV_CASE
-    default:
-      break;
+    case 1: return launch_gemv_n<1>(targets, cols, x, stream, up, rows_per_block);
+    case 2: return launch_gemv_n<2>(targets, cols, x, stream, up, rows_per_block);
+    case 3: return launch_gemv_n<3>(targets, cols, x, stream, up, rows_per_block);
+    case 4: return launch_gemv_n<4>(targets, cols, x, stream, up, rows_per_block);
+    case 5: return launch_gemv_n<5>(targets, cols, x, stream, up, rows_per_block);
+    case 6: return launch_gemv_n<6>(targets, cols, x, stream, up, rows_per_block);
+    case 7: return launch_gemv_n<7>(targets, cols, x, stream, up, rows_per_block);
+    case 8: return launch_gemv_n<8>(targets, cols, x, stream, up, rows_per_block);
+    default: return;
   }
 }
 
