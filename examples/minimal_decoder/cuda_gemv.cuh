@@ -27,9 +27,10 @@ namespace kernels {
 constexpr int kGemvMaxRows = 8;  // batch sizes served by gemv_bf16; larger n goes to cuBLAS
 constexpr int kGemvThreads = 256;
 
-// Weight rows per block: more rows reuse each activation chunk more, fewer keep the registers (and
-// so the blocks resident per SM, and the bytes in flight) up as the input rows grow. 0 = this default.
-constexpr int gemv_rows_per_block(int input_rows) { return input_rows <= 2 ? 4 : 2; }
+// Weight rows per block. 4 everywhere: 2 rows (60 instead of 98 registers at 4 input rows, twice the
+// resident blocks) measured no faster at 4 input rows and up to 1.5x slower at 8 (bench_decoder_gemv,
+// docs/performance.md); the benchmark keeps both to compare.
+constexpr int gemv_rows_per_block(int /*input_rows*/) { return 4; }
 
 // x rounded to bf16 and back, two at a time: one paired conversion per two values. The rounding is
 // done once per activation chunk and reused for every weight row (conversions, not FMAs, are the
