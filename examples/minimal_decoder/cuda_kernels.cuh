@@ -34,21 +34,27 @@ __global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* ta
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[std::int64_t(row) * cols + i] = T(__bfloat162float(src[i]));
 }
 
-// One block per row: y = x * rsqrt(mean(x^2) + eps) * w. Each thread writes only the elements it
-// read, after the block-wide sum, so y may alias x (the q/k norms run in place).
-template <class T>
-__global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
+// 1 / sqrt(mean(x^2) + eps) of a row, from each thread's partial sum of squares (one block per row,
+// at most kThreads threads), the same in every thread.
+__device__ inline float block_inverse_rms(float ss, int dim, float eps) {
   __shared__ float warp_sums[kThreads / 32];
-  const T* xr = x + std::int64_t(blockIdx.x) * dim;
-  T* yr = y + std::int64_t(blockIdx.x) * dim;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += float(xr[i]) * float(xr[i]);
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
   __syncthreads();
   float total = 0.f;
   for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_sums[i];
-  const float inv = 1.f / sqrtf(total / float(dim) + eps);
+  return 1.f / sqrtf(total / float(dim) + eps);
+}
+
+// One block per row: y = x * rsqrt(mean(x^2) + eps) * w. Each thread writes only the elements it
+// read, after the block-wide sum, so y may alias x (the q/k norms run in place).
+template <class T>
+__global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
+  const T* xr = x + std::int64_t(blockIdx.x) * dim;
+  T* yr = y + std::int64_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += float(xr[i]) * float(xr[i]);
+  const float inv = block_inverse_rms(ss, dim, eps);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = T(float(xr[i]) * inv * w[i]);
 }
 
@@ -56,7 +62,6 @@ __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
 // norm). Each thread writes out only where it read y, after the block-wide sum, so out may alias y.
 template <class T>
 __global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float eps, T* out) {
-  __shared__ float warp_sums[kThreads / 32];
   T* xr = x + std::int64_t(blockIdx.x) * dim;
   const T* yr = y + std::int64_t(blockIdx.x) * dim;
   T* outr = out + std::int64_t(blockIdx.x) * dim;
@@ -66,12 +71,7 @@ __global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float ep
     xr[i] = T(v);
     ss += v * v;
   }
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_sums[i];
-  const float inv = 1.f / sqrtf(total / float(dim) + eps);
+  const float inv = block_inverse_rms(ss, dim, eps);
   for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xr[i]) * inv * w[i]);
 }
 

@@ -25,6 +25,7 @@
 #include "cuda_gemv.cuh"
 #include "cuda_random.cuh"
 #include "generate.hpp"
+#include "support/decoder_test_helpers.hpp"
 #include "host_backend.hpp"
 
 namespace md = minimal_decoder;
@@ -261,16 +262,8 @@ TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on t
   md::CudaBackend gpu;
   for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
                               md::PolicyKind::kLychee}) {
-    md::PolicyOptions p;
-    p.kind = kind;
-    p.compression.capacity = 100;  // > 45 + 7: compression keeps every token
-    p.compression.window = 4;
-    p.compression.theta = 0.05f;
-    p.compression.num_block = 8;
-    p.lychee.budget = 100;
-    p.lychee.sink = 4;
-    p.lychee.recent = 8;
-    p.lychee.correction_interval = kind == md::PolicyKind::kLychee ? 3 : 0;  // steps 2 and 5 re-run densely
+    // Budgets > 45 + 7: compression keeps every token; LycheeDecode's steps 2 and 5 re-run densely.
+    const md::PolicyOptions p = decoder_test::test_policy(kind, 100, 100, 4, 8, 3);
     INFO("policy ", p.describe());
     std::vector<std::vector<std::int32_t>> tokens;
     const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens);
@@ -298,16 +291,9 @@ TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each
   md::CudaBackend gpu;
   const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 2);
   for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLychee}) {
-    md::PolicyOptions p;
-    p.kind = kind;
-    p.compression.capacity = 48;
+    md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
     p.compression.window = 8;
-    p.compression.theta = 0.05f;
     p.compression.num_block = 16;
-    p.lychee.budget = 32;
-    p.lychee.sink = 4;
-    p.lychee.recent = 8;
-    p.lychee.correction_interval = 2;
     INFO("policy ", p.describe());
     md::DecoderLimits lim;
     lim.max_batch = 2;
@@ -394,16 +380,7 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
   // 3 sequences take the GEMV, 10 cuBLAS; LycheeDecode's corrections run outside the graph between replays.
   for (int batch : {3, 10})
     for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLychee}) {
-      md::PolicyOptions p;
-      p.kind = kind;
-      p.compression.capacity = 24;
-      p.compression.window = 4;
-      p.compression.theta = 0.05f;
-      p.compression.num_block = 8;
-      p.lychee.budget = 16;
-      p.lychee.sink = 2;
-      p.lychee.recent = 4;
-      p.lychee.correction_interval = kind == md::PolicyKind::kLychee ? 3 : 0;
+      const md::PolicyOptions p = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);
       INFO("batch ", batch, ", policy ", p.describe());
       std::vector<int> lengths;
       for (int b = 0; b < batch; ++b) lengths.push_back(30 + 7 * b);

@@ -18,6 +18,7 @@
 #include "checkpoint.hpp"
 #include "cli.hpp"
 #include "generate.hpp"
+#include "support/decoder_test_helpers.hpp"
 #include "host_backend.hpp"
 
 namespace md = minimal_decoder;
@@ -241,23 +242,6 @@ std::vector<std::vector<std::int32_t>> random_prompts(std::vector<int> lengths, 
   return out;
 }
 
-// The message of the DecoderError `f` throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const md::DecoderError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-#define CHECK_ERROR_CONTAINS(expr, text)                                 \
-  do {                                                                   \
-    const std::string message_ = error_of([&] { (void)(expr); });        \
-    INFO("message: ", message_);                                         \
-    CHECK(message_.find(text) != std::string::npos);                     \
-  } while (0)
 
 }  // namespace
 
@@ -307,14 +291,7 @@ TEST_CASE("minimal decoder: every policy with a budget above the context gives e
   for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
                               md::PolicyKind::kLychee}) {
     md::GenerationRequest p = req;
-    p.policy.kind = kind;
-    p.policy.compression.capacity = 100;  // > 45 + 6
-    p.policy.compression.window = 4;
-    p.policy.compression.theta = 0.05f;
-    p.policy.compression.num_block = 8;
-    p.policy.lychee.budget = 100;
-    p.policy.lychee.sink = 4;
-    p.policy.lychee.recent = 8;
+    p.policy = decoder_test::test_policy(kind, 100, 100, 4, 8);  // budgets > 45 + 6
     p.check = true;
     const md::GenerationReport r = md::generate(be, c, weights, p);
     INFO("policy ", p.policy.describe());
@@ -339,15 +316,7 @@ TEST_CASE("minimal decoder: the paged KV layout gives exactly the contiguous lay
     req.new_tokens = 7;
     req.prefill_chunk = 16;
     req.keep_logits = true;
-    req.policy.kind = kind;
-    req.policy.compression.capacity = 24;  // compression really drops tokens
-    req.policy.compression.window = 4;
-    req.policy.compression.theta = 0.05f;
-    req.policy.compression.num_block = 8;
-    req.policy.lychee.budget = 16;
-    req.policy.lychee.sink = 2;
-    req.policy.lychee.recent = 4;
-    req.policy.lychee.correction_interval = kind == md::PolicyKind::kLychee ? 3 : 0;
+    req.policy = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);  // budgets that really drop tokens
     const md::GenerationReport contiguous = md::generate(be, c, weights, req);
     for (int page_size : {1, 5, 16}) {
       INFO("policy ", req.policy.describe(), ", page size ", page_size);

@@ -27,6 +27,7 @@
 #include "layer_distillation.hpp"
 #include "passkey_tools.hpp"
 #include "role_training.hpp"
+#include "support/decoder_test_helpers.hpp"
 #include "token_selection.hpp"
 
 namespace md = minimal_decoder;
@@ -67,15 +68,6 @@ std::vector<double> attend(const float* q, const float* k, const float* v, int D
   return out;
 }
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const md::DecoderError& e) {
-    return e.what();
-  }
-  return "";
-}
 
 }  // namespace
 
@@ -195,7 +187,7 @@ TEST_CASE("role training: the gates open the head whose sparse output is wrong, 
   CHECK(err[2] < 0.01);
 
   o.target_heads = 5;
-  CHECK(error_of([&] { md::train_head_gates(pool, s, o); }).find("--train-heads 5: the model has 4 gated heads") != std::string::npos);
+  CHECK(decoder_test::error_of([&] { md::train_head_gates(pool, s, o); }).find("--train-heads 5: the model has 4 gated heads") != std::string::npos);
 }
 
 TEST_CASE("role training: --train-roles end to end on a tiny random model writes a roles file") {
@@ -252,7 +244,7 @@ TEST_CASE("role training: --train-roles end to end on a tiny random model writes
 
 TEST_CASE("role training: command-line errors are one clear line") {
   auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
-  auto error = [&](std::vector<std::string> args) { return error_of([&] { parse(args); }); };
+  auto error = [&](std::vector<std::string> args) { return decoder_test::error_of([&] { parse(args); }); };
   const std::vector<std::string> base = {"--model", "m", "--train-roles", "p.txt"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = base;
