@@ -19,9 +19,7 @@
 // table was filled, only that the pages a sequence's length covers are valid (PagedKV::validate_block_table_host).
 
 #include <cstdint>
-#include <stdexcept>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <kvsift/kvsift.hpp>

@@ -1,7 +1,7 @@
 #pragma once
 // A Llama-architecture decoder whose attention runs through kvsift, written once for any backend
-// (host_backend.hpp today; a CUDA backend with the same members later). This is the file an engine
-// author reads: every place where kvsift enters is marked "kvsift:".
+// (host_backend.hpp: the CPU reference; cuda_backend.cuh: one CUDA stream, same members). This is
+// the file an engine author reads: every place where kvsift enters is marked "kvsift:".
 //
 //   prefill(prompts)     chunk-major: each chunk of query positions goes through every layer; its
 //                        K/V are written to the layer's cache and attention is kvsift's
@@ -13,7 +13,8 @@
 //                        with decode_attention (q_len = 1) over the layer's cache, or with
 //                        LycheeDecoder::decode_layer (hybrid dense/sparse heads) for --policy lychee.
 //                        LycheeDecode's cache correction re-runs the last N positions densely
-//                        (correct_layer), overwriting their K/V, every N-th step.
+//                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
+//                        ordinary step is recorded into a CUDA graph once and replayed.
 //
 // KV layout (kv_cache.hpp): contiguous, one [batch, kv_heads, capacity, head_dim] tensor each for K
 // and V per layer (kvsift::ContiguousKV), or paged, a page pool and a block table per layer
