@@ -193,15 +193,8 @@ class Decoder {
     }
     timing_ = StepTiming();
     const double t0 = be_.now_ms();
-    // The prefill writes into the decode caches (dense) or into full-length prompt caches that
-    // compression reads once and then frees.
     const bool compress = policy_.compresses_prompt();
-    std::vector<LayerCache> prompt_caches;
-    if (compress)
-      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
-    window_q_.clear();
-    if (window_ > 0)
-      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * window_ * c_.q_dim()));
+    std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
     std::vector<LayerCache>& target = compress ? prompt_caches : decode_caches_;
 
     std::vector<float> logits(std::size_t(B) * c_.vocab_size);
@@ -262,12 +255,7 @@ class Decoder {
     prompts_ = nullptr;
     prompt_len_ = lengths;
     const bool compress = policy_.compresses_prompt();
-    std::vector<LayerCache> prompt_caches;
-    if (compress)
-      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
-    window_q_.clear();
-    if (window_ > 0)
-      for (int l = 0; l < c_.num_layers; ++l) window_q_.push_back(be_.template alloc<float>(std::size_t(B) * window_ * c_.q_dim()));
+    std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
     std::uint64_t stream = seed;
     for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
       be_.fill_normal(cache.k_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
@@ -525,6 +513,20 @@ class Decoder {
   }
 
   std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
+
+  // What a prefill of batch_ sequences writes besides the decode caches: the kept window queries of
+  // every layer, and for a compressing policy full-length prompt caches (returned; compression reads
+  // them once and frees them). A dense prefill writes the decode caches directly and gets none.
+  std::vector<LayerCache> allocate_prefill_buffers() {
+    window_q_.clear();
+    if (window_ > 0)
+      for (int l = 0; l < c_.num_layers; ++l)
+        window_q_.push_back(be_.template alloc<float>(std::size_t(batch_) * window_ * c_.q_dim()));
+    std::vector<LayerCache> prompt_caches;
+    if (policy_.compresses_prompt())
+      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
+    return prompt_caches;
+  }
 
   LayerCache allocate_cache(int capacity) {
     KvCacheShape shape;

@@ -220,23 +220,16 @@ int run_probe_roles(Backend& be, const Options& o, const ModelConfig& config, co
     std::printf("head probe (%s, %d prompts, decode queries at L..L+3): attention mass on the 5 digits / recall of\n"
                 "the head's own top-%d selection (sink %d, recent %d) / passkey accuracy with roles layer 0 + this head\n",
                 o.probe_roles.c_str(), prompts, ly.budget, ly.sink, ly.recent);
-    std::printf("%-6s", "layer");
-    for (int h = 0; h < Hkv; ++h) std::printf(" %26s", ("KV head " + std::to_string(h)).c_str());
-    std::printf("\n");
-    for (int l = 0; l < layers; ++l) {
-      std::printf("%-6d", l);
-      for (int h = 0; h < Hkv; ++h) {
-        const std::size_t i = std::size_t(l * Hkv + h);
-        char cell[64];
-        if (l == 0)
-          std::snprintf(cell, sizeof cell, "%.3f / %.2f / (always R)", mass[i] / double(samples), recall[i] / double(samples));
-        else
-          std::snprintf(cell, sizeof cell, "%.3f / %.2f / %.3f", mass[i] / double(samples), recall[i] / double(samples),
-                        double(correct[i - std::size_t(Hkv) + 1]) / prompts);
-        std::printf(" %26s", cell);
-      }
-      std::printf("\n");
-    }
+    print_head_table(layers, Hkv, 26, [&](int l, int h) {
+      const std::size_t i = std::size_t(l * Hkv + h);
+      char cell[64];
+      if (l == 0)
+        std::snprintf(cell, sizeof cell, "%.3f / %.2f / (always R)", mass[i] / double(samples), recall[i] / double(samples));
+      else
+        std::snprintf(cell, sizeof cell, "%.3f / %.2f / %.3f", mass[i] / double(samples), recall[i] / double(samples),
+                      double(correct[i - std::size_t(Hkv) + 1]) / prompts);
+      return std::string(cell);
+    });
     std::printf("layer 0 only: accuracy %.3f\n", double(correct[0]) / prompts);
     // Layer 0 + the heads of highest mass beyond layer 0.
     std::vector<int> order;

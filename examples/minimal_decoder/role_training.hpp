@@ -94,21 +94,13 @@ inline void print_gate_table(const GateTrainingResult& r, const std::vector<doub
   std::printf("E[Kuma(a, b)] per (layer, KV head) (retrieval iff > 0.5; layer 0 always retrieval), and in brackets the\n"
               "head's loss with its gate closed, ||O_sparse - O_dense||^2 / N (%s), mean over the prompts\n",
               gate_norm_text(norm));
-  std::printf("%-6s", "layer");
-  for (int j = 0; j < kv_heads; ++j) std::printf(" %22s", ("KV head " + std::to_string(j)).c_str());
-  std::printf("\n");
-  for (int l = 0; l < layers; ++l) {
-    std::printf("%-6d", l);
-    for (int j = 0; j < kv_heads; ++j) {
-      const std::size_t i = std::size_t(l * kv_heads + j);
-      char cell[48];
-      if (l == 0) std::snprintf(cell, sizeof cell, "R (forced)");
-      else
-        std::snprintf(cell, sizeof cell, "%s%.3f [%.4f]", r.roles[i] ? "R " : "", double(r.kuma_mean[i]), sparse_error[i]);
-      std::printf(" %22s", cell);
-    }
-    std::printf("\n");
-  }
+  print_head_table(layers, kv_heads, 22, [&](int l, int j) {
+    const std::size_t i = std::size_t(l * kv_heads + j);
+    char cell[48];
+    if (l == 0) std::snprintf(cell, sizeof cell, "R (forced)");
+    else std::snprintf(cell, sizeof cell, "%s%.3f [%.4f]", r.roles[i] ? "R " : "", double(r.kuma_mean[i]), sparse_error[i]);
+    return std::string(cell);
+  });
 }
 
 // The command line that reproduces a run (the roles file names it), without --model and --roles-out.

@@ -1,7 +1,8 @@
 #pragma once
-// The roles files the decoder's tools write (--probe-roles, --train-roles): comment lines saying how
-// the roles were made, then kvsift's roles format (kvsift/gates/roles_file.hpp). Written to FILE.tmp
-// and renamed into place, so an interrupted run never leaves a half-written roles file behind.
+// What the decoder's role tools (--probe-roles, --train-roles) output: the per-head table on stdout,
+// and the roles file: comment lines saying how the roles were made, then kvsift's roles format
+// (kvsift/gates/roles_file.hpp). Written to FILE.tmp and renamed into place, so an interrupted run
+// never leaves a half-written roles file behind.
 
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,20 @@ inline std::string retrieval_heads_beyond_layer0(const std::vector<std::uint8_t>
   for (std::size_t i = kv; i < roles.size(); ++i)
     if (roles[i]) s += (s.empty() ? "" : ", ") + std::to_string(i / kv) + "." + std::to_string(i % kv);
   return s.empty() ? "nothing" : s;
+}
+
+// A (layer x KV head) table on stdout, one row per layer, each cell `cell(layer, head)` right-aligned
+// in `width` columns: how the tools report a per-head quantity next to the roles it leads to.
+template <class Cell>
+void print_head_table(int layers, int kv_heads, int width, Cell&& cell) {
+  std::printf("%-6s", "layer");
+  for (int h = 0; h < kv_heads; ++h) std::printf(" %*s", width, ("KV head " + std::to_string(h)).c_str());
+  std::printf("\n");
+  for (int l = 0; l < layers; ++l) {
+    std::printf("%-6d", l);
+    for (int h = 0; h < kv_heads; ++h) std::printf(" %*s", width, std::string(cell(l, h)).c_str());
+    std::printf("\n");
+  }
 }
 
 // roles[layers * kv_heads], 1 = retrieval; each comment line is written as "# line".
