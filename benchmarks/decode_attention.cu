@@ -71,8 +71,8 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
     auto set = kvsift::make_index_set(idx.get(), counts.get(), in.batch * kHkv, per_row,
                                       gblock > 1 ? kvsift::Granularity::kBlock : kvsift::Granularity::kToken, gblock);
     p.gather = kvsift::as_const(set);
-    p.roles = kvsift::HeadRoleMask::all_gathered(kHkv);
-    if (mode == Mode::kMixed) p.roles.set_gathered(0, false);
+    p.roles = kvsift::HeadRoleMask::all_sparse(kHkv);
+    if (mode == Mode::kMixed) p.roles.set_sparse(0, false);
     const int dense_heads = mode == Mode::kMixed ? 1 : 0;
     kv_tokens = double(in.batch) * (dense_heads * double(in.seq) + (kHkv - dense_heads) * double(selected));
   }
@@ -92,7 +92,7 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
   const double traffic = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() +
                          (mode != Mode::kDense ? double(idx.bytes()) : 0.0);
   kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
     if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
   });
   kvsift::detail::DecodePlan plan;

@@ -78,7 +78,7 @@ double dense_decode_us(const Inputs& in, std::size_t* bytes_out = nullptr) {
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   if (bytes_out) *bytes_out = bytes;
   return kvsift_bench::median_gpu_us([&](cudaStream_t s) {
-    (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
   });
 }
 
@@ -97,12 +97,12 @@ kvsift::LycheeDecodeConfig layer_config(int batch, int seq, Mode mode, int retri
   c.sink = kSink;
   c.recent = kRecent;
   if (is_block_mode(mode)) {
-    c.selection = kvsift::LycheeSelection::kBlock;
+    c.selection = kvsift::LycheeDecodeSelection::kBlock;
     c.block_size = 64;
     c.num_blocks = blocks_kept(mode, seq);
     c.sink_blocks = 1;
   } else {
-    c.selection = kvsift::LycheeSelection::kToken;
+    c.selection = kvsift::LycheeDecodeSelection::kToken;
     c.budget = mode == kToken1024 ? 1024 : 4096;
   }
   c.num_sms = num_sms();
@@ -124,7 +124,7 @@ void BM_Dense(benchmark::State& state) {
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   const double floor = double(B) * kHkv * S * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes();
   kvsift_bench::time_gpu(state, floor, [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
     if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
   });
 }
@@ -133,8 +133,8 @@ void BM_HybridLayer(benchmark::State& state) {
   const int B = int(state.range(0)), S = int(state.range(1)), R = int(state.range(3));
   const Mode mode = Mode(state.range(2));
   const auto config = layer_config(B, S, mode, R);
-  kvsift::LycheeDecoder decoder;
-  auto st = kvsift::LycheeDecoder::create(config, &decoder);
+  kvsift::LycheeDecodePolicy decoder;
+  auto st = kvsift::LycheeDecodePolicy::create(config, &decoder);
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
@@ -147,7 +147,7 @@ void BM_HybridLayer(benchmark::State& state) {
   kvsift_bench::DeviceArray<unsigned char> ws(ws_bytes);
   kvsift::LycheeDecodeState lychee;
   st = decoder.make_state(state_memory.get(), state_memory.n, &lychee);
-  if (st.ok()) st = decoder.decode_layer(kvsift::cuda::Exec{}, lychee, 0, kv, io, ws.get(), ws_bytes);  // seed
+  if (st.ok()) st = decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), lychee, 0, kv, io, ws.get(), ws_bytes);  // seed
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
@@ -157,7 +157,7 @@ void BM_HybridLayer(benchmark::State& state) {
   // Re-running layer 1 of the same step: the host cursor is put back before every launch.
   auto step = [&](cudaStream_t s) {
     lychee.next_layer = 1;
-    const auto r = decoder.decode_layer(kvsift::cuda::on_stream(s), lychee, 1, kv, io, ws.get(), ws_bytes);
+    const auto r = decoder.decode_layer(kvsift::cuda::Exec::for_current_device(s), lychee, 1, kv, io, ws.get(), ws_bytes);
     if (!r.ok()) std::fprintf(stderr, "decode_layer: %s\n", r.to_string().c_str());
   };
   const double budget_tokens = is_block_mode(mode) ? 64.0 * blocks_kept(mode, S) : (mode == kToken1024 ? 1024.0 : 4096.0);
@@ -168,14 +168,14 @@ void BM_HybridLayer(benchmark::State& state) {
 
   // The attention launch alone (same parameters as inside the step), and our dense decode.
   kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
-  const auto attention = kvsift::detail::lychee_attention_params(
+  const auto attention = kvsift::detail::lycheedecode_attention_params(
       config, io, 1, decoder.sparse_heads(1), kvsift::as_const(lychee.table), R > 0 ? scores.get() : nullptr,
       is_block_mode(mode) ? (S / 64 + 4) : S + 4);
   std::size_t attention_bytes = 0;
   if (kvsift::decode_attention_workspace_bytes(kv, attention, &attention_bytes).ok()) {
     kvsift_bench::DeviceArray<unsigned char> attention_ws(attention_bytes);
     const double attention_us = kvsift_bench::median_gpu_us([&](cudaStream_t s) {
-      (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, attention, attention_ws.get(),
+      (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, attention, attention_ws.get(),
                                            attention_bytes);
     });
     state.counters["attention_us"] = attention_us;

@@ -55,10 +55,10 @@ void BM_CompressPrompt(benchmark::State& state) {
   const std::vector<std::int32_t> caps(batch, cp);
   KVSIFT_BENCH_CUDA(cudaMemcpy(dst_len.get(), caps.data(), dst_len.bytes(), cudaMemcpyHostToDevice));
   const auto dst = kvsift::make_bhsd(dk.get(), dv.get(), batch, kKvHeads, cp, kHeadDim, dst_len.get());
-  const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), batch, h2o ? len : kWindow, kQHeads, kHeadDim);
+  const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), h2o ? len : kWindow, kQHeads, kHeadDim);
   const kvsift::CompactOutputs out{new_len.get(), positions.get(), cp};
   auto run = [&](cudaStream_t s) {
-    return kvsift::compress_prompt(kvsift::cuda::on_stream(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
+    return kvsift::compress_prompt(kvsift::cuda::Exec::for_current_device(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
   };
   const kvsift::Status st = run(nullptr);
   if (!st.ok()) {
@@ -85,14 +85,14 @@ void BM_DecodeOverCache(benchmark::State& state) {
   const auto kv = layer.view();
   kvsift::Status st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
-  if (st.ok()) st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), bytes);
+  if (st.ok()) st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), bytes);
   if (!st.ok()) {
     (void)cudaGetLastError();
     state.SkipWithError(st.to_string().c_str());
     return;
   }
   kvsift_bench::time_gpu(state, 2.0 * layer.k.n * sizeof(bf16), [&](cudaStream_t s) {
-    (void)kvsift::cuda::decode_attention(kvsift::cuda::on_stream(s), kv, p, ws.get(), bytes);
+    (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
   });
 }
 

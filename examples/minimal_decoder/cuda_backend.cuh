@@ -114,7 +114,7 @@ class CudaBackend {
   }
 
   const char* name() const { return name_.c_str(); }
-  Exec exec() const { return Exec{stream_.get()}; }
+  Exec exec() const { return Exec::for_current_device(stream_.get()); }
   cudaStream_t stream() const { return stream_.get(); }
   int num_sms() const { return num_sms_; }
 

@@ -5,7 +5,7 @@
 //   clusterattn  prompt cache compressed once per layer after prefill (kvsift::compress_prompt),
 //   snapkv       then ordinary dense decode over the compressed cache; decode tokens are appended
 //   streaming    to it and keep their original RoPE positions
-//   lychee       LycheeDecode hybrid-head sparse decode (kvsift::LycheeDecoder): dense prefill, then
+//   lychee       LycheeDecode hybrid-head sparse decode (kvsift::LycheeDecodePolicy): dense prefill, then
 //                per layer retrieval KV heads attend densely and select tokens, sparse heads attend
 //                to the selection of the latest retrieval head of the same index; optional cache
 //                correction every N steps
@@ -120,9 +120,9 @@ inline kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_
   }
   c.max_batch = max_batch;
   c.max_kv_length = max_kv_length;
-  c.selection = o.mode == "ratio" ? kvsift::LycheeSelection::kRatio
-                : o.mode == "block" ? kvsift::LycheeSelection::kBlock
-                                    : kvsift::LycheeSelection::kToken;
+  c.selection = o.mode == "ratio" ? kvsift::LycheeDecodeSelection::kRatio
+                : o.mode == "block" ? kvsift::LycheeDecodeSelection::kBlock
+                                    : kvsift::LycheeDecodeSelection::kToken;
   c.budget = o.budget;
   c.num_blocks = o.budget;
   c.rho = o.rho;
@@ -137,7 +137,7 @@ inline kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_
 inline void validate_policy(const PolicyOptions& p, int num_layers, int num_q_heads, int num_kv_heads, int head_dim,
                             int max_prompt_len) {
   if (p.kind == PolicyKind::kLychee) {
-    check(kvsift::validate_lychee_config(lychee_config(p.lychee, num_layers, num_q_heads, num_kv_heads, head_dim, 1,
+    check(kvsift::validate_lycheedecode_config(lychee_config(p.lychee, num_layers, num_q_heads, num_kv_heads, head_dim, 1,
                                                        max_prompt_len + 1)),
           "--policy lychee");
     if (p.lychee.correction_interval > max_prompt_len)

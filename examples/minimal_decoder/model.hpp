@@ -11,7 +11,7 @@
 //   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
 //                        position[b] (the original position, also after compression), and attend
 //                        with decode_attention (q_len = 1) over the layer's cache, or with
-//                        LycheeDecoder::decode_layer (hybrid dense/sparse heads) for --policy lychee.
+//                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lychee.
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
 //                        ordinary step is recorded into a CUDA graph once and replayed.
@@ -130,7 +130,7 @@ class Decoder {
     if (policy_.kind == PolicyKind::kLychee) {
       // kvsift: the LycheeDecode policy object, its index-table state and its workspace, sized once
       // from the capacities; the decode loop below never allocates.
-      check(kvsift::LycheeDecoder::create(lychee_config(policy_.lychee, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
+      check(kvsift::LycheeDecodePolicy::create(lychee_config(policy_.lychee, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
                                                         c_.head_dim, B, decode_capacity_),
                                           &lychee_),
             "--policy lychee");
@@ -356,7 +356,7 @@ class Decoder {
   // The last W kept window queries of layer l (DecoderLimits::keep_window_queries >= W), as kvsift QueryRows.
   kvsift::QueryRows<float> window_queries(int layer, int W) const {
     if (W > window_ || window_q_.empty()) throw DecoderError("window_queries: this decoder kept " + std::to_string(window_) + " window queries");
-    kvsift::QueryRows<float> q = kvsift::make_query_rows<float>(window_q_[std::size_t(layer)].data(), batch_, window_, c_.num_q_heads, c_.head_dim);
+    kvsift::QueryRows<float> q = kvsift::make_query_rows<float>(window_q_[std::size_t(layer)].data(), window_, c_.num_q_heads, c_.head_dim);
     q.data += std::int64_t(window_ - W) * q.position_stride;
     q.capacity = W;
     return q;
@@ -654,7 +654,7 @@ class Decoder {
     be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
     for (int l = 0; l < c_.num_layers; ++l) {
       const LayerCache& from = borrowed ? (*borrowed)[std::size_t(l)] : prompt_caches[std::size_t(l)];
-      const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), B, config.window,
+      const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), config.window,
                                                          c_.num_q_heads, c_.head_dim);
       kvsift::CompactOutputs out;
       out.new_lengths = new_lengths.data();
@@ -679,7 +679,7 @@ class Decoder {
   const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;
   std::vector<int> prompt_len_, cache_len_, position_;
   std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
-  kvsift::LycheeDecoder lychee_;
+  kvsift::LycheeDecodePolicy lychee_;
   kvsift::LycheeDecodeState lychee_state_;
   Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
   std::vector<LayerCache> decode_caches_;

@@ -93,7 +93,7 @@ int run_calibrate_clusterattn(Backend& be, const Options& o, const ModelConfig& 
           kvsift::NumBlockCalibration result;
           check(kvsift::calibrate_num_block(be.exec(), c, shape, source->cache_view(l, lengths.data()),
                                             source->window_queries(l, c.window), nullptr,
-                                            kvsift::make_query_rows<float>(queries.data(), B, steps, Hq, D), steps,
+                                            kvsift::make_query_rows<float>(queries.data(), steps, Hq, D), steps,
                                             o.num_blocks, scratch, ws.data(), ws.size(), &result),
                 "calibrate_num_block (layer " + std::to_string(l) + ")");
           for (int n = 0; n < N; ++n)

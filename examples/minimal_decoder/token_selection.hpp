@@ -2,7 +2,7 @@
 // LycheeDecode's token-mode selection of one row (one KV head at one decode step), on the host, for
 // the offline tools that recompute it outside the policy (the head probe, head-role training).
 //
-// It is kvsift's own top-k (kvsift::host::topk), called with the parameters LycheeDecoder hands it,
+// It is kvsift's own top-k (kvsift::host::topk), called with the parameters LycheeDecodePolicy hands it,
 // so the semantics are the library's: scores are the group-mean raw q.k (no 1/sqrt(d), no softmax);
 // the first `sink` and the last `recent` of the n tokens are forced and count inside `budget`; the
 // rest of the budget goes to the best scores in between, ties to the lower position; a row keeps

@@ -58,9 +58,9 @@ int run_compression_demo(Exec exec, Mem& mem, const SyntheticPrompt& p, const ch
   float* v = mem.upload(p.v);
   std::int32_t* lengths = mem.upload(p.lengths);
   const auto src = make_bhsd(k, v, 1, p.kv_heads, p.len, p.head_dim, lengths);
-  const auto decode_q = make_query_rows<float>(mem.upload(p.decode_q), 1, p.decode_queries, p.q_heads, p.head_dim);
-  const auto window_q = make_query_rows<float>(mem.upload(p.window_q), 1, p.window, p.q_heads, p.head_dim);
-  const auto all_q = make_query_rows<float>(mem.upload(p.all_q), 1, p.len, p.q_heads, p.head_dim);
+  const auto decode_q = make_query_rows<float>(mem.upload(p.decode_q), p.decode_queries, p.q_heads, p.head_dim);
+  const auto window_q = make_query_rows<float>(mem.upload(p.window_q), p.window, p.q_heads, p.head_dim);
+  const auto all_q = make_query_rows<float>(mem.upload(p.all_q), p.len, p.q_heads, p.head_dim);
   float* dk = mem.template alloc<float>(std::size_t(p.kv_heads) * capacity * p.head_dim);
   float* dv = mem.template alloc<float>(std::size_t(p.kv_heads) * capacity * p.head_dim);
   std::int32_t* dst_len = mem.upload(std::vector<std::int32_t>{capacity});

@@ -29,12 +29,12 @@ int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend)
   Status st = make_head_roles(kLayers, kKvHeads, roles.data(), &c.roles);
   c.max_batch = 1;
   c.max_kv_length = context;
-  c.selection = LycheeSelection::kToken;
+  c.selection = LycheeDecodeSelection::kToken;
   c.budget = 512;
   c.sink = 16;
   c.recent = 64;
-  LycheeDecoder decoder;
-  if (st.ok()) st = LycheeDecoder::create(c, &decoder);
+  LycheeDecodePolicy decoder;
+  if (st.ok()) st = LycheeDecodePolicy::create(c, &decoder);
   if (!st.ok()) {
     std::printf("error: %s\n", st.to_string().c_str());
     return 1;

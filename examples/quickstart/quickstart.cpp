@@ -176,7 +176,7 @@ int main() {
     auto *dk = to_device(k), *dv = to_device(v), *dkp = to_device(k_pages), *dvp = to_device(v_pages);
     auto *dtable = to_device(table), *dlen = to_device(lengths);
     auto *o1 = to_device(out_contig_k), *o2 = to_device(out_contig_v), *o3 = to_device(out_paged_k), *o4 = to_device(out_paged_v);
-    const kvsift::cuda::Exec exec{};
+    const auto exec = kvsift::cuda::Exec::for_current_device();
     auto contiguous = contiguous_host;
     contiguous.k = dk; contiguous.v = dv; contiguous.lengths = dlen;
     auto paged = paged_host;
@@ -219,8 +219,8 @@ int main() {
 #if defined(__CUDACC__)
   if (have_gpu(&prop)) {
     DeviceMemory mem;
-    if (quickstart::run_compression_demo(kvsift::cuda::Exec{}, mem, quickstart::SyntheticPrompt(32768), backend)) return 1;
-    return quickstart::run_lycheedecode_demo(kvsift::cuda::Exec{}, mem, 131072, backend);
+    if (quickstart::run_compression_demo(kvsift::cuda::Exec::for_current_device(), mem, quickstart::SyntheticPrompt(32768), backend)) return 1;
+    return quickstart::run_lycheedecode_demo(kvsift::cuda::Exec::for_current_device(), mem, 131072, backend);
   }
 #endif
   HostMemory mem;

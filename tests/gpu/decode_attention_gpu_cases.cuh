@@ -205,7 +205,7 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
   REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &ws_bytes).ok());
   DeviceBuffer<unsigned char> ws(ws_bytes);
   ws.poison();
-  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), ws_bytes);
+  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), ws_bytes);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   kvsift_test::sync_and_check();
 
@@ -276,11 +276,11 @@ void run_matrix(std::uint64_t salt) {
         } else if (variant == 1) {  // mixed roles, token gather, causal q_len 8, block-max scores
           c.q_len = 8;
           c.lengths = std::vector<std::int32_t>{8, 63, 64, 65};
-          c.roles.set_gathered(1, true);
+          c.roles.set_sparse(1, true);
           c.gather = Gather::kToken;
           c.score_block = 16;
         } else {  // every head gathered in blocks
-          c.roles = kvsift::HeadRoleMask::all_gathered(c.hkv);
+          c.roles = kvsift::HeadRoleMask::all_sparse(c.hkv);
           c.gather = Gather::kBlock;
           c.gather_block = (n % 2) ? 16 : 64;
           c.lengths = std::vector<std::int32_t>{130, 63, 64, 1};

@@ -32,9 +32,9 @@
 namespace lychee_test {
 
 using kvsift::LycheeDecodeConfig;
-using kvsift::LycheeDecoder;
+using kvsift::LycheeDecodePolicy;
 using kvsift::LycheeDecodeState;
-using kvsift::LycheeSelection;
+using kvsift::LycheeDecodeSelection;
 using kvsift_test::DeviceBuffer;
 using kvsift_test::HostBuffer;
 using kvsift_test::roles_from;
@@ -66,7 +66,7 @@ struct Case {
   int page_size = 16;
   std::vector<std::int32_t> lengths = {640, 37, 0, 251};  // ragged, with an empty slot
   int steps = 3;
-  LycheeSelection selection = LycheeSelection::kToken;
+  LycheeDecodeSelection selection = LycheeDecodeSelection::kToken;
   int budget = 96, sink = 8, recent = 24;
   double rho = 0.8;
   int block_size = 64, num_blocks = 5, sink_blocks = 1;
@@ -154,12 +154,12 @@ struct Caches {
 
 // The policy on one backend: decoder, state and workspace in that backend's memory.
 struct HostPolicy {
-  LycheeDecoder decoder;
+  LycheeDecodePolicy decoder;
   LycheeDecodeState state;
   std::unique_ptr<HostBuffer> state_memory, workspace;
   template <class KT>
   void init(const LycheeDecodeConfig& c) {
-    const auto st = LycheeDecoder::create(c, &decoder);
+    const auto st = LycheeDecodePolicy::create(c, &decoder);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     state_memory = std::make_unique<HostBuffer>(decoder.state_bytes());
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->bytes(), &state).ok());
@@ -168,12 +168,12 @@ struct HostPolicy {
 };
 
 struct DevicePolicy {
-  LycheeDecoder decoder;
+  LycheeDecodePolicy decoder;
   LycheeDecodeState state;
   std::unique_ptr<DeviceBuffer<unsigned char>> state_memory, workspace;
   template <class KT>
   void init(const LycheeDecodeConfig& c) {
-    const auto st = LycheeDecoder::create(c, &decoder);
+    const auto st = LycheeDecodePolicy::create(c, &decoder);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     state_memory = std::make_unique<DeviceBuffer<unsigned char>>(decoder.state_bytes());
     state_memory->poison();  // the table needs no initialisation: layer 0 writes every row
@@ -250,7 +250,7 @@ void run_case(const Case& c, std::uint64_t salt) {
       dout.poison();
       caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
         const auto io = kvsift::make_lychee_io(dq.get(), dout.get(), 1, Hq, D);
-        const auto st = device.decoder.decode_layer(kvsift::cuda::Exec{}, device.state, l, kv, io,
+        const auto st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, l, kv, io,
                                                     device.workspace->get(), device.workspace->size());
         REQUIRE_MESSAGE(st.ok(), st.to_string());
       });

@@ -38,7 +38,7 @@ TEST_CASE("decode_attention bf16 K/V with float queries") {
   c.lengths = std::vector<std::int32_t>{200, 17, 1};
   c.batch = 3;
   c.score_block = 64;
-  c.roles.set_gathered(0, true);
+  c.roles.set_sparse(0, true);
   c.gather = decode_test::Gather::kToken;
   c.num_sms = 5;
   decode_test::run_case<bfloat16_t, float>(c, rng);
@@ -80,7 +80,7 @@ TEST_CASE("decode_attention replays from a CUDA graph with new lengths") {
   KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
   cudaGraph_t graph;
   KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::on_stream(stream), kv, p, ws.get(), bytes);
+  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(stream), kv, p, ws.get(), bytes);
   KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   cudaGraphExec_t exec;
@@ -113,14 +113,14 @@ TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace")
   std::size_t bytes = 0;
   REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok());
   kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
-  auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, ws.get(), bytes - 1);
+  auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), bytes - 1);
   CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
-  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, nullptr, bytes);
+  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, nullptr, bytes);
   CHECK(st.code() == kvsift::StatusCode::kNullPointer);
   CHECK(st.message() == "workspace is null");
   auto misaligned = kv;
   misaligned.k_token_stride = 130;
   misaligned.k_head_stride = 4 * 130;
-  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, misaligned, p, ws.get(), bytes);
+  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), misaligned, p, ws.get(), bytes);
   CHECK(st.code() == kvsift::StatusCode::kMisaligned);
 }

@@ -291,7 +291,7 @@ TEST_CASE("a captured CUDA graph replays the same draw; a new offset in a new la
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  REQUIRE(kvsift::cuda::hardkuma_sample(kvsift::cuda::on_stream(stream), HardKumaOptions{}, da.get(), db.get(), n, PhiloxStream{8, 3},
+  REQUIRE(kvsift::cuda::hardkuma_sample(kvsift::cuda::Exec::for_current_device(stream), HardKumaOptions{}, da.get(), db.get(), n, PhiloxStream{8, 3},
                                 dh.get(), nullptr, du.get())
               .ok());
   KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));

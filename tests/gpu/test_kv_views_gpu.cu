@@ -34,7 +34,7 @@ void run_copy(const KVShape& s, const std::vector<std::int32_t>& lengths, int ma
   k_out.poison();
   v_out.poison();
   const auto kv = make_view();
-  REQUIRE(kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec{}, kv, max_tokens, k_out.get(), v_out.get()).ok());
+  REQUIRE(kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec::for_current_device(), kv, max_tokens, k_out.get(), v_out.get()).ok());
   kvsift_test::sync_and_check();
   check_equal_bits(k_out.download(), expected_with_poison(s, lengths, max_tokens, 1.f));
   check_equal_bits(v_out.download(), expected_with_poison(s, lengths, max_tokens, -1.f));
@@ -83,7 +83,7 @@ TEST_CASE("16-bit views on the device copy the exact bits the host reference cop
   k_out.poison();
   v_out.poison();
   const auto dkv = kvsift::make_bshd(k.get(), v.get(), B, H, S, D, len.get());
-  REQUIRE(kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec{}, dkv, S, k_out.get(), v_out.get()).ok());
+  REQUIRE(kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec::for_current_device(), dkv, S, k_out.get(), v_out.get()).ok());
   kvsift_test::sync_and_check();
 
   std::vector<__nv_bfloat16> k_ref(kh.size()), v_ref(kh.size());
@@ -100,7 +100,7 @@ TEST_CASE("the CUDA launcher validates before launching") {
   std::int32_t* no_lengths = nullptr;
   const auto kv = kvsift::make_bhsd<float>(reinterpret_cast<float*>(16), reinterpret_cast<float*>(16), 1, 1, 4, 8, no_lengths);
   DeviceBuffer<float> out(32);
-  const auto st = kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec{}, kv, 4, out.get(), out.get());
+  const auto st = kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec::for_current_device(), kv, 4, out.get(), out.get());
   CHECK(st.code() == kvsift::StatusCode::kNullPointer);
   CHECK(st.message() == "kv.lengths is null");
 }

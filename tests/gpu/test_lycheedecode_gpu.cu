@@ -8,7 +8,7 @@
 using kvsift::bfloat16_t;
 using lychee_test::Case;
 using lychee_test::Layout;
-using kvsift::LycheeSelection;
+using kvsift::LycheeDecodeSelection;
 
 TEST_CASE("LycheeDecode bf16: token mode, contiguous cache, mixed roles") {
   Case c;
@@ -26,7 +26,7 @@ TEST_CASE("LycheeDecode bf16: token mode, paged cache, few SMs (many splits per 
 TEST_CASE("LycheeDecode bf16: block mode 64, paged cache with 16-token pages") {
   Case c;
   c.layout = Layout::kPagedNHD;
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 64;
   c.num_blocks = 5;
   c.lengths = {640, 65, 0, 128};  // a partial last block, one past a block, exactly two blocks
@@ -35,7 +35,7 @@ TEST_CASE("LycheeDecode bf16: block mode 64, paged cache with 16-token pages") {
 
 TEST_CASE("LycheeDecode bf16: block mode 16, contiguous cache") {
   Case c;
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 16;
   c.num_blocks = 8;
   c.sink_blocks = 2;
@@ -46,7 +46,7 @@ TEST_CASE("LycheeDecode bf16: ratio mode, the budget grows with the length") {
   Case c;
   c.layout = Layout::kPagedNHD;
   c.page_size = 64;
-  c.selection = LycheeSelection::kRatio;
+  c.selection = LycheeDecodeSelection::kRatio;
   c.rho = 0.75;
   c.lengths = {500, 33, 0, 129};
   c.steps = 4;
@@ -63,7 +63,7 @@ TEST_CASE("LycheeDecode bf16: head_dim 256 and 64") {
   lychee_test::run_case<bfloat16_t>(c, 806);
   c.d = 64;
   c.group = 8;
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 32;
   lychee_test::run_case<bfloat16_t>(c, 807);
 }
@@ -73,7 +73,7 @@ namespace {
 // One step's outputs of every layer: [layer][batch * q heads * head_dim].
 using LayerOutputs = std::vector<std::vector<bfloat16_t>>;
 
-void graph_replay(LycheeSelection selection, Layout layout) {
+void graph_replay(LycheeDecodeSelection selection, Layout layout) {
   using lychee_test::DeviceBuffer;
   Case c;
   c.selection = selection;
@@ -98,7 +98,7 @@ void graph_replay(LycheeSelection selection, Layout layout) {
   }
   cudaStream_t stream;
   KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
-  const auto exec = kvsift::cuda::on_stream(stream);
+  const auto exec = kvsift::cuda::Exec::for_current_device(stream);
   auto run_step = [&](std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>>& outs, std::vector<kvsift::Status>& st) {
     for (int l = 0; l < L; ++l)
       caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
@@ -165,11 +165,11 @@ void graph_replay(LycheeSelection selection, Layout layout) {
 }  // namespace
 
 TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays with new lengths (token, BSHD)") {
-  graph_replay(LycheeSelection::kToken, Layout::kBSHD);
+  graph_replay(LycheeDecodeSelection::kToken, Layout::kBSHD);
 }
 
 TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays with new lengths (block, paged)") {
-  graph_replay(LycheeSelection::kBlock, Layout::kPagedNHD);
+  graph_replay(LycheeDecodeSelection::kBlock, Layout::kPagedNHD);
 }
 
 TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state without launching") {
@@ -183,15 +183,15 @@ TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state 
   lychee_test::DeviceBuffer<bfloat16_t> dq(std::size_t(caches.B) * Hq * c.d), dout(dq.size());
   caches.with_device_view(0, dlengths.get(), [&](const auto& kv) {
     const auto io = kvsift::make_lychee_io(dq.get(), dout.get(), 1, Hq, c.d);
-    auto st = device.decoder.decode_layer(kvsift::cuda::Exec{}, device.state, 0, kv, io, device.workspace->get(),
+    auto st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, 0, kv, io, device.workspace->get(),
                                           device.workspace->size() - 1);
     CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
-    st = device.decoder.decode_layer(kvsift::cuda::Exec{}, device.state, 1, kv, io, device.workspace->get(),
+    st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, 1, kv, io, device.workspace->get(),
                                      device.workspace->size());
     CHECK(st.message().find("layer = 1 is out of order") != std::string::npos);
     kvsift::LycheeDecodeState foreign = device.state;
     foreign.num_layers = 2;
-    st = device.decoder.decode_layer(kvsift::cuda::Exec{}, foreign, 0, kv, io, device.workspace->get(),
+    st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), foreign, 0, kv, io, device.workspace->get(),
                                      device.workspace->size());
     CHECK(st.message().find("state") != std::string::npos);
   });

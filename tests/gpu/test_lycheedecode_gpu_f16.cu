@@ -4,7 +4,7 @@
 #include "gpu/lycheedecode_gpu_cases.cuh"
 
 using kvsift::half_t;
-using kvsift::LycheeSelection;
+using kvsift::LycheeDecodeSelection;
 using lychee_test::Case;
 using lychee_test::Layout;
 
@@ -17,7 +17,7 @@ TEST_CASE("LycheeDecode fp16: token mode, paged cache") {
 
 TEST_CASE("LycheeDecode fp16: ratio mode, contiguous cache") {
   Case c;
-  c.selection = LycheeSelection::kRatio;
+  c.selection = LycheeDecodeSelection::kRatio;
   c.rho = 0.6;
   c.steps = 4;
   lychee_test::run_case<half_t>(c, 852);
@@ -27,7 +27,7 @@ TEST_CASE("LycheeDecode fp16: block mode, paged cache with 64-token pages, head_
   Case c;
   c.layout = Layout::kPagedNHD;
   c.page_size = 64;
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 64;
   c.num_blocks = 4;
   c.lengths = {640, 64, 0, 129};
@@ -38,7 +38,7 @@ TEST_CASE("LycheeDecode fp16: head_dim 64, block mode 16, all-retrieval and all-
   Case c;
   c.d = 64;
   c.roles = "RRRR/SSSS/RRRR/SSSS";
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 16;
   c.num_blocks = 10;
   lychee_test::run_case<half_t>(c, 854);

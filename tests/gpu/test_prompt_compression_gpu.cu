@@ -96,9 +96,9 @@ void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads
   new_len.poison();
   positions.poison();
   auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, H, c.capacity, p.head_dim, dst_len.get());
-  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.batch, p.q_rows, p.q_heads, p.head_dim);
+  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.q_rows, p.q_heads, p.head_dim);
   const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
-  REQUIRE(compress_prompt(kc::Exec{}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+  REQUIRE(compress_prompt(kc::Exec::for_current_device(), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
   kvsift_test::sync_and_check();
 
   // The scores the GPU computes, then the host's selection and compaction on them.
@@ -107,7 +107,7 @@ void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads
     DeviceBuffer<float> dscores(scores.size());
     const auto sp = detail::score_params(c, shape, nullptr);
     DeviceBuffer<unsigned char> sws(std::max<std::size_t>(1, window_scores_workspace_bytes(dp.device_view(), q, sp)));
-    REQUIRE(kc::window_scores(kc::Exec{}, dp.device_view(), q, sp, make_strided_view(dscores.get(), rows, L), sws.get(),
+    REQUIRE(kc::window_scores(kc::Exec::for_current_device(), dp.device_view(), q, sp, make_strided_view(dscores.get(), rows, L), sws.get(),
                               sws.size()).ok());
     kvsift_test::sync_and_check();
     scores = dscores.download();
@@ -160,7 +160,7 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
       positions(std::size_t(rows) * c.capacity);
   DeviceBuffer<unsigned char> ws(compress_prompt_workspace_bytes(c, shape));
   auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, p.kv_heads, c.capacity, p.head_dim, dst_len.get());
-  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.batch, c.window, p.q_heads, p.head_dim);
+  auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), c.window, p.q_heads, p.head_dim);
   const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
 
   cudaStream_t stream;
@@ -168,7 +168,7 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status captured = compress_prompt(kc::Exec{stream}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size());
+  const Status captured = compress_prompt(kc::Exec::for_current_device(stream), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size());
   KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   REQUIRE(captured.ok());
   KVSIFT_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
@@ -181,7 +181,7 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
     const auto replayed = positions.download();
     positions.poison();
-    REQUIRE(compress_prompt(kc::Exec{stream}, c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+    REQUIRE(compress_prompt(kc::Exec::for_current_device(stream), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
     CHECK(positions.download() == replayed);
     const auto lens = new_len.download();
@@ -219,16 +219,16 @@ TEST_CASE("calibrate_num_block on the GPU agrees with the host") {
     std::vector<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T) + 256);
     void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
     REQUIRE(calibrate_num_block(kh::Exec{}, c, shape, p.view(), p.queries(), nullptr,
-                                make_query_rows<float>(dq_f.data(), 2, T, 8, 64), T, candidates, scratch, base,
+                                make_query_rows<float>(dq_f.data(), T, 8, 64), T, candidates, scratch, base,
                                 ws.size() - 256, &host_result).ok());
   }
   DeviceBuffer<__nv_bfloat16> sk(std::size_t(2) * 2 * c.capacity * 64), sv(sk.size()), dq(dq_bf);
   DeviceBuffer<std::int32_t> slen(std::vector<std::int32_t>(2, c.capacity));
   DeviceBuffer<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T));
   auto scratch = make_bhsd(sk.get(), sv.get(), 2, 2, c.capacity, 64, slen.get());
-  auto wq = make_query_rows<__nv_bfloat16>(dp.dq.get(), 2, c.window, 8, 64);
-  REQUIRE(calibrate_num_block(kc::Exec{}, c, shape, dp.device_view(), wq, nullptr,
-                              make_query_rows<__nv_bfloat16>(dq.get(), 2, T, 8, 64), T, candidates, scratch, ws.get(),
+  auto wq = make_query_rows<__nv_bfloat16>(dp.dq.get(), c.window, 8, 64);
+  REQUIRE(calibrate_num_block(kc::Exec::for_current_device(), c, shape, dp.device_view(), wq, nullptr,
+                              make_query_rows<__nv_bfloat16>(dq.get(), T, 8, 64), T, candidates, scratch, ws.get(),
                               ws.size(), &gpu_result).ok());
   REQUIRE(gpu_result.table.size() == candidates.size());
   for (std::size_t i = 0; i < candidates.size(); ++i) {

@@ -80,10 +80,10 @@ void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_
   DeviceBuffer<float> dlse(lse), out(std::size_t(rows) * cols);
   out.poison();
   auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
-  auto q = kvsift::make_query_rows<T>(dq.get(), p.batch, q_rows, p.q_heads, p.head_dim);
+  auto q = kvsift::make_query_rows<T>(dq.get(), q_rows, p.q_heads, p.head_dim);
   if (give_lse) params.lse = dlse.get();
   DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, kvsift::window_scores_workspace_bytes(kv, q, params)));
-  REQUIRE(kc::window_scores(kc::Exec{}, kv, q, params, make_strided_view(out.get(), rows, cols), ws.get(), ws.size()).ok());
+  REQUIRE(kc::window_scores(kc::Exec::for_current_device(), kv, q, params, make_strided_view(out.get(), rows, cols), ws.get(), ws.size()).ok());
   kvsift_test::sync_and_check();
   const auto got = out.download();
   for (int r = 0; r < rows; ++r) {
@@ -129,7 +129,7 @@ TEST_CASE("pooling and density clustering on the GPU equal the host on the same 
     REQUIRE(kh::pool_scores(kh::Exec{}, make_strided_view<const float>(s.data(), rows, cols), len.data(), {kind, 7},
                             make_strided_view(expect.data(), rows, cols)).ok());
     dout.poison();
-    REQUIRE(kc::pool_scores(kc::Exec{}, make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), {kind, 7},
+    REQUIRE(kc::pool_scores(kc::Exec::for_current_device(), make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), {kind, 7},
                             make_strided_view(dout.get(), rows, cols)).ok());
     kvsift_test::sync_and_check();
     const auto got = dout.download();
@@ -150,7 +150,7 @@ TEST_CASE("pooling and density clustering on the GPU equal the host on the same 
       DeviceBuffer<std::uint8_t> dflags(s.size());
       DeviceBuffer<unsigned char> ws(kvsift::cluster_flags_workspace_bytes(rows, cols));
       dflags.poison();
-      REQUIRE(kc::cluster_flags(kc::Exec{}, make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), c,
+      REQUIRE(kc::cluster_flags(kc::Exec::for_current_device(), make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), c,
                                 make_strided_view(dflags.get(), rows, cols), ws.get(), ws.size()).ok());
       kvsift_test::sync_and_check();
       CHECK(dflags.download() == expect);
@@ -194,7 +194,7 @@ TEST_CASE("compact_kv on the GPU into a paged destination equals the host") {
   auto src = kvsift::make_bhsd(sk.get(), sv.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, slen.get());
   auto dst = pages.view(dk.get(), dv.get(), table.get(), dlen.get());
   auto dset = kvsift::make_index_set(dkept.get(), dcounts.get(), p.batch * heads, K);
-  REQUIRE(kc::compact_kv(kc::Exec{}, src, kvsift::as_const(dset), W, dst,
+  REQUIRE(kc::compact_kv(kc::Exec::for_current_device(), src, kvsift::as_const(dset), W, dst,
                          kvsift::CompactOutputs{d_new.get(), d_pos.get(), K + W}).ok());
   kvsift_test::sync_and_check();
   CHECK(d_new.download() == h_new);
@@ -220,8 +220,8 @@ TEST_CASE("attention_cosine on the GPU matches the host") {
   DeviceBuffer<std::int32_t> dlen(p.lengths), dpos(pos);
   out.poison();
   auto kv = kvsift::make_bhsd(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
-  auto q = kvsift::make_query_rows<float>(dq.get(), p.batch, 3, p.q_heads, p.head_dim);
-  REQUIRE(kc::attention_cosine(kc::Exec{}, kv, q, 3, 0.f, kvsift::KeptPositions{dpos.get(), p.batch * heads, heads, slots, slots},
+  auto q = kvsift::make_query_rows<float>(dq.get(), 3, p.q_heads, p.head_dim);
+  REQUIRE(kc::attention_cosine(kc::Exec::for_current_device(), kv, q, 3, 0.f, kvsift::KeptPositions{dpos.get(), p.batch * heads, heads, slots, slots},
                                out.get()).ok());
   kvsift_test::sync_and_check();
   const auto got = out.download();

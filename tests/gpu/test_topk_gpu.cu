@@ -127,7 +127,7 @@ struct DeviceCase {
     p.per_row_k = c.per_row_k.empty() ? nullptr : per_row_k.get();
     const auto view = kvsift::make_strided_view<const T>(scores.get(), c.rows, c.cols, stride);
     const auto out = kvsift::make_index_set(indices.get(), counts.get(), c.rows, c.capacity);
-    const auto exec = kvsift::cuda::on_stream(stream);
+    const auto exec = kvsift::cuda::Exec::for_current_device(stream);
     if (c.flagged) {
       kvsift::FlagFirstKey<T> key;
       key.flags = flags.get();
@@ -340,12 +340,12 @@ TEST_CASE("topk gpu: bad parameters are reported before any launch") {
   DeviceBuffer<std::int32_t> idx(32), count(2);
   kvsift::TopKParams p;
   p.k = -1;
-  const auto st = kvsift::cuda::topk(kvsift::cuda::Exec{}, kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
+  const auto st = kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(), kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
                                      kvsift::make_index_set(idx.get(), count.get(), 2, 16));
   CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
   CHECK(st.message().find("k = -1") != std::string::npos);
   p.k = 1;
-  const auto st2 = kvsift::cuda::topk(kvsift::cuda::Exec{}, kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
+  const auto st2 = kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(), kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
                                       kvsift::make_index_set(nullptr, count.get(), 2, 16));
   CHECK(st2.code() == kvsift::StatusCode::kNullPointer);
 }

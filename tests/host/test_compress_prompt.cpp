@@ -263,7 +263,7 @@ TEST_CASE("needle: ClusterAttn keeps a planted span whole; cosine similarity of 
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < 2; ++h)
       for (int e = 0; e < D; ++e) dq[(std::size_t(t) * 2 + h) * D + e] += 1.5f * u[e];
-  auto decode_q = make_query_rows<float>(dq.data(), 1, T, 2, D);
+  auto decode_q = make_query_rows<float>(dq.data(), T, 2, D);
 
   for (auto policy : {CompressionPolicy::kClusterAttn, CompressionPolicy::kSnapKV, CompressionPolicy::kStreamingLLM,
                       CompressionPolicy::kH2OPrefill}) {
@@ -301,7 +301,7 @@ TEST_CASE("calibrate_num_block scores each candidate by the mean attention cosin
   Prompt p(rng, 2, 2, 2, L, D, W);
   p.lengths = {600, 450};
   std::vector<float> dq = kvsift_test::random_values<float>(rng, std::size_t(2) * T * 4 * D, -2.f, 2.f);
-  auto decode_q = make_query_rows<float>(dq.data(), 2, T, 4, D);
+  auto decode_q = make_query_rows<float>(dq.data(), T, 4, D);
   PromptCompressionConfig c = config(CompressionPolicy::kClusterAttn, 96, W);
   c.theta = 0.02f;
   const PromptCompressionShape shape{2, 2, 4, L};

@@ -63,7 +63,7 @@ void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
     const int len = pr.lengths[b];
     for (int h = 0; h < H; ++h) {
       std::vector<double> mult(S, 0.0);
-      if (!pr.roles.is_gathered(h)) {
+      if (!pr.roles.is_sparse(h)) {
         for (int t = 0; t < len; ++t) mult[t] = 1;
       } else {
         const int row = b * H + h;
@@ -100,7 +100,7 @@ void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
           else
             CHECK(l == -INFINITY);
         }
-      if (pr.score_block && !pr.roles.is_gathered(h)) {
+      if (pr.score_block && !pr.roles.is_sparse(h)) {
         for (int j = 0; j < cols; ++j) {
           double best = -INFINITY;
           for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
@@ -144,7 +144,7 @@ TEST_CASE("decode_attention host reference: dense heads, ragged lengths, q_len 1
 TEST_CASE("decode_attention host reference: gathered tokens with duplicates and out-of-range entries") {
   auto rng = kvsift_test::make_rng(401);
   Problem pr;
-  pr.roles = kvsift::HeadRoleMask::all_gathered(pr.hkv);
+  pr.roles = kvsift::HeadRoleMask::all_sparse(pr.hkv);
   pr.lengths = {30, 12};
   pr.idx_cap = 6;
   pr.idx = {0, 5, 5, 29, 30, -1,   // batch 0 head 0: a duplicate, one past the end, one negative
@@ -162,7 +162,7 @@ TEST_CASE("decode_attention host reference: gathered blocks and mixed roles with
   Problem pr;
   pr.cap = 80;
   pr.lengths = {70, 33};
-  pr.roles.set_gathered(1, true);
+  pr.roles.set_sparse(1, true);
   pr.gran = Granularity::kBlock;
   pr.block = 16;
   pr.idx_cap = 3;
@@ -224,7 +224,7 @@ TEST_CASE("decode_attention validation names the parameter") {
   CHECK(st.message().find("score_row_stride = 1") != std::string::npos);
 
   bad = p;
-  bad.roles = kvsift::HeadRoleMask::all_gathered(1);
+  bad.roles = kvsift::HeadRoleMask::all_sparse(1);
   std::vector<std::int32_t> idx(4), cnt(1);
   auto set = kvsift::make_index_set(idx.data(), cnt.data(), 1, 4, Granularity::kBlock, 8);
   bad.gather = kvsift::as_const(set);
@@ -253,8 +253,8 @@ TEST_CASE("decode_attention workspace query needs no device memory and grows wit
   std::vector<std::int32_t> idx(8 * 4096), cnt(8, 4096);
   auto set = kvsift::make_index_set(idx.data(), cnt.data(), 8, 4096);
   p.gather = kvsift::as_const(set);
-  p.roles = kvsift::HeadRoleMask::all_gathered(8);
-  p.roles.set_gathered(0, false);
+  p.roles = kvsift::HeadRoleMask::all_sparse(8);
+  p.roles.set_sparse(0, false);
   REQUIRE(kvsift::detail::plan_decode_attention(kv_ok, p, &plan).ok());
   CHECK(plan.num_dense == 1);
   CHECK(plan.head_at[0] == 0);

@@ -20,9 +20,9 @@
 #include "support/random.hpp"
 
 using kvsift::LycheeDecodeConfig;
-using kvsift::LycheeDecoder;
+using kvsift::LycheeDecodePolicy;
 using kvsift::LycheeDecodeState;
-using kvsift::LycheeSelection;
+using kvsift::LycheeDecodeSelection;
 using kvsift::StatusCode;
 using kvsift_test::roles_from;
 
@@ -76,7 +76,7 @@ struct Simulation {
   Simulation(const Model& model, const LycheeDecodeConfig& config)
       : m(model), c(config), sets(model.batch, std::vector<std::vector<int>>(model.hkv)) {}
 
-  int unit() const { return c.selection == LycheeSelection::kBlock ? c.block_size : 1; }
+  int unit() const { return c.selection == LycheeDecodeSelection::kBlock ? c.block_size : 1; }
 
   std::vector<int> select(int l, int b, int h, int len, const float* q) const {
     const int G = m.group, d = m.d, u = unit();
@@ -93,14 +93,14 @@ struct Simulation {
     }
     std::vector<char> forced(n, 0);
     int k = 0;
-    if (c.selection == LycheeSelection::kBlock) {
+    if (c.selection == LycheeDecodeSelection::kBlock) {
       k = c.num_blocks;
       for (int j = 0; j < n; ++j) {
         const bool holds_recent = c.recent > 0 && (j + 1) * u - 1 >= len - c.recent;
         forced[j] = j < c.sink_blocks || holds_recent;
       }
     } else {
-      k = c.selection == LycheeSelection::kRatio ? int(std::floor((1.0 - c.rho) * len)) : c.budget;
+      k = c.selection == LycheeDecodeSelection::kRatio ? int(std::floor((1.0 - c.rho) * len)) : c.budget;
       for (int t = 0; t < n; ++t) forced[t] = t < c.sink || t >= len - c.recent;
     }
     return select_entries(score, forced, k);
@@ -154,12 +154,12 @@ struct Simulation {
 // ---- the policy under test, on host memory ----
 
 struct PolicyRun {
-  LycheeDecoder decoder;
+  LycheeDecodePolicy decoder;
   LycheeDecodeState state;
   std::unique_ptr<kvsift_test::HostBuffer> state_memory, workspace;
 
   explicit PolicyRun(const LycheeDecodeConfig& c) {
-    const auto st = LycheeDecoder::create(c, &decoder);
+    const auto st = LycheeDecodePolicy::create(c, &decoder);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     state_memory = std::make_unique<kvsift_test::HostBuffer>(decoder.state_bytes());
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->bytes(), &state).ok());
@@ -309,7 +309,7 @@ TEST_CASE("LycheeDecode ratio mode: the budget floor((1 - rho) L) grows with eve
   auto rng = kvsift_test::make_rng(704);
   const Model m = make_model(rng, 3, 2, 2, 64, 3, 240);
   auto c = base_config(m, "RR/RS/SR");
-  c.selection = LycheeSelection::kRatio;
+  c.selection = LycheeDecodeSelection::kRatio;
   c.rho = 0.6;
   c.sink = 3;
   c.recent = 5;
@@ -342,7 +342,7 @@ TEST_CASE("LycheeDecode block mode: max-pooled blocks, first block and the block
   auto rng = kvsift_test::make_rng(705);
   const Model m = make_model(rng, 4, 4, 2, 64, 3, 200);
   auto c = base_config(m, "RRRR/SRRS/RSSS/SSSR");
-  c.selection = LycheeSelection::kBlock;
+  c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 16;
   c.num_blocks = 6;
   c.sink_blocks = 1;
@@ -486,26 +486,26 @@ TEST_CASE("LycheeDecode takes roles from a roles file or from HardKuma gate para
   c.sink = 4;
   c.recent = 8;
   c.roles = from_file;
-  LycheeDecoder d;
-  REQUIRE(LycheeDecoder::create(c, &d).ok());
+  LycheeDecodePolicy d;
+  REQUIRE(LycheeDecodePolicy::create(c, &d).ok());
   CHECK(d.retrieval_heads(0) == 2);
   CHECK(d.retrieval_heads(1) == 1);
   CHECK(d.retrieval_heads(2) == 0);
-  CHECK(d.sparse_heads(1).is_gathered(0));
-  CHECK_FALSE(d.sparse_heads(1).is_gathered(1));
+  CHECK(d.sparse_heads(1).is_sparse(0));
+  CHECK_FALSE(d.sparse_heads(1).is_sparse(1));
 
   // Gates: E[Kuma(a, b)] > 0.5 for head 1 of layer 2 only; layer 0 forced to retrieval.
   std::vector<double> a(6, 1.0), b(6, 5.0);
   b[5] = 0.2;
   kvsift::HeadRoles from_gates;
   const kvsift::RoleExtractionOptions threshold;
-  REQUIRE(kvsift::lychee_roles_from_hardkuma(a.data(), b.data(), 3, 2, threshold, &from_gates).ok());
+  REQUIRE(kvsift::lycheedecode_roles_from_hardkuma(a.data(), b.data(), 3, 2, threshold, &from_gates).ok());
   CHECK(from_gates == roles_from("RR/SS/SR"));
   c.roles = from_gates;
-  REQUIRE(LycheeDecoder::create(c, &d).ok());
+  REQUIRE(LycheeDecodePolicy::create(c, &d).ok());
   kvsift::RoleExtractionOptions no_force;
   no_force.force_layer0 = false;
-  const auto st = kvsift::lychee_roles_from_hardkuma(a.data(), b.data(), 3, 2, no_force, &from_gates);
+  const auto st = kvsift::lycheedecode_roles_from_hardkuma(a.data(), b.data(), 3, 2, no_force, &from_gates);
   CHECK(st.code() == StatusCode::kInvalidArgument);
   CHECK(st.message().find("force_layer0") != std::string::npos);
 }
@@ -530,8 +530,8 @@ LycheeDecodeConfig small_config() {
 }
 
 void expect_rejected(const LycheeDecodeConfig& c, StatusCode code, const std::string& names) {
-  LycheeDecoder d;
-  const auto st = LycheeDecoder::create(c, &d);
+  LycheeDecodePolicy d;
+  const auto st = LycheeDecodePolicy::create(c, &d);
   INFO(st.to_string());
   CHECK(st.code() == code);
   CHECK(st.message().find(names) != std::string::npos);
@@ -540,7 +540,7 @@ void expect_rejected(const LycheeDecodeConfig& c, StatusCode code, const std::st
 }  // namespace
 
 TEST_CASE("LycheeDecode rejects bad configurations with a Status naming the parameter") {
-  REQUIRE(LycheeDecoder::create(small_config(), nullptr).code() == StatusCode::kNullPointer);
+  REQUIRE(LycheeDecodePolicy::create(small_config(), nullptr).code() == StatusCode::kNullPointer);
   {
     auto c = small_config();
     c.roles = roles_from("RS/RR");
@@ -558,13 +558,13 @@ TEST_CASE("LycheeDecode rejects bad configurations with a Status naming the para
   }
   for (double rho : {1.0, -0.1, 1.5, std::nan("")}) {
     auto c = small_config();
-    c.selection = LycheeSelection::kRatio;
+    c.selection = LycheeDecodeSelection::kRatio;
     c.rho = rho;
     expect_rejected(c, StatusCode::kInvalidArgument, "rho = ");
   }
   {
     auto c = small_config();
-    c.selection = LycheeSelection::kBlock;
+    c.selection = LycheeDecodeSelection::kBlock;
     c.block_size = 48;
     expect_rejected(c, StatusCode::kInvalidArgument, "block_size = 48");
     c.block_size = 8;  // a power of two the gathered attention cannot take
@@ -573,14 +573,14 @@ TEST_CASE("LycheeDecode rejects bad configurations with a Status naming the para
     c.num_blocks = 1;  // sink block + up to 2 blocks for recent = 8 at block size 16
     expect_rejected(c, StatusCode::kInvalidArgument, "num_blocks = 1");
     c.num_blocks = 3;
-    LycheeDecoder d;
-    CHECK(LycheeDecoder::create(c, &d).ok());
+    LycheeDecodePolicy d;
+    CHECK(LycheeDecodePolicy::create(c, &d).ok());
   }
   {
     auto c = small_config();
     c.index_capacity = 31;  // budget 32
     expect_rejected(c, StatusCode::kInvalidArgument, "index_capacity = 31");
-    c.selection = LycheeSelection::kBlock;
+    c.selection = LycheeDecodeSelection::kBlock;
     c.block_size = 16;
     c.num_blocks = 8;
     c.index_capacity = 7;

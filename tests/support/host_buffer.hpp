@@ -41,7 +41,9 @@ inline kvsift::HeadRoles roles_from(const std::string& rows) {
     const std::size_t end = std::min(rows.find('/', start), rows.size());
     const std::string row = rows.substr(start, end - start);
     r.kv_heads = int(row.size());
-    for (char c : row) r.retrieval.push_back(c == 'R' ? 1 : 0);
+    kvsift::HeadRoleMask mask;
+    for (std::size_t h = 0; h < row.size(); ++h) mask.set_sparse(int(h), row[h] == 'S');
+    r.masks.push_back(mask);
     ++r.layers;
     start = end + 1;
   }

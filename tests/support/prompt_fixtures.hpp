@@ -27,7 +27,7 @@ struct Prompt {
     for (int b = 1; b < batch; ++b) lengths[b] = uniform_int(rng, 1, capacity);
   }
   kvsift::ContiguousKV<float> view() { return kvsift::make_bhsd(k.data(), v.data(), batch, kv_heads, capacity, head_dim, lengths.data()); }
-  kvsift::QueryRows<float> queries() const { return kvsift::make_query_rows<float>(q.data(), batch, q_rows, q_heads, head_dim); }
+  kvsift::QueryRows<float> queries() const { return kvsift::make_query_rows<float>(q.data(), q_rows, q_heads, head_dim); }
 };
 
 }  // namespace kvsift_test

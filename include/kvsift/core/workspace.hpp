@@ -19,6 +19,14 @@
 
 namespace kvsift {
 
+// Caller-owned scratch handed to an op: `bytes` of memory at `data`, in the backend's memory space,
+// 256-byte aligned. Size it with the op's <op>_workspace_bytes query; an op that needs none accepts
+// the empty default.
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 inline constexpr std::size_t kWorkspaceAlignment = 256;
 
 constexpr std::size_t align_up(std::size_t n, std::size_t a = kWorkspaceAlignment) { return (n + a - 1) / a * a; }
@@ -27,6 +35,7 @@ class WorkspaceCarver {
  public:
   // base == nullptr selects the sizing pass; capacity is then ignored.
   WorkspaceCarver(void* base, std::size_t capacity_bytes) : base_(static_cast<char*>(base)), capacity_(capacity_bytes) {}
+  explicit WorkspaceCarver(Workspace ws) : WorkspaceCarver(ws.data, ws.bytes) {}
 
   bool sizing() const { return base_ == nullptr; }
 

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/reduce.cuh"

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/gates/detail/scalar_math.hpp"

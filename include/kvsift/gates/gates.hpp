@@ -8,7 +8,7 @@
 #include "kvsift/gates/gate_optimizer.hpp"
 #include "kvsift/gates/hardkuma.hpp"
 #include "kvsift/gates/hardkuma_math.hpp"
-#include "kvsift/gates/head_roles.hpp"
+#include "kvsift/gates/roles_from_gates.hpp"
 #include "kvsift/gates/kumaraswamy.hpp"
 #include "kvsift/gates/lagrangian.hpp"
 #include "kvsift/gates/roles_file.hpp"

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/core/philox.hpp"

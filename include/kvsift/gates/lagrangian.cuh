@@ -3,7 +3,7 @@
 // memory, so a training step that keeps everything on the GPU needs no host read and can be captured
 // in a CUDA graph.
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/gates/lagrangian.hpp"
 

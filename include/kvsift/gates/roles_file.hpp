@@ -19,44 +19,17 @@
 #include <vector>
 
 #include "kvsift/core/check.hpp"
+#include "kvsift/kv/head_roles.hpp"
 
 namespace kvsift {
 
-struct HeadRoles {
-  int layers = 0;
-  int kv_heads = 0;
-  std::vector<std::uint8_t> retrieval;  // [layers * kv_heads], layer-major; 1 = retrieval
-
-  bool is_retrieval(int layer, int head) const { return retrieval[std::size_t(layer) * kv_heads + head] != 0; }
-  int retrieval_count() const {
-    int c = 0;
-    for (std::uint8_t r : retrieval) c += r ? 1 : 0;
-    return c;
-  }
-  bool operator==(const HeadRoles& o) const {
-    return layers == o.layers && kv_heads == o.kv_heads && retrieval == o.retrieval;
-  }
-};
-
 inline constexpr const char* kHeadRolesMagic = "kvsift-head-roles";
-
-inline Status make_head_roles(int layers, int kv_heads, const std::uint8_t* roles, HeadRoles* out) {
-  KVSIFT_REQUIRE(layers > 0, kInvalidArgument, "layers = ", layers, " must be > 0");
-  KVSIFT_REQUIRE(kv_heads > 0, kInvalidArgument, "kv_heads = ", kv_heads, " must be > 0");
-  KVSIFT_REQUIRE_NOT_NULL(roles, "roles");
-  KVSIFT_REQUIRE_NOT_NULL(out, "out");
-  out->layers = layers;
-  out->kv_heads = kv_heads;
-  out->retrieval.assign(roles, roles + std::size_t(layers) * kv_heads);
-  for (auto& r : out->retrieval) r = r ? 1 : 0;
-  return Status();
-}
 
 inline std::string format_head_roles(const HeadRoles& roles) {
   std::ostringstream os;
   os << "# LycheeDecode head roles: one row per layer, one character per KV head (original order).\n"
      << "# R = retrieval head (dense attention + token selection), S = sparse head. " << roles.retrieval_count()
-     << " of " << roles.retrieval.size() << " heads are retrieval heads.\n"
+     << " of " << std::int64_t(roles.layers) * roles.kv_heads << " heads are retrieval heads.\n"
      << kHeadRolesMagic << " v1 layers=" << roles.layers << " kv_heads=" << roles.kv_heads << "\n";
   for (int l = 0; l < roles.layers; ++l) {
     for (int h = 0; h < roles.kv_heads; ++h) os << (roles.is_retrieval(l, h) ? 'R' : 'S');
@@ -119,7 +92,8 @@ inline Status parse_head_roles(const std::string& text, HeadRoles* out, int expe
       KVSIFT_REQUIRE(expected_kv_heads < 0 || roles.kv_heads == expected_kv_heads, kInvalidArgument,
                      "roles file has kv_heads = ", roles.kv_heads, " but the model has ", expected_kv_heads,
                      " KV heads per layer");
-      roles.retrieval.reserve(std::size_t(roles.layers) * roles.kv_heads);
+      KVSIFT_REQUIRE(roles.kv_heads <= kMaxKvHeads, kUnsupported, "roles file line ", line_no, ": kv_heads = ",
+                     roles.kv_heads, " exceeds ", kMaxKvHeads);
       have_header = true;
       continue;
     }
@@ -130,7 +104,9 @@ inline Status parse_head_roles(const std::string& text, HeadRoles* out, int expe
                      c + 1, ": illegal character '", line[c], "' (expected 'R' for retrieval or 'S' for sparse)");
     KVSIFT_REQUIRE(int(line.size()) == roles.kv_heads, kInvalidArgument, "roles file line ", line_no, ": row has ",
                    line.size(), " heads, expected kv_heads = ", roles.kv_heads);
-    for (char ch : line) roles.retrieval.push_back(ch == 'R' ? 1 : 0);
+    HeadRoleMask mask;
+    for (int h = 0; h < roles.kv_heads; ++h) mask.set_sparse(h, line[std::size_t(h)] == 'S');
+    roles.masks.push_back(mask);
     ++rows;
   }
   KVSIFT_REQUIRE(have_header, kInvalidArgument, "roles file has no '", kHeadRolesMagic, "' header line");
@@ -141,10 +117,9 @@ inline Status parse_head_roles(const std::string& text, HeadRoles* out, int expe
 }
 
 inline Status write_head_roles_file(const std::string& path, const HeadRoles& roles) {
-  KVSIFT_REQUIRE(roles.layers > 0 && roles.kv_heads > 0 &&
-                     roles.retrieval.size() == std::size_t(roles.layers) * roles.kv_heads,
+  KVSIFT_REQUIRE(roles.layers > 0 && roles.kv_heads > 0 && roles.masks.size() == std::size_t(roles.layers),
                  kInvalidArgument, "roles: layers = ", roles.layers, ", kv_heads = ", roles.kv_heads, " and ",
-                 roles.retrieval.size(), " entries are inconsistent");
+                 roles.masks.size(), " layer masks are inconsistent");
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   KVSIFT_REQUIRE(f.good(), kInvalidArgument, "path = '", path, "' cannot be opened for writing");
   f << format_head_roles(roles);

@@ -5,7 +5,7 @@
 // the row's kept positions, which must be ascending with any negative (unused) entries at the end,
 // as compact_kv writes them. Meant for calibration and fidelity reports, not the decode hot path.
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/ops/attention_similarity.hpp"

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/window_scores.hpp"

@@ -5,7 +5,7 @@
 //   2. one thread per token: flagged when a centre within the radius exists (looks only at the
 //      blocks that can reach it).
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/ops/cluster_flags.hpp"
 

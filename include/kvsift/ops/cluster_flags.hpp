@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/strided_view.hpp"
 #include "kvsift/core/workspace.hpp"

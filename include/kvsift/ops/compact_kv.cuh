@@ -2,7 +2,7 @@
 // CUDA backend of compact_kv (contract in compact_kv.hpp): one warp per destination slot copies the
 // K and V rows; slots are independent, so the grid covers the capacity, not the live lengths.
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/ops/compact_kv.hpp"
 

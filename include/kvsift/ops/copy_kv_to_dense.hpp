@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/kv/kv_view.hpp"
 

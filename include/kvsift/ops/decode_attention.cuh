@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
@@ -87,7 +87,7 @@ Status decode_attention(Exec exec, const View& kv, const DecodeAttentionParams<T
   args.score_cols = p.scores ? detail::ceil_div(plan.max_len, p.score_block_size) : 0;
   args.partial_out = partial_out;
   args.partial_lse = partial_lse;
-  for (int i = 0; i < kDecodeMaxKvHeads; ++i) args.head_at[i] = plan.head_at[i];
+  for (int i = 0; i < kMaxKvHeads; ++i) args.head_at[i] = plan.head_at[i];
 
   const dim3 grid(plan.ctas_per_tile, plan.row_tiles, kv.batch);
   const int score_blocks = p.scores && p.score_block_size > 1 ? plan.chunk / p.score_block_size : 0;
@@ -132,7 +132,7 @@ Status decode_attention(Exec exec, const View& kv, const DecodeAttentionParams<T
   merge.dense_splits = plan.dense_splits;
   merge.gathered_splits = plan.gathered_splits;
   merge.roles = p.roles;
-  for (int i = 0; i < kDecodeMaxKvHeads; ++i) merge.rank_of[i] = plan.rank_of[i];
+  for (int i = 0; i < kMaxKvHeads; ++i) merge.rank_of[i] = plan.rank_of[i];
   const std::int64_t out_rows = std::int64_t(kv.batch) * p.q_len * p.num_q_heads;
   const unsigned merge_blocks = unsigned((out_rows + detail::kMergeWarps - 1) / detail::kMergeWarps);
   detail::decode_merge_kernel<T><<<merge_blocks, detail::kMergeWarps * 32, 0, exec.stream>>>(merge);

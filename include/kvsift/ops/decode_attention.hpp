@@ -42,45 +42,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/dtype.hpp"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/contiguous_kv.hpp"
+#include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 
 namespace kvsift {
-
-// Largest num_kv_heads a decode_attention call handles (the role mask is a fixed-size bit set).
-inline constexpr int kDecodeMaxKvHeads = 256;
-
-// Which KV heads of one layer attend densely and which through the index set (a bit per head; set =
-// gathered). A host value: roles are fixed per
-// layer, and the launcher needs them to balance the split-KV work before launch.
-class HeadRoleMask {
- public:
-  static HeadRoleMask all_dense() { return HeadRoleMask(); }
-  static HeadRoleMask all_gathered(int num_kv_heads) {
-    HeadRoleMask r;
-    for (int h = 0; h < num_kv_heads && h < kDecodeMaxKvHeads; ++h) r.set_gathered(h, true);
-    return r;
-  }
-  void set_gathered(int h, bool gathered) {
-    const std::uint64_t bit = std::uint64_t(1) << (h % 64);
-    bits_[h / 64] = gathered ? (bits_[h / 64] | bit) : (bits_[h / 64] & ~bit);
-  }
-  KVSIFT_HD bool is_gathered(int h) const { return (bits_[h / 64] >> (h % 64)) & 1u; }
-  int count_gathered(int num_kv_heads) const {
-    int n = 0;
-    for (int h = 0; h < num_kv_heads; ++h) n += is_gathered(h);
-    return n;
-  }
-
- private:
-  std::uint64_t bits_[kDecodeMaxKvHeads / 64] = {};
-};
 
 template <class T>
 struct DecodeAttentionParams {
@@ -159,8 +131,8 @@ struct DecodePlan {
   int chunk = 0;            // tokens per split (a multiple of kDecodeCtaTokens and of every block size)
   int dense_splits = 0, gathered_splits = 0;
   int ctas_per_tile = 0;    // grid.x: num_dense * dense_splits + num_gathered * gathered_splits
-  std::uint8_t head_at[kDecodeMaxKvHeads] = {};  // dense heads first, then gathered, by head index
-  std::uint8_t rank_of[kDecodeMaxKvHeads] = {};  // position of a head among those of its role
+  std::uint8_t head_at[kMaxKvHeads] = {};  // dense heads first, then gathered, by head index
+  std::uint8_t rank_of[kMaxKvHeads] = {};  // position of a head among those of its role
 
   std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
   // Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
@@ -183,8 +155,8 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
                  " is not supported (64, 128 or 256)");
   KVSIFT_REQUIRE(kv.head_dim == p.head_dim, kInvalidArgument, "kv.head_dim = ", kv.head_dim,
                  " must equal params.head_dim = ", p.head_dim);
-  KVSIFT_REQUIRE(kv.num_kv_heads <= kDecodeMaxKvHeads, kUnsupported, "kv.num_kv_heads = ", kv.num_kv_heads,
-                 " exceeds ", kDecodeMaxKvHeads);
+  KVSIFT_REQUIRE(kv.num_kv_heads <= kMaxKvHeads, kUnsupported, "kv.num_kv_heads = ", kv.num_kv_heads,
+                 " exceeds ", kMaxKvHeads);
   KVSIFT_REQUIRE(p.num_q_heads > 0 && p.num_q_heads % kv.num_kv_heads == 0, kInvalidArgument, "num_q_heads = ",
                  p.num_q_heads, " must be a positive multiple of kv.num_kv_heads = ", kv.num_kv_heads);
   KVSIFT_REQUIRE(p.q_len >= 1, kInvalidArgument, "q_len = ", p.q_len, " must be >= 1");
@@ -196,7 +168,7 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
   const int group = p.num_q_heads / kv.num_kv_heads;
   KVSIFT_REQUIRE(std::int64_t(p.q_len) * group + 1 <= 4096, kUnsupported, "q_len * num_q_heads / num_kv_heads = ",
                  std::int64_t(p.q_len) * group, " exceeds 4095 query rows per KV head");
-  const int num_gathered = p.roles.count_gathered(kv.num_kv_heads);
+  const int num_gathered = p.roles.count_sparse(kv.num_kv_heads);
   if (num_gathered > 0) {
     KVSIFT_TRY(p.gather.validate("gather"));
     KVSIFT_REQUIRE(p.gather.rows >= kv.batch * kv.num_kv_heads, kInvalidArgument, "gather.rows = ", p.gather.rows,
@@ -237,12 +209,12 @@ Status plan_decode_attention(const View& kv, const DecodeAttentionParams<T>& p, 
   pl.row_tile = (!mma || pl.rows <= 8 || p.head_dim == 256) ? 8 : 16;
   pl.row_tiles = ceil_div(pl.rows, pl.row_tile);
   for (int h = 0; h < kv.num_kv_heads; ++h) {
-    if (p.roles.is_gathered(h)) continue;
+    if (p.roles.is_sparse(h)) continue;
     pl.rank_of[h] = std::uint8_t(pl.num_dense);
     pl.head_at[pl.num_dense++] = std::uint8_t(h);
   }
   for (int h = 0; h < kv.num_kv_heads; ++h) {
-    if (!p.roles.is_gathered(h)) continue;
+    if (!p.roles.is_sparse(h)) continue;
     pl.rank_of[h] = std::uint8_t(pl.num_gathered);
     pl.head_at[pl.num_dense + pl.num_gathered++] = std::uint8_t(h);
   }
@@ -312,7 +284,7 @@ Status decode_attention(Exec, const View& kv, const DecodeAttentionParams<T>& p,
     KVSIFT_REQUIRE(len == 0 || p.q_len <= len, kInvalidArgument, "q_len = ", p.q_len, " exceeds kv.length(", b,
                    ") = ", len);
     for (int h = 0; h < Hkv; ++h) {
-      const bool gathered = p.roles.is_gathered(h);
+      const bool gathered = p.roles.is_sparse(h);
       keys.clear();
       if (!gathered) {
         for (int t = 0; t < len; ++t) keys.push_back(t);

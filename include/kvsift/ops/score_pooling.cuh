@@ -2,7 +2,7 @@
 // CUDA backend of pool_scores (contract in score_pooling.hpp): one thread per output element; the
 // kernel-wide window is read from L1/L2, which is cheap next to the scores pass that precedes it.
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/ops/score_pooling.hpp"
 

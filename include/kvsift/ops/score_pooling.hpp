@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/strided_view.hpp"
 

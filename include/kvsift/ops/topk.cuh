@@ -9,10 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
-#include "kvsift/ops/detail/topk_cluster_select.cuh"
+#include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
 
 namespace kvsift {

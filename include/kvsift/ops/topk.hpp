@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/core/dtype.hpp"

@@ -25,9 +25,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/dtype.hpp"
+#include "kvsift/core/query_rows.hpp"
 #include "kvsift/core/strided_view.hpp"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/kv_view.hpp"
@@ -36,36 +37,9 @@ namespace kvsift {
 
 enum class ScoreHeads : int { kKvHeadMean, kQueryHead };
 
-// Query rows of the scored window: query i of sequence b, head h is at
-// data + b * batch_stride + i * position_stride + h * head_stride (head_dim contiguous elements).
-// For SnapKV/ClusterAttn these are the last W prompt queries ([B, W, Hq, D] by default); for
-// H2O-prefill, all prompt queries ([B, L, Hq, D], query i = position i).
-template <class T>
-struct QueryRows {
-  const T* data = nullptr;
-  int num_heads = 0;
-  int capacity = 0;  // query rows per sequence
-  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;
-
-  KVSIFT_HD const T* row(int b, int i, int h) const {
-    return data + b * batch_stride + i * position_stride + h * head_stride;
-  }
-};
-
-// [batch, capacity, num_heads, head_dim], the layout of a prefill's Q projection.
-template <class T>
-QueryRows<T> make_query_rows(const T* data, int batch, int capacity, int num_heads, int head_dim) {
-  (void)batch;
-  QueryRows<T> q;
-  q.data = data;
-  q.num_heads = num_heads;
-  q.capacity = capacity;
-  q.head_stride = head_dim;
-  q.position_stride = std::int64_t(num_heads) * head_dim;
-  q.batch_stride = std::int64_t(capacity) * num_heads * head_dim;
-  return q;
-}
-
+// The scored queries are QueryRows (core/query_rows.hpp): for SnapKV/ClusterAttn the last W prompt
+// queries ([B, W, Hq, D] by default); for H2O-prefill, all prompt queries ([B, L, Hq, D], query i =
+// position i).
 inline constexpr int kAllQueries = -1;
 
 struct WindowScoreParams {

@@ -84,7 +84,7 @@ struct ShapeOnlyKV {
 // The decode_attention parameters of one layer call; the same function builds the workspace query's
 // parameters, so the query and the launch plan identically.
 template <class T>
-DecodeAttentionParams<T> lychee_attention_params(const LycheeDecodeConfig& c, const LycheeLayerIO<T>& io, int q_len,
+DecodeAttentionParams<T> lycheedecode_attention_params(const LycheeDecodeConfig& c, const LycheeLayerIO<T>& io, int q_len,
                                                  const HeadRoleMask& sparse, const ConstIndexSet& table,
                                                  float* scores, std::int64_t score_stride) {
   DecodeAttentionParams<T> p;
@@ -103,11 +103,11 @@ DecodeAttentionParams<T> lychee_attention_params(const LycheeDecodeConfig& c, co
   p.sm_scale = c.sm_scale > 0.f ? c.sm_scale : 1.f / std::sqrt(float(c.head_dim));
   p.max_kv_length = c.max_kv_length;
   p.roles = sparse;
-  if (sparse.count_gathered(c.num_kv_heads) > 0) p.gather = table;
+  if (sparse.count_sparse(c.num_kv_heads) > 0) p.gather = table;
   if (scores != nullptr) {
     p.scores = scores;
     p.score_row_stride = score_stride;
-    p.score_block_size = lychee_entry_tokens(c);
+    p.score_block_size = lycheedecode_entry_tokens(c);
   }
   p.num_sms = c.num_sms;
   return p;
@@ -115,7 +115,7 @@ DecodeAttentionParams<T> lychee_attention_params(const LycheeDecodeConfig& c, co
 
 // Scratch of one layer call, carved from the caller's workspace in a fixed order. Nothing in it
 // outlives the call, so one workspace serves every layer (and other ops in between).
-struct LycheeScratch {
+struct LycheeDecodeScratch {
   float* scores = nullptr;  // [max_batch * num_kv_heads, score_stride]: retrieval rows written per layer
   int score_cols = 0;
   std::int64_t score_stride = 0;
@@ -131,17 +131,17 @@ struct LycheeScratch {
 
 }  // namespace detail
 
-class LycheeDecoder {
+class LycheeDecodePolicy {
  public:
   // Validates the configuration (messages name the parameter) and plans the workspace once.
-  static Status create(const LycheeDecodeConfig& config, LycheeDecoder* out) {
+  static Status create(const LycheeDecodeConfig& config, LycheeDecodePolicy* out) {
     KVSIFT_REQUIRE_NOT_NULL(out, "out");
-    KVSIFT_TRY(validate_lychee_config(config));
-    LycheeDecoder d;
+    KVSIFT_TRY(validate_lycheedecode_config(config));
+    LycheeDecodePolicy d;
     d.config_ = config;
     d.sparse_.resize(std::size_t(config.num_layers));
     for (int l = 0; l < config.num_layers; ++l)
-      for (int h = 0; h < config.num_kv_heads; ++h) d.sparse_[l].set_gathered(h, !config.roles.is_retrieval(l, h));
+      for (int h = 0; h < config.num_kv_heads; ++h) d.sparse_[l].set_sparse(h, !config.roles.is_retrieval(l, h));
     KVSIFT_TRY(d.plan_attention_workspace<half_t>(&d.attention_bytes_16bit_));
     KVSIFT_TRY(d.plan_attention_workspace<float>(&d.attention_bytes_32bit_));
     *out = std::move(d);
@@ -149,11 +149,11 @@ class LycheeDecoder {
   }
 
   const LycheeDecodeConfig& config() const { return config_; }
-  int index_capacity() const { return lychee_index_capacity(config_); }
+  int index_capacity() const { return lycheedecode_index_capacity(config_); }
   // Heads of `layer` that attend through the index table (set bit = sparse head).
   const HeadRoleMask& sparse_heads(int layer) const { return sparse_[std::size_t(layer)]; }
   int retrieval_heads(int layer) const {
-    return config_.num_kv_heads - sparse_heads(layer).count_gathered(config_.num_kv_heads);
+    return config_.num_kv_heads - sparse_heads(layer).count_sparse(config_.num_kv_heads);
   }
 
   std::size_t state_bytes() const { return lycheedecode_state_bytes(config_); }
@@ -182,12 +182,12 @@ class LycheeDecoder {
     KVSIFT_TRY(check_layer_call(state, layer, kv));
     KVSIFT_REQUIRE_NOT_NULL(workspace, "workspace (ask workspace_bytes<KT>())");
     WorkspaceCarver ws(workspace, workspace_bytes);
-    const detail::LycheeScratch x = carve_scratch<typename View::value_type>(ws);
+    const detail::LycheeDecodeScratch x = carve_scratch<typename View::value_type>(ws);
     KVSIFT_TRY(ws.status());
 
     const HeadRoleMask& sparse = sparse_heads(layer);
     const bool selects = retrieval_heads(layer) > 0;
-    const auto attention = detail::lychee_attention_params(config_, io, 1, sparse, as_const(state.table),
+    const auto attention = detail::lycheedecode_attention_params(config_, io, 1, sparse, as_const(state.table),
                                                            selects ? x.scores : nullptr, x.score_stride);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention, x.attention_bytes));
     if (selects) KVSIFT_TRY(hand_off(exec, state, sparse, kv, x));
@@ -207,10 +207,10 @@ class LycheeDecoder {
     KVSIFT_TRY(check_layer_call(state, layer, kv));
     KVSIFT_REQUIRE_NOT_NULL(workspace, "workspace (ask workspace_bytes<KT>())");
     WorkspaceCarver ws(workspace, workspace_bytes);
-    const detail::LycheeScratch x = carve_scratch<typename View::value_type>(ws);
+    const detail::LycheeDecodeScratch x = carve_scratch<typename View::value_type>(ws);
     KVSIFT_TRY(ws.status());
-    const auto attention = detail::lychee_attention_params(config_, io, config_.correction_interval,
-                                                           HeadRoleMask::all_dense(), ConstIndexSet(), nullptr, 0);
+    const auto attention = detail::lycheedecode_attention_params(config_, io, config_.correction_interval,
+                                                           HeadRoleMask::all_retrieval(), ConstIndexSet(), nullptr, 0);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention, x.attention_bytes));
     advance(state, layer, kv.batch);
     return Status();
@@ -218,7 +218,7 @@ class LycheeDecoder {
 
  private:
   int score_cols() const {
-    const int unit = lychee_entry_tokens(config_);
+    const int unit = lycheedecode_entry_tokens(config_);
     return (config_.max_kv_length + unit - 1) / unit;
   }
   // Rows start on 16 bytes so top-k streams them with vector loads.
@@ -226,8 +226,8 @@ class LycheeDecoder {
   int rows() const { return config_.max_batch * config_.num_kv_heads; }
 
   template <class KT>
-  detail::LycheeScratch carve_scratch(WorkspaceCarver& ws) const {
-    detail::LycheeScratch x;
+  detail::LycheeDecodeScratch carve_scratch(WorkspaceCarver& ws) const {
+    detail::LycheeDecodeScratch x;
     x.score_cols = score_cols();
     x.score_stride = score_stride();
     const std::size_t r = std::size_t(rows());
@@ -254,12 +254,12 @@ class LycheeDecoder {
     table.indices = table.counts = &kShapeOnly;
     table.rows = rows();
     table.capacity = table.row_stride = index_capacity();
-    table.granularity = lychee_granularity(config_);
-    table.block_size = lychee_entry_tokens(config_);
+    table.granularity = lycheedecode_granularity(config_);
+    table.block_size = lycheedecode_entry_tokens(config_);
     std::vector<int> seen_sparse_counts;
     std::vector<const HeadRoleMask*> mixes;
     for (const HeadRoleMask& m : sparse_) {
-      const int n = m.count_gathered(config_.num_kv_heads);
+      const int n = m.count_sparse(config_.num_kv_heads);
       if (std::find(seen_sparse_counts.begin(), seen_sparse_counts.end(), n) != seen_sparse_counts.end()) continue;
       seen_sparse_counts.push_back(n);
       mixes.push_back(&m);
@@ -274,15 +274,15 @@ class LycheeDecoder {
       kv.head_dim = config_.head_dim;
       std::size_t need = 0;
       for (const HeadRoleMask* m : mixes) {
-        const bool selects = m->count_gathered(config_.num_kv_heads) < config_.num_kv_heads;
-        const auto p = detail::lychee_attention_params(config_, io, 1, *m, table, selects ? &score_shape : nullptr,
+        const bool selects = m->count_sparse(config_.num_kv_heads) < config_.num_kv_heads;
+        const auto p = detail::lycheedecode_attention_params(config_, io, 1, *m, table, selects ? &score_shape : nullptr,
                                                        score_stride());
         KVSIFT_TRY(decode_attention_workspace_bytes(kv, p, &need));
         *bytes = std::max(*bytes, need);
       }
       if (config_.correction_interval > 0) {
-        const auto p = detail::lychee_attention_params(config_, io, config_.correction_interval,
-                                                       HeadRoleMask::all_dense(), ConstIndexSet(), nullptr, 0);
+        const auto p = detail::lycheedecode_attention_params(config_, io, config_.correction_interval,
+                                                       HeadRoleMask::all_retrieval(), ConstIndexSet(), nullptr, 0);
         KVSIFT_TRY(decode_attention_workspace_bytes(kv, p, &need));
         *bytes = std::max(*bytes, need);
       }
@@ -315,16 +315,16 @@ class LycheeDecoder {
   // Top-k of this layer's retrieval rows into the index table (the handoff to later layers).
   template <class Exec, class View>
   Status hand_off(Exec exec, LycheeDecodeState& state, const HeadRoleMask& sparse, const View& kv,
-                  const detail::LycheeScratch& x) const {
+                  const detail::LycheeDecodeScratch& x) const {
     const LycheeDecodeConfig& c = config_;
     const int rows = kv.batch * c.num_kv_heads;
-    const bool ratio = c.selection == LycheeSelection::kRatio, block = c.selection == LycheeSelection::kBlock;
+    const bool ratio = c.selection == LycheeDecodeSelection::kRatio, block = c.selection == LycheeDecodeSelection::kBlock;
     SelectionRowsArgs plan;
     plan.sparse = sparse;
     plan.num_kv_heads = c.num_kv_heads;
     plan.max_kv_length = c.max_kv_length;
-    plan.entry_tokens = lychee_entry_tokens(c);
-    plan.keep = lychee_keep_fraction(c);
+    plan.entry_tokens = lycheedecode_entry_tokens(c);
+    plan.keep = lycheedecode_keep_fraction(c);
     plan.ratio = ratio;
     plan.recent = c.recent;
     plan.row_lengths = x.row_lengths;
@@ -333,7 +333,7 @@ class LycheeDecoder {
     KVSIFT_TRY(plan_selection_rows(exec, kv, plan));
 
     // A layer without sparse heads (layer 0) rewrites every row: top-k writes the table directly.
-    const bool has_sparse = sparse.count_gathered(c.num_kv_heads) > 0;
+    const bool has_sparse = sparse.count_sparse(c.num_kv_heads) > 0;
     IndexSet out = state.table;
     out.rows = rows;
     if (has_sparse) out.counts = x.selected_counts;

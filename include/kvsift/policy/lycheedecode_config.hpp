@@ -22,27 +22,26 @@
 #include <string>
 #include <vector>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
-#include "kvsift/gates/head_roles.hpp"
-#include "kvsift/gates/roles_file.hpp"
+#include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
 
 namespace kvsift {
 
-enum class LycheeSelection : int { kToken, kRatio, kBlock };
+enum class LycheeDecodeSelection : int { kToken, kRatio, kBlock };
 
-inline const char* to_string(LycheeSelection s) {
+inline const char* to_string(LycheeDecodeSelection s) {
   switch (s) {
-    case LycheeSelection::kToken: return "token";
-    case LycheeSelection::kRatio: return "ratio";
-    case LycheeSelection::kBlock: return "block";
+    case LycheeDecodeSelection::kToken: return "token";
+    case LycheeDecodeSelection::kRatio: return "ratio";
+    case LycheeDecodeSelection::kBlock: return "block";
   }
   return "unknown";
 }
 
 // The paper's cache-correction interval ("dense attention once every 32 tokens").
-inline constexpr int kLycheeCorrectionInterval = 32;
+inline constexpr int kLycheeDecodeCorrectionInterval = 32;
 
 struct LycheeDecodeConfig {
   // Model shape.
@@ -51,7 +50,7 @@ struct LycheeDecodeConfig {
   int num_kv_heads = 0;
   int head_dim = 0;  // 64, 128 or 256
   // Roles [num_layers, num_kv_heads] in the model's original KV-head order: from a roles file
-  // (read_head_roles_file), from trained HardKuma gates (lychee_roles_from_hardkuma) or built
+  // (read_head_roles_file), from trained HardKuma gates (lycheedecode_roles_from_hardkuma) or built
   // directly (make_head_roles). Layer 0 must be all retrieval: it seeds every index row.
   HeadRoles roles;
 
@@ -62,7 +61,7 @@ struct LycheeDecodeConfig {
   int index_capacity = 0;  // entries per index row; 0 = exactly what the selection needs
 
   // Selection.
-  LycheeSelection selection = LycheeSelection::kToken;
+  LycheeDecodeSelection selection = LycheeDecodeSelection::kToken;
   int budget = 4096;  // kToken: tokens per row, sink and recent included
   double rho = 0.7;   // kRatio: fraction of tokens dropped, in [0, 1)
   int sink = 128;     // kToken, kRatio: first tokens always kept
@@ -72,7 +71,7 @@ struct LycheeDecodeConfig {
   int sink_blocks = 1;   // kBlock: first blocks always kept
 
   // Cache correction: every correction_interval-th decode step re-runs the last correction_interval
-  // positions densely (correct_layer). 0 = off (default); kLycheeCorrectionInterval when on.
+  // positions densely (correct_layer). 0 = off (default); kLycheeDecodeCorrectionInterval when on.
   int correction_interval = 0;
 
   float sm_scale = 0.f;  // <= 0: 1 / sqrt(head_dim)
@@ -91,33 +90,33 @@ inline bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 }  // namespace detail
 
 // Tokens per index entry: 1, or block_size in block mode.
-inline int lychee_entry_tokens(const LycheeDecodeConfig& c) {
-  return c.selection == LycheeSelection::kBlock ? c.block_size : 1;
+inline int lycheedecode_entry_tokens(const LycheeDecodeConfig& c) {
+  return c.selection == LycheeDecodeSelection::kBlock ? c.block_size : 1;
 }
 
-inline Granularity lychee_granularity(const LycheeDecodeConfig& c) {
-  return c.selection == LycheeSelection::kBlock ? Granularity::kBlock : Granularity::kToken;
+inline Granularity lycheedecode_granularity(const LycheeDecodeConfig& c) {
+  return c.selection == LycheeDecodeSelection::kBlock ? Granularity::kBlock : Granularity::kToken;
 }
 
 // Fraction of tokens kept in ratio mode; the same double on every backend, so floor(keep * L) agrees.
-inline double lychee_keep_fraction(const LycheeDecodeConfig& c) { return 1.0 - c.rho; }
+inline double lycheedecode_keep_fraction(const LycheeDecodeConfig& c) { return 1.0 - c.rho; }
 
 // Entries an index row must hold for this selection (before index_capacity overrides it).
-inline int lychee_required_capacity(const LycheeDecodeConfig& c) {
+inline int lycheedecode_required_capacity(const LycheeDecodeConfig& c) {
   switch (c.selection) {
-    case LycheeSelection::kToken: return c.budget;
-    case LycheeSelection::kRatio: {
-      const int grown = int(lychee_keep_fraction(c) * double(c.max_kv_length));
+    case LycheeDecodeSelection::kToken: return c.budget;
+    case LycheeDecodeSelection::kRatio: {
+      const int grown = int(lycheedecode_keep_fraction(c) * double(c.max_kv_length));
       const int forced = c.sink + c.recent;
       return grown > forced ? grown : forced;
     }
-    case LycheeSelection::kBlock: return c.num_blocks;
+    case LycheeDecodeSelection::kBlock: return c.num_blocks;
   }
   return 0;
 }
 
-inline int lychee_index_capacity(const LycheeDecodeConfig& c) {
-  return c.index_capacity > 0 ? c.index_capacity : lychee_required_capacity(c);
+inline int lycheedecode_index_capacity(const LycheeDecodeConfig& c) {
+  return c.index_capacity > 0 ? c.index_capacity : lycheedecode_required_capacity(c);
 }
 
 // True when decode step `step` (0-based, counting every decode step since the prompt) is a
@@ -127,36 +126,36 @@ inline bool correction_due(const LycheeDecodeConfig& c, std::int64_t step) {
   return c.correction_interval > 0 && step >= 0 && (step + 1) % c.correction_interval == 0;
 }
 
-inline Status validate_lychee_roles(const LycheeDecodeConfig& c) {
+inline Status validate_lycheedecode_roles(const LycheeDecodeConfig& c) {
   const HeadRoles& r = c.roles;
   KVSIFT_REQUIRE(r.layers == c.num_layers && r.kv_heads == c.num_kv_heads, kInvalidArgument, "roles is ", r.layers,
                  " layers x ", r.kv_heads, " KV heads but the model has num_layers = ", c.num_layers,
                  ", num_kv_heads = ", c.num_kv_heads);
-  KVSIFT_REQUIRE(r.retrieval.size() == std::size_t(r.layers) * r.kv_heads, kInvalidArgument, "roles.retrieval has ",
-                 r.retrieval.size(), " entries, expected layers * kv_heads = ", std::size_t(r.layers) * r.kv_heads);
+  KVSIFT_REQUIRE(r.masks.size() == std::size_t(r.layers), kInvalidArgument, "roles.masks has ", r.masks.size(),
+                 " layer masks, expected layers = ", r.layers);
   for (int h = 0; h < c.num_kv_heads; ++h)
     KVSIFT_REQUIRE(r.is_retrieval(0, h), kInvalidArgument, "roles: layer 0, KV head ", h,
                    " is sparse; layer 0 must be all retrieval (it seeds every index row)");
   return Status();
 }
 
-inline Status validate_lychee_config(const LycheeDecodeConfig& c) {
+inline Status validate_lycheedecode_config(const LycheeDecodeConfig& c) {
   KVSIFT_REQUIRE(c.num_layers > 0, kInvalidArgument, "num_layers = ", c.num_layers, " must be > 0");
   KVSIFT_REQUIRE(c.num_kv_heads > 0, kInvalidArgument, "num_kv_heads = ", c.num_kv_heads, " must be > 0");
   KVSIFT_REQUIRE(c.num_q_heads > 0 && c.num_q_heads % c.num_kv_heads == 0, kInvalidArgument, "num_q_heads = ",
                  c.num_q_heads, " must be a positive multiple of num_kv_heads = ", c.num_kv_heads);
   KVSIFT_REQUIRE(c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256, kUnsupported, "head_dim = ",
                  c.head_dim, " is not supported (64, 128 or 256)");
-  KVSIFT_TRY(validate_lychee_roles(c));
+  KVSIFT_TRY(validate_lycheedecode_roles(c));
   KVSIFT_REQUIRE(c.max_batch > 0, kInvalidArgument, "max_batch = ", c.max_batch, " must be > 0");
   KVSIFT_REQUIRE(c.max_kv_length > 0, kInvalidArgument, "max_kv_length = ", c.max_kv_length, " must be > 0");
   KVSIFT_REQUIRE(c.index_capacity >= 0, kInvalidArgument, "index_capacity = ", c.index_capacity, " must be >= 0");
   KVSIFT_REQUIRE(c.recent >= 0, kInvalidArgument, "recent = ", c.recent, " must be >= 0");
   switch (c.selection) {
-    case LycheeSelection::kToken:
-    case LycheeSelection::kRatio:
+    case LycheeDecodeSelection::kToken:
+    case LycheeDecodeSelection::kRatio:
       KVSIFT_REQUIRE(c.sink >= 0, kInvalidArgument, "sink = ", c.sink, " must be >= 0");
-      if (c.selection == LycheeSelection::kToken) {
+      if (c.selection == LycheeDecodeSelection::kToken) {
         KVSIFT_REQUIRE(c.budget >= 1, kInvalidArgument, "budget = ", c.budget, " must be >= 1");
         KVSIFT_REQUIRE(std::int64_t(c.budget) >= std::int64_t(c.sink) + c.recent, kInvalidArgument, "budget = ",
                        c.budget, " is smaller than sink + recent = ", std::int64_t(c.sink) + c.recent,
@@ -166,7 +165,7 @@ inline Status validate_lychee_config(const LycheeDecodeConfig& c) {
                        " must be in [0, 1) (the fraction of tokens dropped)");
       }
       break;
-    case LycheeSelection::kBlock: {
+    case LycheeDecodeSelection::kBlock: {
       KVSIFT_REQUIRE(detail::is_power_of_two(c.block_size), kInvalidArgument, "block_size = ", c.block_size,
                      " must be a power of two");
       KVSIFT_REQUIRE(c.block_size >= 16, kUnsupported, "block_size = ", c.block_size,
@@ -180,30 +179,15 @@ inline Status validate_lychee_config(const LycheeDecodeConfig& c) {
       break;
     }
     default:
-      return invalid_argument("selection = ", static_cast<int>(c.selection), " is not a LycheeSelection");
+      return invalid_argument("selection = ", static_cast<int>(c.selection), " is not a LycheeDecodeSelection");
   }
-  KVSIFT_REQUIRE(c.index_capacity == 0 || c.index_capacity >= lychee_required_capacity(c), kInvalidArgument,
+  KVSIFT_REQUIRE(c.index_capacity == 0 || c.index_capacity >= lycheedecode_required_capacity(c), kInvalidArgument,
                  "index_capacity = ", c.index_capacity, " is smaller than the ", to_string(c.selection),
-                 "-mode budget of ", lychee_required_capacity(c), " entries per row");
+                 "-mode budget of ", lycheedecode_required_capacity(c), " entries per row");
   KVSIFT_REQUIRE(c.correction_interval >= 0, kInvalidArgument, "correction_interval = ", c.correction_interval,
                  " must be >= 0 (0 = off)");
   KVSIFT_REQUIRE(c.num_sms >= 0, kInvalidArgument, "num_sms = ", c.num_sms, " must be >= 0");
   return Status();
-}
-
-// Roles from trained HardKuma gate parameters a, b [num_layers * num_kv_heads] (host memory):
-// E[Kuma(a, b)] > threshold, or the top-N heads, with layer 0 forced to retrieval (head_roles.hpp).
-template <class T>
-Status lychee_roles_from_hardkuma(const T* a, const T* b, int num_layers, int num_kv_heads,
-                                  const RoleExtractionOptions& options, HeadRoles* out) {
-  KVSIFT_REQUIRE_NOT_NULL(out, "out");
-  KVSIFT_REQUIRE(options.force_layer0, kInvalidArgument,
-                 "options.force_layer0 = false: LycheeDecode needs layer 0 all retrieval");
-  KVSIFT_REQUIRE(num_layers > 0 && num_kv_heads > 0, kInvalidArgument, "num_layers = ", num_layers,
-                 " and num_kv_heads = ", num_kv_heads, " must be > 0");
-  std::vector<std::uint8_t> roles(std::size_t(num_layers) * num_kv_heads);
-  KVSIFT_TRY(host::extract_head_roles(host::Exec{}, options, a, b, num_layers, num_kv_heads, roles.data()));
-  return make_head_roles(num_layers, num_kv_heads, roles.data(), out);
 }
 
 }  // namespace kvsift

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/policy/lycheedecode_handoff.hpp"
 

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/ops/decode_attention.hpp"
@@ -75,7 +75,7 @@ KVSIFT_HD inline void plan_selection_row(const View& kv, const SelectionRowsArgs
   const int b = row / a.num_kv_heads, h = row % a.num_kv_heads;
   int len = kv.length(b);
   len = len < 0 ? 0 : (len > a.max_kv_length ? a.max_kv_length : len);
-  const bool selects = !a.sparse.is_gathered(h);
+  const bool selects = !a.sparse.is_sparse(h);
   const int entries = (len + a.entry_tokens - 1) / a.entry_tokens;
   a.row_lengths[row] = selects ? entries : 0;
   // keep * len >= 0, so the conversion truncates toward zero: floor, identical on host and device.
@@ -87,7 +87,7 @@ KVSIFT_HD inline void plan_selection_row(const View& kv, const SelectionRowsArgs
 }
 
 KVSIFT_HD inline void commit_selection_row(const CommitSelectionArgs& a, int row) {
-  if (!a.sparse.is_gathered(row % a.num_kv_heads)) a.table_counts[row] = a.selected_counts[row];
+  if (!a.sparse.is_sparse(row % a.num_kv_heads)) a.table_counts[row] = a.selected_counts[row];
 }
 
 template <class View>

@@ -23,7 +23,7 @@
 namespace kvsift {
 
 struct LycheeDecodeState {
-  IndexSet table;          // rows max_batch * num_kv_heads, capacity lychee_index_capacity(config)
+  IndexSet table;          // rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
   int num_layers = 0;
   int next_layer = 0;      // the layer the next call must be for
   int step_batch = 0;      // kv.batch of the step in progress, fixed by its layer 0
@@ -35,12 +35,12 @@ struct LycheeDecodeState {
 
 namespace detail {
 
-inline IndexSet carve_lychee_table(WorkspaceCarver& ws, const LycheeDecodeConfig& c) {
+inline IndexSet carve_lycheedecode_table(WorkspaceCarver& ws, const LycheeDecodeConfig& c) {
   const int rows = c.max_batch * c.num_kv_heads;
-  const int capacity = lychee_index_capacity(c);
+  const int capacity = lycheedecode_index_capacity(c);
   std::int32_t* indices = ws.take<std::int32_t>(std::size_t(rows) * capacity);
   std::int32_t* counts = ws.take<std::int32_t>(std::size_t(rows));
-  return make_index_set(indices, counts, rows, capacity, lychee_granularity(c), lychee_entry_tokens(c));
+  return make_index_set(indices, counts, rows, capacity, lycheedecode_granularity(c), lycheedecode_entry_tokens(c));
 }
 
 }  // namespace detail
@@ -48,7 +48,7 @@ inline IndexSet carve_lychee_table(WorkspaceCarver& ws, const LycheeDecodeConfig
 // Bytes of state memory for this configuration (needs no memory; the config must be valid).
 inline std::size_t lycheedecode_state_bytes(const LycheeDecodeConfig& config) {
   WorkspaceCarver ws(nullptr, 0);
-  detail::carve_lychee_table(ws, config);
+  detail::carve_lycheedecode_table(ws, config);
   return ws.required_bytes();
 }
 
@@ -56,11 +56,11 @@ inline std::size_t lycheedecode_state_bytes(const LycheeDecodeConfig& config) {
 // written to the memory itself.
 inline Status make_lycheedecode_state(const LycheeDecodeConfig& config, void* memory, std::size_t bytes,
                                       LycheeDecodeState* state) {
-  KVSIFT_TRY(validate_lychee_config(config));
+  KVSIFT_TRY(validate_lycheedecode_config(config));
   KVSIFT_REQUIRE_NOT_NULL(memory, "memory");
   KVSIFT_REQUIRE_NOT_NULL(state, "state");
   WorkspaceCarver ws(memory, bytes);
-  const IndexSet table = detail::carve_lychee_table(ws, config);
+  const IndexSet table = detail::carve_lycheedecode_table(ws, config);
   if (!ws.status().ok())
     return Status(ws.status().code(), "state memory: " + ws.status().message() + " (ask lycheedecode_state_bytes)");
   *state = LycheeDecodeState();

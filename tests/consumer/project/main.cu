@@ -21,7 +21,7 @@ int main() {
   cudaMemcpy(dk, k.data(), n * sizeof(float), cudaMemcpyHostToDevice);
   cudaMemcpy(dlen, &S, sizeof S, cudaMemcpyHostToDevice);
   const auto kv = kvsift::make_bhsd(dk, dk, B, H, S, D, dlen);
-  kvsift::Status st = kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec{}, kv, S, dout, dout + n);
+  kvsift::Status st = kvsift::cuda::copy_kv_to_dense(kvsift::cuda::Exec::for_current_device(), kv, S, dout, dout + n);
   if (st.ok()) st = kvsift::from_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::vector<float> out(n);
   cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost);

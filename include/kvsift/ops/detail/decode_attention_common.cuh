@@ -38,7 +38,7 @@ struct DecodeArgs {
   int score_block_size, score_cols;
   float* partial_out;  // [batch, row_tiles, ctas_per_tile, row_tile, head_dim]
   float* partial_lse;  // [batch, row_tiles, ctas_per_tile, row_tile], base 2
-  std::uint8_t head_at[kDecodeMaxKvHeads];
+  std::uint8_t head_at[kMaxKvHeads];
 };
 
 // What one block works on.
@@ -249,7 +249,7 @@ struct MergeArgs {
   int batch, q_len, num_q_heads, group, head_dim, row_tile, row_tiles, ctas_per_tile;
   int num_dense, dense_splits, gathered_splits;
   HeadRoleMask roles;
-  std::uint8_t rank_of[kDecodeMaxKvHeads];
+  std::uint8_t rank_of[kMaxKvHeads];
 };
 
 inline constexpr int kMergeWarps = 4;
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(kMergeWarps * 32) decode_merge_kernel(MergeArg
   const int r = qpos * a.group + hq % a.group;
   const int tile = r / a.row_tile, rr = r % a.row_tile;
   int first, count;
-  if (!a.roles.is_gathered(h)) {
+  if (!a.roles.is_sparse(h)) {
     first = a.rank_of[h] * a.dense_splits;
     count = a.dense_splits;
   } else {

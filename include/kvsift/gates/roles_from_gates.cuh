@@ -4,9 +4,9 @@
 
 #include <cstdint>
 
-#include "kvsift/core/backend_cuda.cuh"
+#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
-#include "kvsift/gates/head_roles.hpp"
+#include "kvsift/gates/roles_from_gates.hpp"
 
 namespace kvsift {
 namespace detail {

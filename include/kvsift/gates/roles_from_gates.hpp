@@ -10,14 +10,16 @@
 // too: LycheeDecode's 32 = 8 (layer 0) + 24 learned. Ties rank the lower gate index first; a NaN
 // score ranks lowest and never passes the threshold.
 //
-// Gates are layer-major (gate = layer * kv_heads + head); roles[gate] = 1 for retrieval, 0 for sparse.
+// Gates are layer-major (gate = layer * kv_heads + head); roles[gate] = 1 for retrieval, 0 for sparse
+// (the byte layout make_head_roles turns into a HeadRoles table).
 // a and b go through the same clamp as training (HardKumaOptions::clamp_shape).
 
 #include <cstdint>
 
-#include "kvsift/core/backend.hpp"
+#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/gates/hardkuma.hpp"
+#include "kvsift/kv/head_roles.hpp"
 
 namespace kvsift {
 
@@ -99,4 +101,19 @@ Status extract_head_roles(Exec, const RoleExtractionOptions& options, const T* a
 }
 
 }  // namespace host
+// Roles from trained HardKuma gate parameters a, b [num_layers * num_kv_heads] (host memory):
+// E[Kuma(a, b)] > threshold, or the top-N heads, with layer 0 forced to retrieval (above).
+template <class T>
+Status lycheedecode_roles_from_hardkuma(const T* a, const T* b, int num_layers, int num_kv_heads,
+                                  const RoleExtractionOptions& options, HeadRoles* out) {
+  KVSIFT_REQUIRE_NOT_NULL(out, "out");
+  KVSIFT_REQUIRE(options.force_layer0, kInvalidArgument,
+                 "options.force_layer0 = false: LycheeDecode needs layer 0 all retrieval");
+  KVSIFT_REQUIRE(num_layers > 0 && num_kv_heads > 0, kInvalidArgument, "num_layers = ", num_layers,
+                 " and num_kv_heads = ", num_kv_heads, " must be > 0");
+  std::vector<std::uint8_t> roles(std::size_t(num_layers) * num_kv_heads);
+  KVSIFT_TRY(host::extract_head_roles(host::Exec{}, options, a, b, num_layers, num_kv_heads, roles.data()));
+  return make_head_roles(num_layers, num_kv_heads, roles.data(), out);
+}
+
 }  // namespace kvsift

@@ -1,0 +1,89 @@
+#pragma once
+// Head roles: which KV heads attend to every token and which only to their index-set row.
+//
+//   retrieval head  dense attention over the whole sequence; in LycheeDecode it also selects the
+//                   tokens that the sparse heads of the same index read in later layers
+//   sparse head     attention over the entries of its index-set row only
+//
+// HeadRoleMask is one layer's roles, a bit per KV head, SET = SPARSE: the empty mask is plain dense
+// attention, the natural default of an attention op. HeadRoles is a model's table, one mask per
+// layer, in the model's original KV-head order. The same type serves the op (decode_attention reads
+// one layer's mask), the policy (LycheeDecode holds the table) and the roles file (gates/roles_file.hpp).
+// A host value: the launcher needs roles to balance work before launch.
+
+#include <cstdint>
+#include <vector>
+
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
+
+namespace kvsift {
+
+// Largest number of KV heads per layer a role mask (and so an attention call) can describe.
+inline constexpr int kMaxKvHeads = 256;
+
+class HeadRoleMask {
+ public:
+  static HeadRoleMask all_retrieval() { return HeadRoleMask(); }
+  static HeadRoleMask all_sparse(int num_kv_heads) {
+    HeadRoleMask m;
+    for (int h = 0; h < num_kv_heads && h < kMaxKvHeads; ++h) m.set_sparse(h, true);
+    return m;
+  }
+  void set_sparse(int h, bool sparse) {
+    const std::uint64_t bit = std::uint64_t(1) << (h % 64);
+    bits_[h / 64] = sparse ? (bits_[h / 64] | bit) : (bits_[h / 64] & ~bit);
+  }
+  KVSIFT_HD bool is_sparse(int h) const { return (bits_[h / 64] >> (h % 64)) & 1u; }
+  KVSIFT_HD bool is_retrieval(int h) const { return !is_sparse(h); }
+  int count_sparse(int num_kv_heads) const {
+    int n = 0;
+    for (int h = 0; h < num_kv_heads; ++h) n += is_sparse(h);
+    return n;
+  }
+  int count_retrieval(int num_kv_heads) const { return num_kv_heads - count_sparse(num_kv_heads); }
+  bool operator==(const HeadRoleMask& o) const {
+    for (int i = 0; i < kMaxKvHeads / 64; ++i)
+      if (bits_[i] != o.bits_[i]) return false;
+    return true;
+  }
+  bool operator!=(const HeadRoleMask& o) const { return !(*this == o); }
+
+ private:
+  std::uint64_t bits_[kMaxKvHeads / 64] = {};
+};
+
+struct HeadRoles {
+  int layers = 0;
+  int kv_heads = 0;
+  std::vector<HeadRoleMask> masks;  // [layers]
+
+  const HeadRoleMask& layer(int l) const { return masks[std::size_t(l)]; }
+  bool is_retrieval(int l, int h) const { return layer(l).is_retrieval(h); }
+  int retrieval_count() const {
+    int c = 0;
+    for (const HeadRoleMask& m : masks) c += m.count_retrieval(kv_heads);
+    return c;
+  }
+  bool operator==(const HeadRoles& o) const { return layers == o.layers && kv_heads == o.kv_heads && masks == o.masks; }
+};
+
+// A table from one byte per (layer, KV head), layer-major, nonzero = retrieval (the layout gate
+// training produces).
+inline Status make_head_roles(int layers, int kv_heads, const std::uint8_t* retrieval, HeadRoles* out) {
+  KVSIFT_REQUIRE(layers > 0, kInvalidArgument, "layers = ", layers, " must be > 0");
+  KVSIFT_REQUIRE(kv_heads > 0 && kv_heads <= kMaxKvHeads, kInvalidArgument, "kv_heads = ", kv_heads,
+                 " must be in [1, ", kMaxKvHeads, "]");
+  KVSIFT_REQUIRE_NOT_NULL(retrieval, "retrieval");
+  KVSIFT_REQUIRE_NOT_NULL(out, "out");
+  HeadRoles r;
+  r.layers = layers;
+  r.kv_heads = kv_heads;
+  r.masks.assign(std::size_t(layers), HeadRoleMask());
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < kv_heads; ++h) r.masks[std::size_t(l)].set_sparse(h, retrieval[std::size_t(l) * kv_heads + h] == 0);
+  *out = std::move(r);
+  return Status();
+}
+
+}  // namespace kvsift
