@@ -3,6 +3,7 @@
 // toolkit). The host reference backend (kvsift::host) of every primitive is here.
 
 #include "kvsift/core/exec.hpp"
+#include "kvsift/core/query_rows.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/core/dtype.hpp"
@@ -11,6 +12,7 @@
 #include "kvsift/core/strided_view.hpp"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/contiguous_kv.hpp"
+#include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
@@ -18,6 +20,8 @@
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+#include "kvsift/ops/topk_reference.hpp"
 #include "kvsift/ops/window_scores.hpp"
 #include "kvsift/ops/score_pooling.hpp"
 #include "kvsift/ops/cluster_flags.hpp"

@@ -11,7 +11,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_reference.hpp"
 #include "support/random.hpp"
 
 using kvsift::bfloat16_t;
@@ -282,6 +282,9 @@ TEST_CASE("topk host: bad parameters are reported by name") {
 TEST_CASE("topk: workspace query needs no device memory") {
   std::vector<std::int32_t> idx(16), count(1);
   kvsift::TopKParams p;
-  CHECK(kvsift::topk_workspace_bytes<float>(kvsift::make_strided_view<const float>(nullptr, 1, 1 << 20), p,
-                                            kvsift::make_index_set(idx.data(), count.data(), 1, 16)) == 0);
+  std::size_t bytes = 1;
+  CHECK(kvsift::topk_workspace_bytes<float>(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(nullptr, 1, 1 << 20),
+                                            p, kvsift::make_index_set(idx.data(), count.data(), 1, 16), &bytes)
+            .ok());
+  CHECK(bytes == 0);
 }

@@ -1,7 +1,8 @@
 #pragma once
 // topk: batched per-row top-k selection with ragged lengths, forced sink/recent ranges and key
-// transforms. Parameters, key policies, validation and the host reference live here; the CUDA radix
-// select is in topk.cuh. Full contract: docs/ops/topk.md.
+// transforms. This header is the contract: parameters, key policies, the per-row plan every backend
+// computes the same way, and validation. The launch plan and workspace query are in topk_plan.hpp,
+// the host reference in topk_reference.hpp, the CUDA radix select in topk.cuh. Guide: docs/ops/topk.md.
 //
 // Row r of `scores` uses positions [0, len_r), len_r = lengths[r] clamped to [0, scores.cols]
 // (scores.cols when `lengths` is null). Its budget is k_r = per_row_k[r] (or params.k) clamped to
@@ -12,22 +13,24 @@
 //   forced = |[0, sink) ∪ [len - recent, len)| (clipped to the row)
 //   count  = forced + clamp(k_r - forced, 0, len - forced)      == max(forced, min(k_r, len))
 //
+// Row filter: with num_kv_heads > 0, row r belongs to KV head r % num_kv_heads, and the rows of the
+// heads `roles` marks sparse are left untouched (no index, no count written): LycheeDecode's retrieval
+// heads write their rows of the index table in place while the sparse heads' rows keep what an
+// earlier layer selected. With num_kv_heads = 0 (the default) every row is written.
+//
 // Order: a larger key is better; equal keys go to the lower position, so the result is unique and
 // every backend returns the same bits. With the default ScoreKey, NaN ranks below every number,
 // -inf < finite < +inf, and -0 equals +0.
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-#include <utility>
-#include <vector>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/core/dtype.hpp"
 #include "kvsift/core/strided_view.hpp"
+#include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
 
 namespace kvsift {
@@ -40,7 +43,14 @@ struct TopKParams {
   const std::int32_t* lengths = nullptr;    // [rows] optional; values are clamped to [0, scores.cols]
   int sink = 0;                           // first `sink` positions always selected
   int recent = 0;                         // last `recent` positions always selected
+  HeadRoleMask roles;                     // with num_kv_heads > 0: rows of sparse heads are skipped
+  int num_kv_heads = 0;                   // rows per sequence for the filter; 0 = write every row
 };
+
+// True when the row filter leaves row r untouched.
+KVSIFT_HD inline bool topk_skips_row(const TopKParams& p, std::int64_t row) {
+  return p.num_kv_heads > 0 && p.roles.is_sparse(int(row % p.num_kv_heads));
+}
 
 namespace detail {
 
@@ -166,6 +176,8 @@ Status validate_topk(const StridedView2D<const T>& scores, const TopKParams& p, 
   KVSIFT_REQUIRE(p.k <= out.capacity, kInvalidArgument, "k = ", p.k, " exceeds out.capacity = ", out.capacity);
   KVSIFT_REQUIRE(p.sink >= 0, kInvalidArgument, "sink = ", p.sink, " must be >= 0");
   KVSIFT_REQUIRE(p.recent >= 0, kInvalidArgument, "recent = ", p.recent, " must be >= 0");
+  KVSIFT_REQUIRE(p.num_kv_heads >= 0 && p.num_kv_heads <= kMaxKvHeads, kInvalidArgument, "num_kv_heads = ",
+                 p.num_kv_heads, " must be in [0, ", kMaxKvHeads, "]");
   KVSIFT_REQUIRE(std::int64_t(p.sink) + p.recent <= out.capacity, kInvalidArgument, "sink + recent = ",
                  std::int64_t(p.sink) + p.recent, " exceeds out.capacity = ", out.capacity,
                  " (forced positions must fit the output)");
@@ -181,61 +193,4 @@ Status validate_topk(const StridedView2D<const T>& scores, const TopKParams& p, 
 
 }  // namespace detail
 
-// Scratch memory the op needs, from shapes alone (no device memory touched). Every current path keeps
-// its state in shared memory and needs none; callers should still ask and pass what this returns, so
-// a later split-row path can use it without an API change.
-template <class T, class Key = ScoreKey<T>>
-std::size_t topk_workspace_bytes(const StridedView2D<const T>& /*scores*/, const TopKParams& /*params*/,
-                                 const IndexSet& /*out*/) {
-  return 0;
-}
-
-namespace host {
-
-// Reference: per row, sort the scored region by (key descending, position ascending), keep the first
-// `budget`, add the forced ranges, write ascending positions. `values` (optional) receives the score
-// of each selected position at the same offset, with row stride out.row_stride.
-template <class T, class Key = ScoreKey<T>>
-Status topk(Exec, StridedView2D<const T> scores, const TopKParams& params, IndexSet out, T* values = nullptr,
-            Key key = Key{}, void* workspace = nullptr, std::size_t workspace_bytes = 0) {
-  static_assert(detail::check_key_policy<T, Key>());
-  (void)workspace;
-  (void)workspace_bytes;
-  KVSIFT_TRY(detail::validate_topk(scores, params, out, values, key));
-  using K = typename Key::key_type;
-  const int cols = static_cast<int>(scores.cols);
-  std::vector<std::pair<K, int>> candidates;
-  std::vector<int> chosen;
-  for (int r = 0; r < scores.rows; ++r) {
-    const int len = params.lengths ? params.lengths[r] : cols;
-    const int k = params.per_row_k ? params.per_row_k[r] : params.k;
-    const TopKRowPlan plan = plan_topk_row(cols, len, k, out.capacity, params.sink, params.recent);
-    const T* row = scores.row(r);
-
-    candidates.clear();
-    for (int i = plan.sink_end; i < plan.recent_begin; ++i) candidates.emplace_back(key(row[i], r, i), i);
-    auto better = [](const std::pair<K, int>& a, const std::pair<K, int>& b) {
-      return a.first != b.first ? a.first > b.first : a.second < b.second;
-    };
-    std::partial_sort(candidates.begin(), candidates.begin() + plan.budget, candidates.end(), better);
-    chosen.clear();
-    for (int j = 0; j < plan.budget; ++j) chosen.push_back(candidates[j].second);
-    std::sort(chosen.begin(), chosen.end());
-
-    std::int32_t* dst = out.row(r);
-    int o = 0;
-    auto emit = [&](int position) {
-      dst[o] = position;
-      if (values) values[r * out.row_stride + o] = row[position];
-      ++o;
-    };
-    for (int i = 0; i < plan.sink_end; ++i) emit(i);
-    for (int i : chosen) emit(i);
-    for (int i = plan.recent_begin; i < plan.len; ++i) emit(i);
-    out.counts[r] = o;
-  }
-  return Status();
-}
-
-}  // namespace host
 }  // namespace kvsift

@@ -37,6 +37,8 @@
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+#include "kvsift/ops/topk_reference.hpp"
 #include "kvsift/policy/lycheedecode_config.hpp"
 #include "kvsift/policy/lycheedecode_handoff.hpp"
 #include "kvsift/policy/lycheedecode_state.hpp"
@@ -239,8 +241,10 @@ class LycheeDecodePolicy {
     x.attention_bytes = sizeof(KT) == 2 ? attention_bytes_16bit_ : attention_bytes_32bit_;
     x.attention = ws.take<unsigned char>(x.attention_bytes);
     const StridedView2D<const float> shape{nullptr, std::int64_t(r), x.score_cols, x.score_stride};
-    x.selection_bytes = std::max(topk_workspace_bytes<float, ScoreKey<float>>(shape, TopKParams(), IndexSet()),
-                                 topk_workspace_bytes<float, RecentBlocksFirstKey>(shape, TopKParams(), IndexSet()));
+    std::size_t by_score = 0, by_recent = 0;
+    (void)topk_workspace_bytes<float, ScoreKey<float>>(host::Exec{}, shape, TopKParams(), IndexSet(), &by_score);
+    (void)topk_workspace_bytes<float, RecentBlocksFirstKey>(host::Exec{}, shape, TopKParams(), IndexSet(), &by_recent);
+    x.selection_bytes = std::max(by_score, by_recent);
     x.selection = ws.take<unsigned char>(x.selection_bytes);
     return x;
   }
@@ -345,14 +349,14 @@ class LycheeDecodePolicy {
       select.sink = c.sink_blocks;
       RecentBlocksFirstKey key;
       key.recent_from = x.recent_from;
-      KVSIFT_TRY(topk(exec, scores, select, out, static_cast<float*>(nullptr), key, x.selection, x.selection_bytes));
+      KVSIFT_TRY(topk(exec, scores, select, out, static_cast<float*>(nullptr), key, Workspace{x.selection, x.selection_bytes}));
     } else {
       select.k = ratio ? 0 : c.budget;
       select.per_row_k = ratio ? x.row_budget : nullptr;
       select.sink = c.sink;
       select.recent = c.recent;
-      KVSIFT_TRY(topk(exec, scores, select, out, static_cast<float*>(nullptr), ScoreKey<float>(), x.selection,
-                      x.selection_bytes));
+      KVSIFT_TRY(topk(exec, scores, select, out, static_cast<float*>(nullptr), ScoreKey<float>(),
+                      Workspace{x.selection, x.selection_bytes}));
     }
     if (!has_sparse) return Status();
     CommitSelectionArgs commit;

@@ -27,6 +27,7 @@
 #include "kvsift/ops/compact_kv.hpp"
 #include "kvsift/ops/score_pooling.hpp"
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_reference.hpp"
 #include "kvsift/ops/window_scores.hpp"
 
 namespace kvsift {

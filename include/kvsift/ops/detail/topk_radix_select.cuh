@@ -1,8 +1,10 @@
 #pragma once
 // The per-row radix select behind cuda::topk (contract in ops/topk.hpp, design in docs/ops/topk.md).
 //
-// One row is handled by one thread-block cluster of `cluster_size` CTAs (1 for short rows). CTA c of
-// the cluster owns the slice [c * slice, (c + 1) * slice) of the row. The row is read from global
+// One row is handled by one CTA group of `ctas_per_row` CTAs (1 for short rows), launched as a hardware
+// thread-block cluster so its CTAs share distributed shared memory ("CTA group" in kvsift's names:
+// "cluster" is ClusterAttn's density cluster). CTA c of the group owns the slice
+// [c * slice, (c + 1) * slice) of the row. The row is read from global
 // memory once: each CTA turns its slice into order keys, keeps them in shared memory and histograms
 // the top digit on the way. Each radix pass then sums the CTAs' histograms through distributed shared
 // memory (DSMEM), finds the digit holding the budget-th key, and narrows the prefix; later passes and
@@ -20,6 +22,7 @@
 #include <cstdint>
 
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
 
 namespace kvsift {
 namespace detail {
@@ -29,31 +32,23 @@ inline constexpr int kTopkWarps = kTopkThreads / 32;
 inline constexpr int kTopkDigitBits = 11;
 inline constexpr int kTopkBins = 1 << kTopkDigitBits;
 inline constexpr int kTopkBinsPerThread = kTopkBins / kTopkThreads;  // 4: one int4 per thread
-inline constexpr int kTopkMaxCluster = 8;                            // portable cluster size
 inline constexpr int kTopkLoadUnroll = 8;                            // 16-byte loads in flight per thread
 static_assert(kTopkBinsPerThread == 4, "the digit search reads one int4 of bins per thread");
 
+// Everything one launch needs, passed once by value: the contract's views and params and the plan.
 template <class T, class Key>
-struct TopkKernelArgs {
-  const T* scores;
-  std::int64_t score_stride;  // elements
-  int cols;
+struct TopkLaunch {
+  StridedView2D<const T> scores;
   TopKParams params;
-  std::int32_t* out_indices;
-  std::int32_t* out_counts;
-  std::int64_t out_stride;
-  int capacity;
-  T* values;  // optional, out_stride apart
+  IndexSet out;
+  T* values;  // optional, out.row_stride apart
   Key key;
-  int cluster_size;  // CTAs per row
-  int slice;         // positions per CTA, a multiple of 8
-  bool cached;       // the slice's keys fit the dynamic shared memory
-  bool vector_loads; // every row starts 16-byte aligned
+  TopkPlan plan;
 };
 
-// The cluster view the kernel needs. Clusters exist from sm_90; a cluster of one CTA degenerates to
+// The CTA group view the kernel needs. Hardware clusters exist from sm_90; a group of one CTA degenerates to
 // block barriers and local pointers, which is all older GPUs are launched with.
-struct TopkCluster {
+struct TopkCtaGroup {
   int size;
   __device__ __forceinline__ void sync() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -83,11 +78,11 @@ inline constexpr int kTopkScanBatch = 8;
 // 16-byte loads are issued per thread before any is used, which keeps enough bytes in flight to
 // stream the row at HBM speed.
 template <class T, class Key, class Visit>
-__device__ __forceinline__ void for_each_global_key(const TopkKernelArgs<T, Key>& a, const T* row_scores,
+__device__ __forceinline__ void for_each_global_key(const TopkLaunch<T, Key>& a, const T* row_scores,
                                                     std::int64_t row, int lo, int hi, Visit&& visit) {
   constexpr int kPerVector = 16 / int(sizeof(T));
   int scalar_from = lo;
-  if (a.vector_loads) {
+  if (a.plan.vector_loads) {
     const int first_vector = lo / kPerVector;
     const int end_vector = hi / kPerVector;  // vectors wholly below hi
     const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
@@ -120,7 +115,7 @@ __device__ __forceinline__ void for_each_global_key(const TopkKernelArgs<T, Key>
 }
 
 template <class T, class Key>
-__global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(TopkKernelArgs<T, Key> a) {
+__global__ void __launch_bounds__(kTopkThreads, 2) topk_radix_select_kernel(TopkLaunch<T, Key> a) {
   using K = typename Key::key_type;
   using BlockScan = cub::BlockScan<int, kTopkThreads>;
   extern __shared__ __align__(16) unsigned char topk_dynamic_smem[];
@@ -131,41 +126,45 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
   __shared__ int warp_gt[kTopkWarps], warp_eq[kTopkWarps];
   __shared__ int cta_gt, cta_eq;            // read by peers through DSMEM
   __shared__ int out_base, eq_still_needed; // this CTA's first output offset; equal keys left to take
-  __shared__ int peer_gt[kTopkMaxCluster], peer_eq[kTopkMaxCluster];
+  __shared__ int peer_gt[kTopkMaxCtasPerRow], peer_eq[kTopkMaxCtasPerRow];
 
-  const TopkCluster cluster{a.cluster_size};
-  const int rank = int(blockIdx.x) % a.cluster_size;
-  const std::int64_t row = blockIdx.x / a.cluster_size;
+  const TopkCtaGroup group{a.plan.ctas_per_row};
+  const int rank = int(blockIdx.x) % a.plan.ctas_per_row;
+  const std::int64_t row = blockIdx.x / a.plan.ctas_per_row;
   const int tid = int(threadIdx.x);
-  const T* row_scores = a.scores + row * a.score_stride;
-  std::int32_t* row_out = a.out_indices + row * a.out_stride;
-  T* row_values = a.values ? a.values + row * a.out_stride : nullptr;
+  const T* row_scores = a.scores.data + row * a.scores.row_stride;
+  std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
+  T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
 
-  const int len = a.params.lengths ? a.params.lengths[row] : a.cols;
+  // A row of a sparse head is not this call's to write (LycheeDecode's table keeps an earlier layer's
+  // selection there). Every CTA of the group sees the same row, so they leave together.
+  if (topk_skips_row(a.params, row)) return;
+
+  const int len = a.params.lengths ? a.params.lengths[row] : a.plan.cols;
   const int k = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
-  const TopKRowPlan plan = plan_topk_row(a.cols, len, k, a.capacity, a.params.sink, a.params.recent);
+  const TopKRowPlan plan = plan_topk_row(a.plan.cols, len, k, a.out.capacity, a.params.sink, a.params.recent);
 
   auto emit = [&](int offset, int position) {
     row_out[offset] = position;
     if (row_values) row_values[offset] = row_scores[position];
   };
 
-  // Forced ranges, spread over the whole cluster.
+  // Forced ranges, spread over the whole group.
   const int forced = plan.forced();
-  for (int f = rank * kTopkThreads + tid; f < forced; f += a.cluster_size * kTopkThreads) {
+  for (int f = rank * kTopkThreads + tid; f < forced; f += a.plan.ctas_per_row * kTopkThreads) {
     if (f < plan.sink_end) emit(f, f);
     else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
   }
-  if (rank == 0 && tid == 0) a.out_counts[row] = plan.count();
+  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
 
   // This CTA's part of the scored region.
-  const int slice_lo = rank * a.slice;
+  const int slice_lo = rank * a.plan.slice;
   const int lo = slice_lo > plan.sink_end ? slice_lo : plan.sink_end;
-  const int slice_hi = slice_lo + a.slice;
+  const int slice_hi = slice_lo + a.plan.slice;
   const int hi_raw = slice_hi < plan.recent_begin ? slice_hi : plan.recent_begin;
   const int hi = hi_raw > lo ? hi_raw : lo;
 
-  if (plan.budget == 0) return;  // the same decision in every CTA of the cluster: no barrier is skipped
+  if (plan.budget == 0) return;  // the same decision in every CTA of the group: no barrier is skipped
   if (plan.budget == plan.region()) {
     for (int i = lo + tid; i < hi; i += kTopkThreads) emit(i, i);  // take the whole region, in place
     return;
@@ -189,12 +188,12 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
       // data than it saved on all-equal rows, where conflicting atomics merely serialize.
       if (valid && (pass == 0 || (key >> prev_shift) == prefix)) atomicAdd(h + int((key >> shift) & digit_mask), 1);
     };
-    if (pass == 0 && a.cached) {
+    if (pass == 0 && a.plan.cached) {
       for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key) {
         if (valid) cache[pos - slice_lo] = key;
         count(valid, pos, key);
       });
-    } else if (a.cached) {
+    } else if (a.plan.cached) {
       for (int base = lo; base < hi; base += kTopkThreads * kTopkScanBatch) {
         K keys[kTopkScanBatch];
 #pragma unroll
@@ -211,19 +210,19 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     } else {
       for_each_global_key(a, row_scores, row, lo, hi, count);
     }
-    cluster.sync();
+    group.sync();
 
-    // Sum the cluster's histograms. Thread t owns bins [4q, 4q + 4) with q = last - t, so an exclusive
+    // Sum the group's histograms. Thread t owns bins [4q, 4q + 4) with q = last - t, so an exclusive
     // scan in thread order counts the keys in higher digits.
     const int q = kTopkThreads - 1 - tid;
-    // All peers' loads are issued before any is summed: one DSMEM round trip, not cluster_size.
-    int4 peer_bins[kTopkMaxCluster];
+    // All peers' loads are issued before any is summed: one DSMEM round trip, not ctas_per_row.
+    int4 peer_bins[kTopkMaxCtasPerRow];
 #pragma unroll
-    for (int r = 0; r < kTopkMaxCluster; ++r)
-      peer_bins[r] = r < a.cluster_size ? cluster.peer(reinterpret_cast<int4*>(h), r)[q] : make_int4(0, 0, 0, 0);
+    for (int r = 0; r < kTopkMaxCtasPerRow; ++r)
+      peer_bins[r] = r < a.plan.ctas_per_row ? group.peer(reinterpret_cast<int4*>(h), r)[q] : make_int4(0, 0, 0, 0);
     int4 bins = make_int4(0, 0, 0, 0);
 #pragma unroll
-    for (int r = 0; r < kTopkMaxCluster; ++r) {
+    for (int r = 0; r < kTopkMaxCtasPerRow; ++r) {
       bins.x += peer_bins[r].x;
       bins.y += peer_bins[r].y;
       bins.z += peer_bins[r].z;
@@ -255,7 +254,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
   const int warp_lo = lo + warp * per_warp < hi ? lo + warp * per_warp : hi;
   const int warp_hi = warp_lo + per_warp < hi ? warp_lo + per_warp : hi;
   auto key_at = [&](int pos) {
-    return a.cached ? cache[pos - slice_lo] : a.key(row_scores[pos], row, pos);
+    return a.plan.cached ? cache[pos - slice_lo] : a.key(row_scores[pos], row, pos);
   };
 
   int gt = 0, eq = 0;
@@ -290,10 +289,10 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     cta_gt = g;
     cta_eq = e;
   }
-  cluster.sync();
+  group.sync();
   if (tid < rank) {  // one thread per lower rank: the DSMEM reads overlap
-    peer_gt[tid] = *cluster.peer(&cta_gt, tid);
-    peer_eq[tid] = *cluster.peer(&cta_eq, tid);
+    peer_gt[tid] = *group.peer(&cta_gt, tid);
+    peer_eq[tid] = *group.peer(&cta_eq, tid);
   }
   __syncthreads();
   if (tid == 0) {
@@ -307,7 +306,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_cluster_select_kernel(To
     out_base = plan.sink_end + selected_before;
     eq_still_needed = need - eq_before;
   }
-  cluster.sync();  // publishes out_base; no CTA leaves while a peer may still read its counters
+  group.sync();  // publishes out_base; no CTA leaves while a peer may still read its counters
 
   const int eq_budget = eq_still_needed > 0 ? eq_still_needed : 0;
   int offset = out_base + warp_gt[warp] + (warp_eq[warp] < eq_budget ? warp_eq[warp] : eq_budget);
