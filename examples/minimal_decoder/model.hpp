@@ -136,7 +136,10 @@ class Decoder {
             "--policy lychee");
       lychee_state_mem_ = be_.template alloc<unsigned char>(lychee_.state_bytes());
       check(lychee_.make_state(lychee_state_mem_.data(), lychee_state_mem_.size(), &lychee_state_), "LycheeDecode state");
-      lychee_ws_ = be_.template alloc<unsigned char>(lychee_.template workspace_bytes<KV>());
+      decode_steps_ = 0;
+      std::size_t lychee_bytes = 0;
+      check(lychee_.template workspace_bytes<KV>(be_.exec(), &lychee_bytes), "LycheeDecode workspace");
+      lychee_ws_ = be_.template alloc<unsigned char>(lychee_bytes);
     }
     const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLychee ? policy_.lychee.correction_interval : 0);
     const int rows = std::max({lim_.prefill_chunk * B, B, correction_rows});
@@ -161,10 +164,9 @@ class Decoder {
     // (one sequence, q_len = chunk) grow it if they need more.
     auto p = kvsift::make_decode_attention_params(static_cast<const float*>(q_.data()), attn_.data(), 1, c_.num_q_heads,
                                                   c_.head_dim);
-    p.num_sms = be_.num_sms();
     std::size_t attn_bytes = 0;
     decode_caches_[0].with_view(B, lengths_.data(), [&](const auto& kv) {
-      check(kvsift::decode_attention_workspace_bytes(kv, p, &attn_bytes), "decode attention workspace");
+      check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &attn_bytes), "decode attention workspace");
     });
     attn_ws_ = be_.template alloc<unsigned char>(attn_bytes);
   }
@@ -279,10 +281,12 @@ class Decoder {
     const double t0 = be_.now_ms();
     for (int b = 0; b < B; ++b) history_[std::size_t(b)].push_back(next[std::size_t(b)]);
     std::vector<float> logits;
-    if (policy_.kind == PolicyKind::kLychee && lychee_.correction_due(lychee_state_))
+    // The engine counts its decode steps; LycheeDecode asks it which ones are correction steps.
+    if (policy_.kind == PolicyKind::kLychee && lychee_.correction_due(decode_steps_))
       logits = correction_step();
     else
       logits = single_token_step(next);
+    ++decode_steps_;
     for (int b = 0; b < B; ++b) ++position_[std::size_t(b)];
     be_.synchronize();
     timing_.total_ms = be_.now_ms() - t0;
@@ -424,9 +428,10 @@ class Decoder {
     // size their grids from capacities, never from device lengths: that is what makes this legal).
     // Not with the attention timing on (it synchronises) or a query tap (it reads on the host).
     const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
-    const bool recorded = graph ? be_.replay(step_graph_, [&] { single_token_forward(); }) : (single_token_forward(), true);
-    // A replay runs no host code: LycheeDecode's step count (correction_due) moves here instead.
-    if (!recorded && policy_.kind == PolicyKind::kLychee) ++lychee_state_.steps;
+    if (graph)
+      be_.replay(step_graph_, [&] { single_token_forward(); });
+    else
+      single_token_forward();
     std::vector<float> logits(std::size_t(B) * c_.vocab_size);
     be_.download(logits.data(), logits_.data(), logits.size());
     return logits;
@@ -445,8 +450,7 @@ class Decoder {
             // to the table rows of the latest retrieval head with their index.
             timed([&] {
               check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv,
-                                         kvsift::make_lychee_io(q, out, 1, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
-                                         lychee_ws_.size()),
+                                         kvsift::make_query_io(q, out, 1, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
                     "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
             });
           } else {
@@ -484,8 +488,7 @@ class Decoder {
         cache.with_view(B, lengths_.data(), [&](const auto& kv) {
           timed([&] {
             check(lychee_.correct_layer(be_.exec(), lychee_state_, l, kv,
-                                        kvsift::make_lychee_io(q, out, N, c_.num_q_heads, c_.head_dim), lychee_ws_.data(),
-                                        lychee_ws_.size()),
+                                        kvsift::make_query_io(q, out, N, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
                   "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
           });
         });
@@ -609,11 +612,10 @@ class Decoder {
   template <class View>
   void attend(int /*layer*/, const View& kv, const float* q, float* out, int q_len) {
     auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
-    p.num_sms = be_.num_sms();
     std::size_t bytes = 0;
-    check(kvsift::decode_attention_workspace_bytes(kv, p, &bytes), "decode attention workspace");
+    check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &bytes), "decode attention workspace");
     if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
-    timed([&] { check(decode_attention(be_.exec(), kv, p, attn_ws_.data(), attn_ws_.size()), "decode attention"); });
+    timed([&] { check(decode_attention(be_.exec(), kv, p, kvsift::Workspace{attn_ws_.data(), attn_ws_.size()}), "decode attention"); });
   }
 
   // x [n, hidden] -> final norm -> LM head -> logits_ [n, vocab] (backend memory)
@@ -681,6 +683,7 @@ class Decoder {
   std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
   kvsift::LycheeDecodePolicy lychee_;
   kvsift::LycheeDecodeState lychee_state_;
+  std::int64_t decode_steps_ = 0;  // decode steps since the last prefill: decides correction steps
   Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
   std::vector<LayerCache> decode_caches_;
   std::vector<Buffer<float>> window_q_;

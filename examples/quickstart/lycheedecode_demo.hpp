@@ -74,14 +74,15 @@ int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend)
   std::size_t dense_bytes = 0;
   for (int l = 0; l < kLayers; ++l) {
     dense[l] = make_decode_attention_params<bf16>(q[l], out_dense[l], 1, kQHeads, kHeadDim);
-    if (st.ok()) st = decode_attention_workspace_bytes(view(l), dense[l], &dense_bytes);
+    if (st.ok()) st = decode_attention_workspace_bytes(exec, view(l), dense[l], &dense_bytes);
   }
   void* dense_ws = mem.template alloc<unsigned char>(dense_bytes);
   // LycheeDecode: state (the index table) and one workspace for every layer.
   LycheeDecodeState state;
   void* state_mem = mem.template alloc<unsigned char>(decoder.state_bytes());
   if (st.ok()) st = decoder.make_state(state_mem, decoder.state_bytes(), &state);
-  const std::size_t ws_bytes = decoder.workspace_bytes<bf16>();
+  std::size_t ws_bytes = 0;
+  if (st.ok()) st = decoder.workspace_bytes<bf16>(exec, &ws_bytes);
   void* ws = mem.template alloc<unsigned char>(ws_bytes);
   if (!st.ok()) {
     std::printf("error: %s\n", st.to_string().c_str());
@@ -89,14 +90,14 @@ int run_lycheedecode_demo(Exec exec, Mem& mem, int context, const char* backend)
   }
 
   const double dense_ms = mem.time_ms([&] {
-    for (int l = 0; l < kLayers; ++l) KVSIFT_TRY(decode_attention(exec, view(l), dense[l], dense_ws, dense_bytes));
+    for (int l = 0; l < kLayers; ++l) KVSIFT_TRY(decode_attention(exec, view(l), dense[l], Workspace{dense_ws, dense_bytes}));
     return Status();
   });
   const double sparse_ms = mem.time_ms([&] {
     state.restart_step();
     for (int l = 0; l < kLayers; ++l)
-      KVSIFT_TRY(decoder.decode_layer(exec, state, l, view(l), make_lychee_io<bf16>(q[l], out_sparse[l], 1, kQHeads, kHeadDim),
-                                      ws, ws_bytes));
+      KVSIFT_TRY(decoder.decode_layer(exec, state, l, view(l), make_query_io<bf16>(q[l], out_sparse[l], 1, kQHeads, kHeadDim),
+                                      Workspace{ws, ws_bytes}));
     return Status();
   });
   if (dense_ms < 0 || sparse_ms < 0) return 1;

@@ -19,6 +19,8 @@
 #include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 #include "kvsift/ops/decode_attention.hpp"
+#include "kvsift/ops/decode_attention_plan.hpp"
+#include "kvsift/ops/decode_attention_reference.hpp"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 #include "kvsift/ops/topk_reference.hpp"

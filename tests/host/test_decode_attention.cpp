@@ -41,12 +41,12 @@ void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
   std::vector<float> lse(std::size_t(B) * QL * Hq);
   const auto kv = kvsift::make_bshd(k.data(), v.data(), B, H, S, D, pr.lengths.data());
   auto p = kvsift::make_decode_attention_params(q.data(), out.data(), QL, Hq, D);
-  p.lse = lse.data();
+  p.io.lse = lse.data();
   p.roles = pr.roles;
   std::vector<std::int32_t> idx = pr.idx, counts = pr.counts;
   if (!idx.empty()) {
     auto set = kvsift::make_index_set(idx.data(), counts.data(), B * H, pr.idx_cap, pr.gran, pr.block);
-    p.gather = kvsift::as_const(set);
+    p.index_set = kvsift::as_const(set);
   }
   const int sb = pr.score_block ? pr.score_block : 1;
   const int cols = (S + sb - 1) / sb;
@@ -197,10 +197,10 @@ TEST_CASE("decode_attention validation names the parameter") {
   CHECK(st.message().find("num_q_heads = 3") != std::string::npos);
 
   bad = p;
-  bad.q = nullptr;
+  bad.io.q.data = nullptr;
   st = kvsift::host::decode_attention(ex, kv, bad);
   CHECK(st.code() == StatusCode::kNullPointer);
-  CHECK(st.message() == "q is null");
+  CHECK(st.message() == "io.q.data is null");
 
   bad = p;
   bad.q_len = 5;
@@ -227,10 +227,17 @@ TEST_CASE("decode_attention validation names the parameter") {
   bad.roles = kvsift::HeadRoleMask::all_sparse(1);
   std::vector<std::int32_t> idx(4), cnt(1);
   auto set = kvsift::make_index_set(idx.data(), cnt.data(), 1, 4, Granularity::kBlock, 8);
-  bad.gather = kvsift::as_const(set);
+  bad.index_set = kvsift::as_const(set);
   st = kvsift::host::decode_attention(ex, kv, bad);
-  CHECK(st.message().find("gather.block_size = 8") != std::string::npos);
+  CHECK(st.message().find("index_set.block_size = 8") != std::string::npos);
 }
+
+// The CUDA plan is a pure function of host values: an Exec-like value with an H200's facts plans it
+// here, on a machine without a GPU. (cuda::Exec has the same `device` member.)
+struct H200Facts {
+  kvsift::DeviceFacts device{132, 227 * 1024, true, 9, 0};
+};
+const H200Facts kH200;
 
 TEST_CASE("decode_attention workspace query needs no device memory and grows with splits") {
   std::vector<std::int32_t> len = {0};
@@ -240,25 +247,25 @@ TEST_CASE("decode_attention workspace query needs no device memory and grows wit
   // q and out may be null for the size query; the view still validates its own pointers.
   auto kv_ok = kv;
   kv_ok.k = kv_ok.v = reinterpret_cast<kvsift::bfloat16_t*>(256);
-  REQUIRE(kvsift::decode_attention_workspace_bytes(kv_ok, p, &bytes).ok());
+  REQUIRE(kvsift::decode_attention_workspace_bytes(kH200, kv_ok, p, &bytes).ok());
   CHECK(bytes > 0);
   kvsift::detail::DecodePlan plan;
-  REQUIRE(kvsift::detail::plan_decode_attention(kv_ok, p, &plan).ok());
+  REQUIRE(kvsift::detail::plan_decode_attention(kH200.device, kv_ok, p, &plan).ok());
   CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::kDecodeCtasPerSm);
   CHECK(plan.ctas_per_tile >= 132);
   CHECK(plan.chunk % kvsift::detail::kDecodeCtaTokens == 0);
   CHECK(std::size_t(plan.ctas_per_tile) * 8 * 129 * 4 <= bytes);
 
-  // Mixed: one dense head out of eight gets proportionally more splits than a gathered one.
+  // Mixed: one retrieval head out of eight gets proportionally more splits than a sparse one.
   std::vector<std::int32_t> idx(8 * 4096), cnt(8, 4096);
   auto set = kvsift::make_index_set(idx.data(), cnt.data(), 8, 4096);
-  p.gather = kvsift::as_const(set);
+  p.index_set = kvsift::as_const(set);
   p.roles = kvsift::HeadRoleMask::all_sparse(8);
   p.roles.set_sparse(0, false);
-  REQUIRE(kvsift::detail::plan_decode_attention(kv_ok, p, &plan).ok());
-  CHECK(plan.num_dense == 1);
+  REQUIRE(kvsift::detail::plan_decode_attention(kH200.device, kv_ok, p, &plan).ok());
+  CHECK(plan.num_retrieval == 1);
   CHECK(plan.head_at[0] == 0);
-  CHECK(plan.dense_splits >= 16 * plan.gathered_splits);
+  CHECK(plan.retrieval_splits >= 16 * plan.sparse_splits);
   CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::kDecodeCtasPerSm);
 }
 
@@ -275,9 +282,34 @@ TEST_CASE("decode_attention workspace: the query for a batch covers every smalle
         auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
                                                                   reinterpret_cast<bfloat16_t*>(256), q_len, 32, 128);
         std::size_t bytes = 0;
-        REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok());
+        REQUIRE(kvsift::decode_attention_workspace_bytes(kH200, kv, p, &bytes).ok());
         CHECK(bytes >= prev);
         prev = bytes;
       }
     }
+}
+
+TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a default") {
+  std::vector<std::int32_t> len = {0};
+  const auto kv = kvsift::make_bshd<kvsift::bfloat16_t>(reinterpret_cast<kvsift::bfloat16_t*>(256),
+                                                        reinterpret_cast<kvsift::bfloat16_t*>(256), 1, 8, 131072, 128,
+                                                        len.data());
+  const auto p = kvsift::make_decode_attention_params<kvsift::bfloat16_t>(nullptr, nullptr, 1, 32, 128);
+  H200Facts unknown;
+  unknown.device = kvsift::DeviceFacts();
+  std::size_t bytes = 0;
+  const auto st = kvsift::decode_attention_workspace_bytes(unknown, kv, p, &bytes);
+  CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(st.message().find("exec.device.num_sms = 0") != std::string::npos);
+  // A smaller GPU gets a smaller grid.
+  H200Facts a100;
+  a100.device.num_sms = 108;
+  kvsift::detail::DecodePlan big, small;
+  REQUIRE(kvsift::detail::plan_decode_attention(kH200.device, kv, p, &big).ok());
+  REQUIRE(kvsift::detail::plan_decode_attention(a100.device, kv, p, &small).ok());
+  CHECK(small.ctas_per_tile <= 108 * kvsift::detail::kDecodeCtasPerSm);
+  CHECK(small.ctas_per_tile < big.ctas_per_tile);
+  // The host reference needs no workspace.
+  REQUIRE(kvsift::decode_attention_workspace_bytes(kvsift::host::Exec{}, kv, p, &bytes).ok());
+  CHECK(bytes == 0);
 }

@@ -164,16 +164,18 @@ struct PolicyRun {
     state_memory = std::make_unique<kvsift_test::HostBuffer>(decoder.state_bytes());
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->bytes(), &state).ok());
     // 16-bit and float caches plan different attention tiles: size for both.
-    workspace = std::make_unique<kvsift_test::HostBuffer>(
-        std::max(decoder.workspace_bytes<float>(), decoder.workspace_bytes<kvsift::bfloat16_t>()));
+    std::size_t for_float = 0, for_bf16 = 0;
+    REQUIRE(decoder.workspace_bytes<float>(kvsift::host::Exec{}, &for_float).ok());
+    REQUIRE(decoder.workspace_bytes<kvsift::bfloat16_t>(kvsift::host::Exec{}, &for_bf16).ok());
+    workspace = std::make_unique<kvsift_test::HostBuffer>(std::max(for_float, for_bf16));
   }
 
   template <class View>
   kvsift::Status layer(int l, const View& kv, const std::vector<float>& q, std::vector<float>& out) {
     const auto& c = decoder.config();
     out.assign(q.size(), -12345.f);
-    const auto io = kvsift::make_lychee_io(q.data(), out.data(), 1, c.num_q_heads, c.head_dim);
-    return decoder.decode_layer(kvsift::host::Exec{}, state, l, kv, io, workspace->get(), workspace->bytes());
+    const auto io = kvsift::make_query_io(q.data(), out.data(), 1, c.num_q_heads, c.head_dim);
+    return decoder.decode_layer(kvsift::host::Exec{}, state, l, kv, io, kvsift::Workspace{workspace->get(), workspace->bytes()});
   }
 
   std::vector<int> row(int b, int h) const {
@@ -231,7 +233,6 @@ void run_against_simulation(const Model& m, const LycheeDecodeConfig& c, std::ve
           CHECK(run.row(b, h) == sim.sets[b][h]);
         }
     }
-    CHECK(run.state.steps == step + 1);
     CHECK(run.state.next_layer == 0);
     if (logs) logs->push_back(log);
     for (auto& len : lengths)
@@ -435,9 +436,8 @@ TEST_CASE("LycheeDecode cache correction: schedule and the dense causal multi-qu
     const auto q = dyadic(rng, std::size_t(m.batch) * N * hq * D);
     std::vector<float> out(q.size(), -1.f);
     const auto kv = kvsift::make_bshd(m.k[l].data(), m.v[l].data(), m.batch, m.hkv, m.cap, D, lengths.data());
-    const auto io = kvsift::make_lychee_io(q.data(), out.data(), N, hq, D);
-    const auto st = run.decoder.correct_layer(kvsift::host::Exec{}, run.state, l, kv, io, run.workspace->get(),
-                                              run.workspace->bytes());
+    const auto io = kvsift::make_query_io(q.data(), out.data(), N, hq, D);
+    const auto st = run.decoder.correct_layer(kvsift::host::Exec{}, run.state, l, kv, io, kvsift::Workspace{run.workspace->get(), run.workspace->bytes()});
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     // Query i sits at position len - N + i and sees tokens <= that position, every head dense.
     for (int b = 0; b < m.batch; ++b)
@@ -465,7 +465,6 @@ TEST_CASE("LycheeDecode cache correction: schedule and the dense causal multi-qu
           }
         }
   }
-  CHECK(run.state.steps == 1);  // a correction step counts as a step
   CHECK(run.decoder.correction_due(std::int64_t(3)));
 }
 
@@ -491,8 +490,8 @@ TEST_CASE("LycheeDecode takes roles from a roles file or from HardKuma gate para
   CHECK(d.retrieval_heads(0) == 2);
   CHECK(d.retrieval_heads(1) == 1);
   CHECK(d.retrieval_heads(2) == 0);
-  CHECK(d.sparse_heads(1).is_sparse(0));
-  CHECK_FALSE(d.sparse_heads(1).is_sparse(1));
+  CHECK(d.roles(1).is_sparse(0));
+  CHECK_FALSE(d.roles(1).is_sparse(1));
 
   // Gates: E[Kuma(a, b)] > 0.5 for head 1 of layer 2 only; layer 0 forced to retrieval.
   std::vector<double> a(6, 1.0), b(6, 5.0);
@@ -629,7 +628,7 @@ TEST_CASE("LycheeDecode rejects layers out of order or range, wrong shapes and s
   st = run.layer(1, shrunk, q, out);
   CHECK(st.message().find("kv.batch = 1 changed within a step") != std::string::npos);
   REQUIRE(run.layer(1, kv1, q, out).ok());
-  CHECK(run.state.steps == 1);
+  CHECK(run.state.next_layer == 0);
 
   auto too_many = kv0;
   too_many.batch = 3;
@@ -641,11 +640,10 @@ TEST_CASE("LycheeDecode rejects layers out of order or range, wrong shapes and s
   CHECK(st.message().find("kv.num_kv_heads = 1") != std::string::npos);
 
   // A short workspace is an error, never an overrun; a failed layer does not move the cursor.
-  const auto io = kvsift::make_lychee_io(q.data(), out.data(), 1, 4, 64);
-  st = run.decoder.decode_layer(kvsift::host::Exec{}, run.state, 0, kv0, io, run.workspace->get(),
-                                run.workspace->bytes() - 1);
+  const auto io = kvsift::make_query_io(q.data(), out.data(), 1, 4, 64);
+  st = run.decoder.decode_layer(kvsift::host::Exec{}, run.state, 0, kv0, io, kvsift::Workspace{run.workspace->get(), run.workspace->bytes() - 1});
   CHECK(st.code() == StatusCode::kInsufficientSpace);
-  st = run.decoder.decode_layer(kvsift::host::Exec{}, run.state, 0, kv0, io, nullptr, 0);
+  st = run.decoder.decode_layer(kvsift::host::Exec{}, run.state, 0, kv0, io, kvsift::Workspace{});
   CHECK(st.code() == StatusCode::kNullPointer);
   CHECK(run.state.next_layer == 0);
 
@@ -657,11 +655,9 @@ TEST_CASE("LycheeDecode rejects layers out of order or range, wrong shapes and s
   // A state made for another configuration, and correction with correction off.
   LycheeDecodeState foreign = run.state;
   foreign.table.capacity = 5;
-  st = run.decoder.decode_layer(kvsift::host::Exec{}, foreign, 1, kv1, io, run.workspace->get(),
-                                run.workspace->bytes());
+  st = run.decoder.decode_layer(kvsift::host::Exec{}, foreign, 1, kv1, io, kvsift::Workspace{run.workspace->get(), run.workspace->bytes()});
   CHECK(st.message().find("state") != std::string::npos);
-  st = run.decoder.correct_layer(kvsift::host::Exec{}, run.state, 1, kv1, io, run.workspace->get(),
-                                 run.workspace->bytes());
+  st = run.decoder.correct_layer(kvsift::host::Exec{}, run.state, 1, kv1, io, kvsift::Workspace{run.workspace->get(), run.workspace->bytes()});
   CHECK(st.message().find("correction_interval = 0") != std::string::npos);
 
   // State memory too small.

@@ -75,7 +75,6 @@ struct LycheeDecodeConfig {
   int correction_interval = 0;
 
   float sm_scale = 0.f;  // <= 0: 1 / sqrt(head_dim)
-  int num_sms = 0;       // SMs the attention split plan targets; 0 = 132 (H100/H200)
 };
 
 namespace detail {
@@ -186,7 +185,6 @@ inline Status validate_lycheedecode_config(const LycheeDecodeConfig& c) {
                  "-mode budget of ", lycheedecode_required_capacity(c), " entries per row");
   KVSIFT_REQUIRE(c.correction_interval >= 0, kInvalidArgument, "correction_interval = ", c.correction_interval,
                  " must be >= 0 (0 = off)");
-  KVSIFT_REQUIRE(c.num_sms >= 0, kInvalidArgument, "num_sms = ", c.num_sms, " must be >= 0");
   return Status();
 }
 

@@ -20,14 +20,6 @@ __global__ void __launch_bounds__(kHandoffThreads) plan_selection_rows_kernel(Vi
   if (r < rows) plan_selection_row(kv, a, r);
 }
 
-// A template only so that two translation units including this header link (a non-template
-// __global__ in a header is defined twice).
-template <class Args>
-__global__ void __launch_bounds__(kHandoffThreads) commit_selection_kernel(Args a, int rows) {
-  const int r = int(blockIdx.x) * kHandoffThreads + int(threadIdx.x);
-  if (r < rows) commit_selection_row(a, r);
-}
-
 inline unsigned handoff_blocks(int rows) { return unsigned((rows + kHandoffThreads - 1) / kHandoffThreads); }
 
 }  // namespace detail
@@ -36,21 +28,12 @@ namespace cuda {
 
 // Device memory for every pointer and for the view's lengths.
 template <class View>
-Status plan_selection_rows(Exec exec, const View& kv, const SelectionRowsArgs& args) {
+Status plan_selection_rows(const Exec& exec, const View& kv, const SelectionRowsArgs& args) {
   KVSIFT_TRY(detail::validate_selection_rows(kv, args));
   const int rows = kv.batch * kv.num_kv_heads;
   if (rows == 0) return Status();
   detail::plan_selection_rows_kernel<View>
       <<<detail::handoff_blocks(rows), detail::kHandoffThreads, 0, exec.stream>>>(kv, args, rows);
-  KVSIFT_CHECK_LAUNCH();
-  return Status();
-}
-
-inline Status commit_selection(Exec exec, int rows, const CommitSelectionArgs& args) {
-  KVSIFT_TRY(detail::validate_commit_selection(rows, args));
-  if (rows == 0) return Status();
-  detail::commit_selection_kernel<CommitSelectionArgs>
-      <<<detail::handoff_blocks(rows), detail::kHandoffThreads, 0, exec.stream>>>(args, rows);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

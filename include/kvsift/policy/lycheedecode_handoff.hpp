@@ -6,29 +6,28 @@
 // Only the rows of this layer's retrieval heads may change; a sparse head's row must survive, since
 // it carries the set of the latest earlier retrieval layer of that head. So, per layer:
 //
-//   1. plan_selection_rows   per row: the length top-k sees (0 for sparse heads: nothing selected,
-//                            nothing read), the ratio-mode budget floor(keep * L), and in block mode
-//                            the first block that holds one of the last `recent` tokens;
-//   2. topk                  writes the retrieval rows' entries straight into the table (a row with
-//                            length 0 writes no entry) and every row's count into scratch;
-//   3. commit_selection      copies the retrieval rows' counts into the table's counts.
+//   1. plan_selection_rows   per row, into scratch: the entries top-k ranks (the sequence's tokens
+//                            or blocks), the ratio-mode budget floor(keep * L), and in block mode the
+//                            first block that holds one of the last `recent` tokens;
+//   2. topk                  with its row filter set to the layer's roles: writes each retrieval row's
+//                            entries and count straight into the table and leaves sparse rows alone.
 //
-// Steps 1 and 3 exist twice, here (host reference) and in lycheedecode_handoff.cuh (CUDA), and both
-// call the same per-row function, so the backends agree bit for bit.
+// The table has that one writer. Step 1 exists twice, here (host reference) and in
+// lycheedecode_handoff.cuh (CUDA), and both call the same per-row function, so the backends agree
+// bit for bit.
 
 #include <cstdint>
 
 #include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
-#include "kvsift/ops/decode_attention.hpp"
+#include "kvsift/kv/head_roles.hpp"
 #include "kvsift/ops/topk.hpp"
 
 namespace kvsift {
 
 // What plan_selection_rows needs; pointers in the backend's memory space.
 struct SelectionRowsArgs {
-  HeadRoleMask sparse;       // set bit = sparse head: its row selects nothing this layer
   int num_kv_heads = 0;
   int max_kv_length = 0;     // lengths are clamped to it, as decode_attention does
   int entry_tokens = 1;      // tokens per entry: 1, or the block size
@@ -38,14 +37,6 @@ struct SelectionRowsArgs {
   std::int32_t* row_lengths = nullptr;  // [rows] entries top-k ranks (tokens or blocks)
   std::int32_t* row_budget = nullptr;   // [rows] ratio mode only
   std::int32_t* recent_from = nullptr;  // [rows] block mode only: first forced block
-};
-
-// What commit_selection needs.
-struct CommitSelectionArgs {
-  HeadRoleMask sparse;
-  int num_kv_heads = 0;
-  const std::int32_t* selected_counts = nullptr;  // [rows] top-k's counts
-  std::int32_t* table_counts = nullptr;           // [rows] the index table's counts
 };
 
 // Block mode's key: the blocks holding the last `recent` tokens rank above every other block, then
@@ -72,22 +63,16 @@ namespace detail {
 
 template <class View>
 KVSIFT_HD inline void plan_selection_row(const View& kv, const SelectionRowsArgs& a, int row) {
-  const int b = row / a.num_kv_heads, h = row % a.num_kv_heads;
-  int len = kv.length(b);
+  int len = kv.length(row / a.num_kv_heads);
   len = len < 0 ? 0 : (len > a.max_kv_length ? a.max_kv_length : len);
-  const bool selects = !a.sparse.is_sparse(h);
   const int entries = (len + a.entry_tokens - 1) / a.entry_tokens;
-  a.row_lengths[row] = selects ? entries : 0;
+  a.row_lengths[row] = entries;
   // keep * len >= 0, so the conversion truncates toward zero: floor, identical on host and device.
   if (a.row_budget) a.row_budget[row] = a.ratio ? int(a.keep * double(len)) : 0;
   if (a.recent_from) {
     const int first_recent_token = len > a.recent ? len - a.recent : 0;
     a.recent_from[row] = a.recent > 0 ? first_recent_token / a.entry_tokens : entries;
   }
-}
-
-KVSIFT_HD inline void commit_selection_row(const CommitSelectionArgs& a, int row) {
-  if (!a.sparse.is_sparse(row % a.num_kv_heads)) a.table_counts[row] = a.selected_counts[row];
 }
 
 template <class View>
@@ -102,30 +87,15 @@ Status validate_selection_rows(const View& kv, const SelectionRowsArgs& a) {
   return Status();
 }
 
-inline Status validate_commit_selection(int rows, const CommitSelectionArgs& a) {
-  KVSIFT_REQUIRE(a.num_kv_heads > 0, kInvalidArgument, "num_kv_heads = ", a.num_kv_heads, " must be > 0");
-  KVSIFT_REQUIRE(rows >= 0, kInvalidArgument, "rows = ", rows, " must be >= 0");
-  if (rows == 0) return Status();
-  KVSIFT_REQUIRE_NOT_NULL(a.selected_counts, "selected_counts");
-  KVSIFT_REQUIRE_NOT_NULL(a.table_counts, "table_counts");
-  return Status();
-}
-
 }  // namespace detail
 
 namespace host {
 
 // Rows r < kv.batch * num_kv_heads; every pointer is host memory.
 template <class View>
-Status plan_selection_rows(Exec, const View& kv, const SelectionRowsArgs& args) {
+Status plan_selection_rows(const Exec&, const View& kv, const SelectionRowsArgs& args) {
   KVSIFT_TRY(detail::validate_selection_rows(kv, args));
   for (int r = 0; r < kv.batch * kv.num_kv_heads; ++r) detail::plan_selection_row(kv, args, r);
-  return Status();
-}
-
-inline Status commit_selection(Exec, int rows, const CommitSelectionArgs& args) {
-  KVSIFT_TRY(detail::validate_commit_selection(rows, args));
-  for (int r = 0; r < rows; ++r) detail::commit_selection_row(args, r);
   return Status();
 }
 

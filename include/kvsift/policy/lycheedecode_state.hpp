@@ -8,9 +8,11 @@
 // no initialisation and nothing in it outlives a step.
 //
 // The table lives in caller memory of the backend's space (device memory for cuda::Exec), sized by
-// lycheedecode_state_bytes. The cursor is host data: it checks that layers come in order, once per
-// step. Under CUDA-graph replay the host cursor does not move (nothing host-side runs), so an engine
-// that replays a captured step keeps its own step count for correction_due.
+// lycheedecode_state_bytes, and has one writer: the retrieval heads' top-k, in place. The cursor is
+// host data: it checks that layers come in order, once per step; a captured step leaves it where it
+// found it (back at layer 0), so replaying the graph needs no host bookkeeping. The decode step count
+// (which decides cache-correction steps) is the engine's: it already counts the tokens it generates,
+// and a count kept here would stand still while a graph replays.
 
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +29,6 @@ struct LycheeDecodeState {
   int num_layers = 0;
   int next_layer = 0;      // the layer the next call must be for
   int step_batch = 0;      // kv.batch of the step in progress, fixed by its layer 0
-  std::int64_t steps = 0;  // decode steps completed through this state (sparse and correction steps)
 
   // Abandon a step half way (an engine error): the next call must be layer 0 again.
   void restart_step() { next_layer = 0; }

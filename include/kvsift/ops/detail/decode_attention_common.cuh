@@ -1,6 +1,6 @@
 #pragma once
-// Pieces shared by the decode-attention kernels: the kernel arguments, the map from a block to its
-// (batch, KV head, split), the token source of a split (dense range or index-set entries), row
+// Pieces shared by the decode-attention kernels: the launch arguments, the map from a block to its
+// (batch, KV head, split), the token source of a split (a retrieval head's token range or a sparse head's index entries), row
 // locators for the shipped views, the in-block merge of the warps' partial softmax states, and the
 // log-sum-exp merge of the splits.
 
@@ -16,6 +16,7 @@
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/ops/decode_attention.hpp"
+#include "kvsift/ops/decode_attention_plan.hpp"
 
 namespace kvsift {
 namespace detail {
@@ -23,39 +24,32 @@ namespace detail {
 inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = kDecodeWarps * 32;
 
-// Everything a split kernel reads, passed by value (graph capture records it).
+// Everything a launch reads, passed once by value (graph capture records it): the contract's view
+// and params, the host-side plan, and the carved workspace. The split and merge kernels take the same.
 template <class View, class QT>
-struct DecodeArgs {
+struct DecodeLaunch {
   View kv;
-  const QT* q;
-  std::int64_t q_batch_stride, q_token_stride, q_head_stride;
-  int q_len, group, rows, row_tile, max_len, chunk;
-  int dense_splits, gathered_splits, ctas_per_tile, num_dense;
-  float scale_log2;  // sm_scale * log2(e): the kernels run the softmax in base 2
-  ConstIndexSet gather;
-  float* scores;
-  std::int64_t score_row_stride;
-  int score_block_size, score_cols;
+  DecodeAttentionParams<QT> p;
+  DecodePlan plan;
   float* partial_out;  // [batch, row_tiles, ctas_per_tile, row_tile, head_dim]
   float* partial_lse;  // [batch, row_tiles, ctas_per_tile, row_tile], base 2
-  std::uint8_t head_at[kMaxKvHeads];
 };
 
 // What one block works on.
 struct DecodeWork {
   int b, tile, h, split;
-  bool gathered;
+  bool sparse;    // a sparse head: the split walks index entries; otherwise a token range
   int len;        // visible sequence length (clamped to max_len)
-  int base;       // dense: first token of the split
-  int positions;  // token positions the split covers: dense tokens, or entries * block size
-  const std::int32_t* entries;  // gathered: the split's first index entry
-  int block_shift;              // gathered: log2(block size); 0 for tokens
+  int base;       // retrieval head: first token of the split
+  int positions;  // token positions the split covers: tokens, or entries * block size
+  const std::int32_t* entries;  // sparse head: the split's first index entry
+  int block_shift;              // sparse head: log2(block size); 0 for tokens
   std::size_t partial;          // index of this block's partial in the workspace
 
   // Token at position p of the split, or -1 when p is past the end or the entry is out of range.
   __device__ __forceinline__ int token(int p) const {
     if (p >= positions) return -1;
-    if (!gathered) return base + p;
+    if (!sparse) return base + p;
     const std::int64_t e = __ldg(entries + (p >> block_shift));
     const std::int64_t t = (e << block_shift) + (p & ((1 << block_shift) - 1));
     return (e >= 0 && t < len) ? int(t) : -1;
@@ -63,41 +57,41 @@ struct DecodeWork {
 };
 
 template <class View, class QT>
-__device__ __forceinline__ DecodeWork locate_work(const DecodeArgs<View, QT>& a) {
+__device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& a) {
   DecodeWork w;
   const int x = blockIdx.x;
   w.tile = blockIdx.y;
   w.b = blockIdx.z;
-  const int dense_ctas = a.num_dense * a.dense_splits;
+  const int retrieval_ctas = a.plan.num_retrieval * a.plan.retrieval_splits;
   int rank;
-  if (x < dense_ctas) {
-    w.gathered = false;
-    rank = x / a.dense_splits;
-    w.split = x - rank * a.dense_splits;
-    w.h = a.head_at[rank];
+  if (x < retrieval_ctas) {
+    w.sparse = false;
+    rank = x / a.plan.retrieval_splits;
+    w.split = x - rank * a.plan.retrieval_splits;
+    w.h = a.plan.head_at[rank];
   } else {
-    w.gathered = true;
-    rank = (x - dense_ctas) / a.gathered_splits;
-    w.split = x - dense_ctas - rank * a.gathered_splits;
-    w.h = a.head_at[a.num_dense + rank];
+    w.sparse = true;
+    rank = (x - retrieval_ctas) / a.plan.sparse_splits;
+    w.split = x - retrieval_ctas - rank * a.plan.sparse_splits;
+    w.h = a.plan.head_at[a.plan.num_retrieval + rank];
   }
   const int n = a.kv.length(w.b);
-  w.len = n < a.max_len ? n : a.max_len;
-  w.base = w.split * a.chunk;
-  if (!w.gathered) {
+  w.len = n < a.plan.max_len ? n : a.plan.max_len;
+  w.base = w.split * a.plan.chunk;
+  if (!w.sparse) {
     const int left = w.len - w.base;
-    w.positions = left <= 0 ? 0 : (left < a.chunk ? left : a.chunk);
+    w.positions = left <= 0 ? 0 : (left < a.plan.chunk ? left : a.plan.chunk);
     w.entries = nullptr;
     w.block_shift = 0;
   } else {
     const int row = w.b * a.kv.num_kv_heads + w.h;
-    w.block_shift = __ffs(a.gather.block_size) - 1;
-    const int per_split = a.chunk >> w.block_shift;
+    w.block_shift = __ffs(a.p.index_set.block_size) - 1;
+    const int per_split = a.plan.chunk >> w.block_shift;
     const int first = w.split * per_split;
-    const int left = a.gather.count(row) - first;
+    const int left = a.p.index_set.count(row) - first;
     const int entries = left <= 0 ? 0 : (left < per_split ? left : per_split);
     w.positions = entries << w.block_shift;
-    w.entries = a.gather.row(row) + first;
+    w.entries = a.p.index_set.row(row) + first;
   }
   w.partial = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + x;
   return w;
@@ -198,17 +192,17 @@ __device__ __forceinline__ unsigned* block_max_scratch(SplitSmem<D, R>& s) {
 // Scores of the split's tokens past the sequence (and of blocks nothing wrote) become -inf; for
 // block maxima, the scratch of the whole split is flushed. Called by every thread after a barrier.
 template <int D, int R, class View, class QT>
-__device__ void finish_scores(const DecodeArgs<View, QT>& a, const DecodeWork& w, SplitSmem<D, R>& s) {
-  float* row = a.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.score_row_stride;
-  if (a.score_block_size == 1) {
+__device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, SplitSmem<D, R>& s) {
+  float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
+  if (a.p.score_block_size == 1) {
     const int from = w.len > w.base ? w.len : w.base;
-    const int to = min(w.base + a.chunk, a.score_cols);
+    const int to = min(w.base + a.plan.chunk, a.plan.score_cols);
     for (int t = from + threadIdx.x; t < to; t += blockDim.x) row[t] = -INFINITY;
   } else {
-    const int blocks = a.chunk / a.score_block_size;
-    const int first = w.base / a.score_block_size;
+    const int blocks = a.plan.chunk / a.p.score_block_size;
+    const int first = w.base / a.p.score_block_size;
     const unsigned* scratch = block_max_scratch(s);
-    for (int i = threadIdx.x; i < blocks && first + i < a.score_cols; i += blockDim.x)
+    for (int i = threadIdx.x; i < blocks && first + i < a.plan.score_cols; i += blockDim.x)
       row[first + i] = ordered_value(scratch[i]);
   }
 }
@@ -239,54 +233,41 @@ __device__ void store_block_partial(SplitSmem<D, R>& s, float* partial_out, floa
 
 // ---- merge of the splits: one warp per output row (batch, query position, query head) ----
 
-template <class QT>
-struct MergeArgs {
-  QT* out;
-  std::int64_t out_batch_stride, out_token_stride, out_head_stride;
-  float* lse;
-  const float* partial_out;
-  const float* partial_lse;
-  int batch, q_len, num_q_heads, group, head_dim, row_tile, row_tiles, ctas_per_tile;
-  int num_dense, dense_splits, gathered_splits;
-  HeadRoleMask roles;
-  std::uint8_t rank_of[kMaxKvHeads];
-};
-
 inline constexpr int kMergeWarps = 4;
 inline constexpr int kDecodeMaxHeadDim = 256;
 
-template <class QT>
-__global__ void __launch_bounds__(kMergeWarps * 32) decode_merge_kernel(MergeArgs<QT> a) {
+template <class View, class QT>
+__global__ void __launch_bounds__(kMergeWarps * 32) decode_merge_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
   const int lane = threadIdx.x % 32;
   const std::int64_t orow = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (orow >= std::int64_t(a.batch) * a.q_len * a.num_q_heads) return;
-  const int hq = int(orow % a.num_q_heads);
-  const int qpos = int((orow / a.num_q_heads) % a.q_len);
-  const int b = int(orow / (std::int64_t(a.num_q_heads) * a.q_len));
-  const int h = hq / a.group;
-  const int r = qpos * a.group + hq % a.group;
-  const int tile = r / a.row_tile, rr = r % a.row_tile;
+  if (orow >= std::int64_t(a.plan.batch) * a.p.q_len * a.p.num_q_heads) return;
+  const int hq = int(orow % a.p.num_q_heads);
+  const int qpos = int((orow / a.p.num_q_heads) % a.p.q_len);
+  const int b = int(orow / (std::int64_t(a.p.num_q_heads) * a.p.q_len));
+  const int h = hq / a.plan.group;
+  const int r = qpos * a.plan.group + hq % a.plan.group;
+  const int tile = r / a.plan.row_tile, rr = r % a.plan.row_tile;
   int first, count;
-  if (!a.roles.is_sparse(h)) {
-    first = a.rank_of[h] * a.dense_splits;
-    count = a.dense_splits;
+  if (!a.p.roles.is_sparse(h)) {
+    first = a.plan.rank_of[h] * a.plan.retrieval_splits;
+    count = a.plan.retrieval_splits;
   } else {
-    first = a.num_dense * a.dense_splits + a.rank_of[h] * a.gathered_splits;
-    count = a.gathered_splits;
+    first = a.plan.num_retrieval * a.plan.retrieval_splits + a.plan.rank_of[h] * a.plan.sparse_splits;
+    count = a.plan.sparse_splits;
   }
-  const std::size_t p0 = (std::size_t(b) * a.row_tiles + tile) * a.ctas_per_tile + first;
+  const std::size_t p0 = (std::size_t(b) * a.plan.row_tiles + tile) * a.plan.ctas_per_tile + first;
   float m = -INFINITY;
-  for (int x = lane; x < count; x += 32) m = fmaxf(m, a.partial_lse[(p0 + x) * a.row_tile + rr]);
+  for (int x = lane; x < count; x += 32) m = fmaxf(m, a.partial_lse[(p0 + x) * a.plan.row_tile + rr]);
   m = warp_max(m);
   float sum = 0.f;
   if (m != -INFINITY)
     for (int x = lane; x < count; x += 32) {
-      const float v = a.partial_lse[(p0 + x) * a.row_tile + rr];
+      const float v = a.partial_lse[(p0 + x) * a.plan.row_tile + rr];
       sum += v == -INFINITY ? 0.f : exp2f(v - m);
     }
   sum = warp_sum(sum);
   const float total = sum > 0.f ? m + log2f(sum) : -INFINITY;
-  QT* o = a.out + b * a.out_batch_stride + qpos * a.out_token_stride + hq * a.out_head_stride;
+  QT* o = a.p.io.out.row(b, qpos, hq);
   // Weighted sum over the splits. Each lane owns columns lane, lane + 32, ...; the weights of 32
   // splits at a time sit one per lane and are broadcast, so the loads of consecutive splits are
   // independent and many are in flight (a split-serial loop here costs ~0.3 us per split).
@@ -296,23 +277,23 @@ __global__ void __launch_bounds__(kMergeWarps * 32) decode_merge_kernel(MergeArg
   for (int k = 0; k < kMaxCols; ++k) acc[k] = 0.f;
   for (int x0 = 0; x0 < count; x0 += 32) {
     const int x = x0 + lane;
-    const float v = x < count ? a.partial_lse[(p0 + x) * a.row_tile + rr] : -INFINITY;
+    const float v = x < count ? a.partial_lse[(p0 + x) * a.plan.row_tile + rr] : -INFINITY;
     const float weight = (v == -INFINITY || total == -INFINITY) ? 0.f : exp2f(v - total);
     const int n = count - x0 < 32 ? count - x0 : 32;
 #pragma unroll 4
     for (int i = 0; i < n; ++i) {
       const float wi = __shfl_sync(0xffffffffu, weight, i);
       // Empty splits store zeros, so a zero weight never meets a NaN.
-      const float* src = a.partial_out + ((p0 + x0 + i) * a.row_tile + rr) * a.head_dim;
+      const float* src = a.partial_out + ((p0 + x0 + i) * a.plan.row_tile + rr) * a.p.head_dim;
 #pragma unroll
       for (int k = 0; k < kMaxCols; ++k)
-        if (lane + 32 * k < a.head_dim) acc[k] = fmaf(wi, src[lane + 32 * k], acc[k]);
+        if (lane + 32 * k < a.p.head_dim) acc[k] = fmaf(wi, src[lane + 32 * k], acc[k]);
     }
   }
 #pragma unroll
   for (int k = 0; k < kMaxCols; ++k)
-    if (lane + 32 * k < a.head_dim) o[lane + 32 * k] = from_float<QT>(acc[k]);
-  if (a.lse && lane == 0) a.lse[orow] = total == -INFINITY ? -INFINITY : total * kLn2;
+    if (lane + 32 * k < a.p.head_dim) o[lane + 32 * k] = from_float<QT>(acc[k]);
+  if (a.p.io.lse && lane == 0) a.p.io.lse[orow] = total == -INFINITY ? -INFINITY : total * kLn2;
 }
 
 }  // namespace detail

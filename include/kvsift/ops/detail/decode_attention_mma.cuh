@@ -70,7 +70,7 @@ struct MmaFrag {
 
 template <int D, int R, bool kPrefetch, class View, class QT>
 __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
-    decode_split_mma_kernel(const __grid_constant__ DecodeArgs<View, QT> a) {
+    decode_split_mma_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
   using T = std::remove_const_t<typename View::value_type>;
   constexpr bool kBF16 = is_bf16_v<T>;
   constexpr int kKSteps = D / 16;
@@ -86,13 +86,13 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
   const KvRows<View> rows(a.kv, w.b, w.h);
 
   // The score row (group-mean query of the last position) is row q_rows of the head.
-  const int q_rows = a.q_len * a.group;
-  const bool score_tile = a.scores != nullptr && !w.gathered && q_rows / R == w.tile;
+  const int q_rows = a.p.q_len * a.plan.group;
+  const bool score_tile = a.p.scores != nullptr && !w.sparse && q_rows / R == w.tile;
   const int score_row = q_rows - w.tile * R;  // in this tile, when score_tile
-  const bool block_scores = a.score_block_size > 1;
+  const bool block_scores = a.p.score_block_size > 1;
   unsigned* scratch = block_max_scratch(sm);
   if (score_tile && block_scores)
-    for (int i = threadIdx.x; i < a.chunk / a.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
+    for (int i = threadIdx.x; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
   __syncthreads();
 
   // Q as mma A fragments in the K permutation, rounded to the KV type; rows past the head's rows are 0.
@@ -108,17 +108,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
       for (int e = 0; e < 8; ++e) f[i][e] = 0.f;
     limit[rh] = w.len - 1;
     if (r < q_rows) {
-      const int qpos = r / a.group;
-      const QT* q = a.q + w.b * a.q_batch_stride + qpos * a.q_token_stride + (w.h * a.group + r % a.group) * a.q_head_stride;
+      const int qpos = r / a.plan.group;
+      const QT* q = a.p.io.q.row(w.b, qpos, w.h * a.plan.group + r % a.plan.group);
 #pragma unroll
       for (int i = 0; i < kKChunks; ++i)
 #pragma unroll
         for (int e = 0; e < 8; ++e) f[i][e] = to_float(q[(j + 4 * i) * 8 + e]);
-      limit[rh] = w.len - a.q_len + qpos;
-    } else if (r == q_rows && a.scores != nullptr) {
-      const float inv = 1.f / a.group;
-      for (int gg = 0; gg < a.group; ++gg) {
-        const QT* q = a.q + w.b * a.q_batch_stride + (a.q_len - 1) * a.q_token_stride + (w.h * a.group + gg) * a.q_head_stride;
+      limit[rh] = w.len - a.p.q_len + qpos;
+    } else if (r == q_rows && a.p.scores != nullptr) {
+      const float inv = 1.f / a.plan.group;
+      for (int gg = 0; gg < a.plan.group; ++gg) {
+        const QT* q = a.p.io.q.row(w.b, a.p.q_len - 1, w.h * a.plan.group + gg);
 #pragma unroll
         for (int i = 0; i < kKChunks; ++i)
 #pragma unroll
@@ -199,9 +199,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
         float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        if (g == gs && j == 0) atomicMax(scratch + pos / a.score_block_size, ordered_key(mx));
+        if (g == gs && j == 0) atomicMax(scratch + pos / a.p.score_block_size, ordered_key(mx));
       } else if (g == gs) {
-        float* row = a.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.score_row_stride;
+        float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           if (fr.tok[q] >= 0) row[fr.tok[q]] = v[q];
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const int t = fr.tok[q];
-        x[q] = (t >= 0 && t <= limit[rh]) ? s[q >> 1][rh * 2 + (q & 1)] * a.scale_log2 : -INFINITY;
+        x[q] = (t >= 0 && t <= limit[rh]) ? s[q >> 1][rh * 2 + (q & 1)] * a.plan.scale_log2 : -INFINITY;
       }
       float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

@@ -10,7 +10,7 @@ namespace kvsift {
 namespace detail {
 
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const __grid_constant__ DecodeArgs<View, QT> a) {
+__global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
   using T = std::remove_const_t<typename View::value_type>;
   constexpr int R = 8;
   constexpr int kPer = D / 32;
@@ -21,13 +21,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const KvRows<View> rows(a.kv, w.b, w.h);
 
-  const int q_rows = a.q_len * a.group;
-  const bool score_tile = a.scores != nullptr && !w.gathered && q_rows / R == w.tile;
+  const int q_rows = a.p.q_len * a.plan.group;
+  const bool score_tile = a.p.scores != nullptr && !w.sparse && q_rows / R == w.tile;
   const int score_row = q_rows - w.tile * R;
-  const bool block_scores = a.score_block_size > 1;
+  const bool block_scores = a.p.score_block_size > 1;
   unsigned* scratch = block_max_scratch(sm);
   if (score_tile && block_scores)
-    for (int i = threadIdx.x; i < a.chunk / a.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
+    for (int i = threadIdx.x; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
   __syncthreads();
 
   float q[R][kPer], o[R][kPer], m[R], l[R];
@@ -36,26 +36,26 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
 #pragma unroll
   for (int rr = 0; rr < R; ++rr) {
     const int r = w.tile * R + rr;
-    live[rr] = r < a.rows;
+    live[rr] = r < a.plan.rows;
     limit[rr] = w.len - 1;
     m[rr] = -INFINITY;
     l[rr] = 0.f;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) q[rr][i] = o[rr][i] = 0.f;
     if (r < q_rows) {
-      const int qpos = r / a.group;
-      const QT* qp = a.q + w.b * a.q_batch_stride + qpos * a.q_token_stride + (w.h * a.group + r % a.group) * a.q_head_stride;
+      const int qpos = r / a.plan.group;
+      const QT* qp = a.p.io.q.row(w.b, qpos, w.h * a.plan.group + r % a.plan.group);
 #pragma unroll
       for (int i = 0; i < kPer; ++i) q[rr][i] = to_float(qp[lane * kPer + i]);
-      limit[rr] = w.len - a.q_len + qpos;
-    } else if (r == q_rows && a.scores != nullptr) {
-      for (int gg = 0; gg < a.group; ++gg) {
-        const QT* qp = a.q + w.b * a.q_batch_stride + (a.q_len - 1) * a.q_token_stride + (w.h * a.group + gg) * a.q_head_stride;
+      limit[rr] = w.len - a.p.q_len + qpos;
+    } else if (r == q_rows && a.p.scores != nullptr) {
+      for (int gg = 0; gg < a.plan.group; ++gg) {
+        const QT* qp = a.p.io.q.row(w.b, a.p.q_len - 1, w.h * a.plan.group + gg);
 #pragma unroll
         for (int i = 0; i < kPer; ++i) q[rr][i] += to_float(qp[lane * kPer + i]);
       }
 #pragma unroll
-      for (int i = 0; i < kPer; ++i) q[rr][i] /= a.group;
+      for (int i = 0; i < kPer; ++i) q[rr][i] /= a.plan.group;
     }
   }
 
@@ -79,12 +79,12 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
       dot = warp_sum(dot);
       if (score_tile && rr == score_row && lane == 0) {
         if (block_scores)
-          atomicMax(scratch + pos / a.score_block_size, ordered_key(dot));
+          atomicMax(scratch + pos / a.p.score_block_size, ordered_key(dot));
         else
-          a.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.score_row_stride + t] = dot;
+          a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + t] = dot;
       }
       if (t > limit[rr]) continue;
-      const float x = dot * a.scale_log2;
+      const float x = dot * a.plan.scale_log2;
       const float m_new = fmaxf(m[rr], x);
       const float alpha = exp2f(m[rr] - m_new);
       const float p = exp2f(x - m_new);

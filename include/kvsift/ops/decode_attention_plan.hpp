@@ -1,0 +1,145 @@
+#pragma once
+// The split-KV plan of decode_attention and its workspace query (contract in decode_attention.hpp).
+//
+// The CUDA launcher runs one block per (batch, KV head, split, row tile): every head's keys are cut
+// into splits of `chunk` tokens so that about one wave of kDecodeCtasPerSm blocks per SM covers the
+// whole call, and a merge kernel combines the splits' partial softmax states by log-sum-exp. The
+// plan is a pure function of host values (shapes, capacities, roles, the Exec's SM count), so the
+// workspace query, the launcher and the merge agree by construction, and a captured graph replays for
+// any device lengths.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "kvsift/core/check.hpp"
+#include "kvsift/core/exec.hpp"
+#include "kvsift/core/online_softmax.hpp"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/kv/kv_view.hpp"
+#include "kvsift/ops/decode_attention.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kDecodeCtasPerSm = 2;     // blocks resident per SM the split plan assumes
+inline constexpr int kDecodeCtaTokens = 64;    // tokens one block consumes per step (4 warps x 16)
+inline constexpr int kDecodeMaxChunk = 32768;  // bounds the block-max scratch in shared memory
+
+// The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
+template <class View>
+constexpr bool decode_uses_tensor_cores() {
+  return sizeof(typename View::value_type) == 2;
+}
+
+struct DecodePlan {
+  int batch = 0, num_kv_heads = 0, group = 0, head_dim = 0;
+  int max_len = 0;        // tokens a retrieval head covers
+  int sparse_tokens = 0;  // tokens a sparse head covers (index capacity * block size, capped)
+  int rows = 0;           // query rows per KV head: q_len * group, plus the score row
+  int row_tile = 0;       // rows per block (8 or 16)
+  int row_tiles = 0;
+  int num_retrieval = 0, num_sparse = 0;
+  int chunk = 0;          // tokens per split (a multiple of kDecodeCtaTokens and of every block size)
+  int retrieval_splits = 0, sparse_splits = 0;
+  int ctas_per_tile = 0;  // grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
+  int score_cols = 0;     // entries per score row (0 without scores)
+  float scale_log2 = 0.f; // sm_scale * log2(e): the kernels run the softmax in base 2
+  std::uint8_t head_at[kMaxKvHeads] = {};  // retrieval heads first, then sparse, by head index
+  std::uint8_t rank_of[kMaxKvHeads] = {};  // position of a head among those of its role
+
+  std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
+  // Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
+  template <class Carve>
+  void carve(Carve& ws, float** partial_out, float** partial_lse) const {
+    *partial_out = ws.template take<float>(partials() * row_tile * head_dim);
+    *partial_lse = ws.template take<float>(partials() * row_tile);
+  }
+  std::size_t workspace_bytes() const {
+    WorkspaceCarver ws(nullptr, 0);
+    float *o, *l;
+    carve(ws, &o, &l);
+    return ws.required_bytes();
+  }
+};
+
+// Sizes the grid for about one wave of kDecodeCtasPerSm blocks per SM with equal tokens per block;
+// a retrieval head gets proportionally more splits than a sparse one.
+template <class View, class T>
+Status plan_decode_attention(const DeviceFacts& device, const View& kv, const DecodeAttentionParams<T>& p,
+                             DecodePlan* plan) {
+  KVSIFT_TRY(validate_decode_attention(kv, p, /*check_pointers=*/false));
+  KVSIFT_TRY(device.validate("decode_attention"));
+  DecodePlan& pl = *plan;
+  pl = DecodePlan();
+  pl.batch = kv.batch;
+  pl.num_kv_heads = kv.num_kv_heads;
+  pl.group = p.num_q_heads / kv.num_kv_heads;
+  pl.head_dim = p.head_dim;
+  pl.max_len = decode_max_length(kv, p);
+  pl.rows = p.q_len * pl.group + (p.scores ? 1 : 0);
+  pl.scale_log2 = p.sm_scale * kLog2e;
+  pl.score_cols = p.scores ? ceil_div(pl.max_len, p.score_block_size) : 0;
+  const bool mma = decode_uses_tensor_cores<View>();
+  pl.row_tile = (!mma || pl.rows <= 8 || p.head_dim == 256) ? 8 : 16;
+  pl.row_tiles = ceil_div(pl.rows, pl.row_tile);
+  for (int h = 0; h < kv.num_kv_heads; ++h) {
+    if (p.roles.is_sparse(h)) continue;
+    pl.rank_of[h] = std::uint8_t(pl.num_retrieval);
+    pl.head_at[pl.num_retrieval++] = std::uint8_t(h);
+  }
+  for (int h = 0; h < kv.num_kv_heads; ++h) {
+    if (!p.roles.is_sparse(h)) continue;
+    pl.rank_of[h] = std::uint8_t(pl.num_sparse);
+    pl.head_at[pl.num_retrieval + pl.num_sparse++] = std::uint8_t(h);
+  }
+  if (pl.num_sparse > 0)
+    pl.sparse_tokens =
+        int(std::min<std::int64_t>(std::int64_t(p.index_set.capacity) * p.index_set.block_size, pl.max_len));
+
+  int quantum = kDecodeCtaTokens;
+  if (pl.num_sparse > 0) quantum = std::max(quantum, p.index_set.block_size);
+  if (p.scores) quantum = std::max(quantum, p.score_block_size);
+  const std::int64_t target = std::int64_t(device.num_sms) * kDecodeCtasPerSm;
+  const std::int64_t work = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles *
+                            (std::int64_t(pl.num_retrieval) * pl.max_len + std::int64_t(pl.num_sparse) * pl.sparse_tokens);
+  const double per_cta = std::max(1.0, double(work) / double(target));
+  // Splits per head rounded down so the grid never spills into a second, mostly idle wave.
+  const int sd = std::max(1, int(double(pl.max_len) / per_cta));
+  const int sg = std::max(1, int(double(pl.sparse_tokens) / per_cta));
+  int chunk = std::max(pl.num_retrieval ? ceil_div(pl.max_len, sd) : 1, pl.num_sparse ? ceil_div(pl.sparse_tokens, sg) : 1);
+  chunk = std::min(round_up(chunk, quantum), std::max(kDecodeMaxChunk, quantum));
+  pl.chunk = chunk;
+  pl.retrieval_splits = std::max(1, ceil_div(pl.max_len, chunk));
+  pl.sparse_splits = std::max(1, ceil_div(pl.sparse_tokens, chunk));
+  pl.ctas_per_tile = pl.num_retrieval * pl.retrieval_splits + pl.num_sparse * pl.sparse_splits;
+  return Status();
+}
+
+}  // namespace detail
+
+// Bytes of workspace decode_attention needs on `exec` for these views and params (no device memory
+// needed; the host reference needs none). The split plan rounds per batch size, so a smaller batch
+// can need more scratch than a larger one: engines size once for their largest batch, and the query
+// reports the most any batch up to kv.batch needs.
+template <class Exec, class View, class T>
+Status decode_attention_workspace_bytes(const Exec& exec, const View& kv, const DecodeAttentionParams<T>& p,
+                                        std::size_t* bytes) {
+  static_assert(check_kv_view<View>());
+  KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
+  *bytes = 0;
+  if constexpr (is_host_exec<Exec>::value) {
+    return detail::validate_decode_attention(kv, p, /*check_pointers=*/false);
+  } else {
+    View smaller = kv;
+    for (int b = kv.batch < 1 ? kv.batch : 1; b <= kv.batch; ++b) {
+      smaller.batch = b;
+      detail::DecodePlan plan;
+      KVSIFT_TRY(detail::plan_decode_attention(exec.device, smaller, p, &plan));
+      *bytes = std::max(*bytes, plan.workspace_bytes());
+    }
+    return Status();
+  }
+}
+
+}  // namespace kvsift
