@@ -19,13 +19,6 @@ constexpr int kHq = 32, kHkv = 8, kD = 128;
 
 enum class Mode { kDense, kGatherToken, kGatherBlock, kMixed };
 
-int num_sms() {
-  int dev = 0, sms = 0;
-  KVSIFT_BENCH_CUDA(cudaGetDevice(&dev));
-  KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // Sorted random selections: `per_row` distinct tokens (or blocks) per (batch, KV head) row.
 std::vector<std::int32_t> random_rows(int rows, int units, int per_row, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -57,7 +50,6 @@ struct Inputs {
 template <class View>
 void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block) {
   auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
-  p.num_sms = num_sms();
   const int gblock = mode == Mode::kGatherBlock || mode == Mode::kMixed ? block : 1;
   const int per_row = selected / gblock;
   kvsift_bench::DeviceArray<std::int32_t> idx(std::size_t(in.batch) * kHkv * std::max(per_row, 1)),
@@ -70,7 +62,7 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
     KVSIFT_BENCH_CUDA(cudaMemcpy(counts.get(), cnt.data(), cnt.size() * 4, cudaMemcpyHostToDevice));
     auto set = kvsift::make_index_set(idx.get(), counts.get(), in.batch * kHkv, per_row,
                                       gblock > 1 ? kvsift::Granularity::kBlock : kvsift::Granularity::kToken, gblock);
-    p.gather = kvsift::as_const(set);
+    p.index_set = kvsift::as_const(set);
     p.roles = kvsift::HeadRoleMask::all_sparse(kHkv);
     if (mode == Mode::kMixed) p.roles.set_sparse(0, false);
     const int dense_heads = mode == Mode::kMixed ? 1 : 0;
@@ -83,7 +75,7 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
     p.score_row_stride = in.seq / score_block + 1;
   }
   std::size_t bytes = 0;
-  auto st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
@@ -92,11 +84,11 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
   const double traffic = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() +
                          (mode != Mode::kDense ? double(idx.bytes()) : 0.0);
   kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
+    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
     if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
   });
   kvsift::detail::DecodePlan plan;
-  if (kvsift::detail::plan_decode_attention(kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile * in.batch;
+  if (kvsift::detail::plan_decode_attention(kvsift_bench::gpu().device, kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile * in.batch;
 }
 
 // Contiguous [B, S, Hkv, d] (BSHD, as a static cache keeps it) or BHSD when range(2) == 1.

@@ -38,13 +38,6 @@ enum Mode : int { kDense = -1, kToken1024 = 0, kToken4096 = 1, kBlock64x64 = 2, 
 bool is_block_mode(int mode) { return mode == kBlock64x64 || mode == kBlockTenth; }
 int blocks_kept(int mode, int seq) { return mode == kBlockTenth ? seq / 64 / 10 : 64; }
 
-int num_sms() {
-  int dev = 0, sms = 0;
-  KVSIFT_BENCH_CUDA(cudaGetDevice(&dev));
-  KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 // One full-length cache shared by every layer of the benchmark (contents do not change the traffic).
 struct Inputs {
   int batch, seq;
@@ -72,13 +65,12 @@ struct Inputs {
 double dense_decode_us(const Inputs& in, std::size_t* bytes_out = nullptr) {
   const auto kv = in.view();
   auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
-  p.num_sms = num_sms();
   std::size_t bytes = 0;
-  if (!kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok()) return -1.0;
+  if (!kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes).ok()) return -1.0;
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   if (bytes_out) *bytes_out = bytes;
   return kvsift_bench::median_gpu_us([&](cudaStream_t s) {
-    (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
+    (void)kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
   });
 }
 
@@ -105,7 +97,6 @@ kvsift::LycheeDecodeConfig layer_config(int batch, int seq, Mode mode, int retri
     c.selection = kvsift::LycheeDecodeSelection::kToken;
     c.budget = mode == kToken1024 ? 1024 : 4096;
   }
-  c.num_sms = num_sms();
   return c;
 }
 
@@ -114,9 +105,8 @@ void BM_Dense(benchmark::State& state) {
   Inputs in(B, S);
   const auto kv = in.view();
   auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
-  p.num_sms = num_sms();
   std::size_t bytes = 0;
-  const auto st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  const auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
@@ -124,7 +114,7 @@ void BM_Dense(benchmark::State& state) {
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   const double floor = double(B) * kHkv * S * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes();
   kvsift_bench::time_gpu(state, floor, [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
+    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
     if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
   });
 }
@@ -141,13 +131,14 @@ void BM_HybridLayer(benchmark::State& state) {
   }
   Inputs in(B, S);
   const auto kv = in.view();
-  const auto io = kvsift::make_lychee_io<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
+  const auto io = kvsift::make_query_io<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
   kvsift_bench::DeviceArray<unsigned char> state_memory(decoder.state_bytes());
-  const std::size_t ws_bytes = decoder.workspace_bytes<BF16>();
+  std::size_t ws_bytes = 0;
+  st = decoder.workspace_bytes<BF16>(kvsift_bench::gpu(), &ws_bytes);
   kvsift_bench::DeviceArray<unsigned char> ws(ws_bytes);
   kvsift::LycheeDecodeState lychee;
   st = decoder.make_state(state_memory.get(), state_memory.n, &lychee);
-  if (st.ok()) st = decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), lychee, 0, kv, io, ws.get(), ws_bytes);  // seed
+  if (st.ok()) st = decoder.decode_layer(kvsift_bench::gpu(), lychee, 0, kv, io, kvsift::Workspace{ws.get(), ws_bytes});  // seed
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
@@ -157,7 +148,7 @@ void BM_HybridLayer(benchmark::State& state) {
   // Re-running layer 1 of the same step: the host cursor is put back before every launch.
   auto step = [&](cudaStream_t s) {
     lychee.next_layer = 1;
-    const auto r = decoder.decode_layer(kvsift::cuda::Exec::for_current_device(s), lychee, 1, kv, io, ws.get(), ws_bytes);
+    const auto r = decoder.decode_layer(kvsift_bench::gpu().on(s), lychee, 1, kv, io, kvsift::Workspace{ws.get(), ws_bytes});
     if (!r.ok()) std::fprintf(stderr, "decode_layer: %s\n", r.to_string().c_str());
   };
   const double budget_tokens = is_block_mode(mode) ? 64.0 * blocks_kept(mode, S) : (mode == kToken1024 ? 1024.0 : 4096.0);
@@ -169,14 +160,13 @@ void BM_HybridLayer(benchmark::State& state) {
   // The attention launch alone (same parameters as inside the step), and our dense decode.
   kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
   const auto attention = kvsift::detail::lycheedecode_attention_params(
-      config, io, 1, decoder.sparse_heads(1), kvsift::as_const(lychee.table), R > 0 ? scores.get() : nullptr,
+      config, io, 1, decoder.roles(1), kvsift::as_const(lychee.table), R > 0 ? scores.get() : nullptr,
       is_block_mode(mode) ? (S / 64 + 4) : S + 4);
   std::size_t attention_bytes = 0;
-  if (kvsift::decode_attention_workspace_bytes(kv, attention, &attention_bytes).ok()) {
+  if (kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, attention, &attention_bytes).ok()) {
     kvsift_bench::DeviceArray<unsigned char> attention_ws(attention_bytes);
     const double attention_us = kvsift_bench::median_gpu_us([&](cudaStream_t s) {
-      (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, attention, attention_ws.get(),
-                                           attention_bytes);
+      (void)kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, attention, kvsift::Workspace{attention_ws.get(), attention_bytes});
     });
     state.counters["attention_us"] = attention_us;
     if (state.counters.count("us_median"))

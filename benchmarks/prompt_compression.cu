@@ -58,7 +58,7 @@ void BM_CompressPrompt(benchmark::State& state) {
   const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), h2o ? len : kWindow, kQHeads, kHeadDim);
   const kvsift::CompactOutputs out{new_len.get(), positions.get(), cp};
   auto run = [&](cudaStream_t s) {
-    return kvsift::compress_prompt(kvsift::cuda::Exec::for_current_device(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
+    return kvsift::compress_prompt(kvsift_bench::gpu().on(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
   };
   const kvsift::Status st = run(nullptr);
   if (!st.ok()) {
@@ -83,16 +83,16 @@ void BM_DecodeOverCache(benchmark::State& state) {
   auto p = kvsift::make_decode_attention_params<bf16>(layer.q.get(), out.get(), 1, kQHeads, kHeadDim);
   std::size_t bytes = 0;
   const auto kv = layer.view();
-  kvsift::Status st = kvsift::decode_attention_workspace_bytes(kv, p, &bytes);
+  kvsift::Status st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
-  if (st.ok()) st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), bytes);
+  if (st.ok()) st = kvsift::cuda::decode_attention(kvsift_bench::gpu(), kv, p, kvsift::Workspace{ws.get(), bytes});
   if (!st.ok()) {
     (void)cudaGetLastError();
     state.SkipWithError(st.to_string().c_str());
     return;
   }
   kvsift_bench::time_gpu(state, 2.0 * layer.k.n * sizeof(bf16), [&](cudaStream_t s) {
-    (void)kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(s), kv, p, ws.get(), bytes);
+    (void)kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
   });
 }
 

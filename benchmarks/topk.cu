@@ -30,14 +30,14 @@ void BM_TopK(benchmark::State& state) {
 
   const auto view = kvsift::make_strided_view<const float>(scores.get(), rows, n);
   const auto out = kvsift::make_index_set(indices.get(), counts.get(), rows, k);
-  const kvsift::Status st = kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(), view, params, out);
+  const kvsift::Status st = kvsift::cuda::topk(kvsift_bench::gpu(), view, params, out);
   if (!st.ok()) {
     state.SkipWithError(st.to_string().c_str());
     return;
   }
   const double bytes = double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0;
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t s) {
-    (void)kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(s), view, params, out);
+    (void)kvsift::cuda::topk(kvsift_bench::gpu().on(s), view, params, out);
   });
 }
 

@@ -159,9 +159,8 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
   std::vector<KT> hk = cache.k, hv = cache.v;
   auto params_for = [&](const QT* qp, QT* op, float* lp, float* sp, const std::int32_t* ip, const std::int32_t* cp) {
     auto p = kvsift::make_decode_attention_params(qp, op, QL, Hq, D);
-    p.lse = lp;
+    p.io.lse = lp;
     p.roles = c.roles;
-    p.num_sms = c.num_sms;
     p.max_kv_length = c.max_kv_length;
     if (c.gather != Gather::kNone) {
       kvsift::ConstIndexSet s;
@@ -172,7 +171,7 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
       s.row_stride = idx_cap;
       s.granularity = c.gather == Gather::kBlock ? Granularity::kBlock : Granularity::kToken;
       s.block_size = gblock;
-      p.gather = s;
+      p.index_set = s;
     }
     if (c.score_block) {
       p.scores = sp;
@@ -201,11 +200,14 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
   dscores.poison();
   const auto kv = make_view(dk.get(), dv.get(), dtab.get(), dlen.get());
   const auto p = params_for(dq.get(), dout.get(), dlse.get(), dscores.get(), didx.get(), dcnt.get());
+  // A smaller num_sms than the GPU's stresses other split plans on the same hardware.
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  if (c.num_sms > 0) exec.device.num_sms = c.num_sms;
   std::size_t ws_bytes = 0;
-  REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &ws_bytes).ok());
+  REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &ws_bytes).ok());
   DeviceBuffer<unsigned char> ws(ws_bytes);
   ws.poison();
-  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), ws_bytes);
+  const auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), ws_bytes});
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   kvsift_test::sync_and_check();
 

@@ -70,7 +70,7 @@ struct Case {
   int budget = 96, sink = 8, recent = 24;
   double rho = 0.8;
   int block_size = 64, num_blocks = 5, sink_blocks = 1;
-  int num_sms = 0;
+  int num_sms = 0;  // > 0: plan for this many SMs instead of the GPU's (other split plans, same GPU)
 
   int layers() const { return int(std::count(roles.begin(), roles.end(), '/')) + 1; }
   int hkv() const { return int(roles.find('/')); }
@@ -97,7 +97,6 @@ struct Case {
     c.block_size = block_size;
     c.num_blocks = num_blocks;
     c.sink_blocks = sink_blocks;
-    c.num_sms = num_sms;
     return c;
   }
 };
@@ -163,7 +162,9 @@ struct HostPolicy {
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     state_memory = std::make_unique<HostBuffer>(decoder.state_bytes());
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->bytes(), &state).ok());
-    workspace = std::make_unique<HostBuffer>(decoder.workspace_bytes<KT>());
+    std::size_t bytes = 0;
+    REQUIRE(decoder.workspace_bytes<KT>(kvsift::host::Exec{}, &bytes).ok());
+    workspace = std::make_unique<HostBuffer>(bytes);
   }
 };
 
@@ -171,14 +172,18 @@ struct DevicePolicy {
   LycheeDecodePolicy decoder;
   LycheeDecodeState state;
   std::unique_ptr<DeviceBuffer<unsigned char>> state_memory, workspace;
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device();
   template <class KT>
-  void init(const LycheeDecodeConfig& c) {
+  void init(const LycheeDecodeConfig& c, int num_sms = 0) {
+    if (num_sms > 0) exec.device.num_sms = num_sms;
     const auto st = LycheeDecodePolicy::create(c, &decoder);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
     state_memory = std::make_unique<DeviceBuffer<unsigned char>>(decoder.state_bytes());
     state_memory->poison();  // the table needs no initialisation: layer 0 writes every row
     REQUIRE(decoder.make_state(state_memory->get(), state_memory->size(), &state).ok());
-    workspace = std::make_unique<DeviceBuffer<unsigned char>>(decoder.workspace_bytes<KT>());
+    std::size_t bytes = 0;
+    REQUIRE(decoder.workspace_bytes<KT>(exec, &bytes).ok());
+    workspace = std::make_unique<DeviceBuffer<unsigned char>>(bytes);
     workspace->poison();
   }
 };
@@ -228,7 +233,7 @@ void run_case(const Case& c, std::uint64_t salt) {
   HostPolicy host;
   DevicePolicy device;
   host.init<KT>(config);
-  device.init<KT>(config);
+  device.init<KT>(config, c.num_sms);
   const int B = caches.B, H = caches.H, Hq = H * c.group, D = c.d;
   std::vector<std::int32_t> lengths = c.lengths;
   DeviceBuffer<std::int32_t> dlengths(lengths);
@@ -241,17 +246,16 @@ void run_case(const Case& c, std::uint64_t salt) {
       const auto q = quarter_steps<KT>(rng, std::size_t(B) * Hq * D);
       std::vector<KT> want(q.size());
       caches.with_host_view(l, lengths.data(), [&](const auto& kv) {
-        const auto io = kvsift::make_lychee_io(q.data(), want.data(), 1, Hq, D);
-        const auto st = host.decoder.decode_layer(kvsift::host::Exec{}, host.state, l, kv, io, host.workspace->get(),
-                                                  host.workspace->bytes());
+        const auto io = kvsift::make_query_io(q.data(), want.data(), 1, Hq, D);
+        const auto st = host.decoder.decode_layer(kvsift::host::Exec{}, host.state, l, kv, io, kvsift::Workspace{host.workspace->get(), host.workspace->bytes()});
         REQUIRE_MESSAGE(st.ok(), st.to_string());
       });
       dq.upload(q);
       dout.poison();
       caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
-        const auto io = kvsift::make_lychee_io(dq.get(), dout.get(), 1, Hq, D);
-        const auto st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, l, kv, io,
-                                                    device.workspace->get(), device.workspace->size());
+        const auto io = kvsift::make_query_io(dq.get(), dout.get(), 1, Hq, D);
+        const auto st = device.decoder.decode_layer(device.exec, device.state, l, kv, io,
+                                                    kvsift::Workspace{device.workspace->get(), device.workspace->size()});
         REQUIRE_MESSAGE(st.ok(), st.to_string());
       });
       kvsift_test::sync_and_check();
@@ -267,7 +271,7 @@ void run_case(const Case& c, std::uint64_t salt) {
     for (auto& len : lengths)
       if (len > 0 && len < c.cap) ++len;
   }
-  CHECK(device.state.steps == c.steps);
+  CHECK(device.state.next_layer == 0);
 }
 
 }  // namespace lychee_test

@@ -72,15 +72,16 @@ TEST_CASE("decode_attention replays from a CUDA graph with new lengths") {
   kvsift_test::DeviceBuffer<std::int32_t> len(len_a);
   const auto kv = kvsift::make_bhsd(k.get(), v.get(), B, H, S, D, len.get());
   const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, H * G, D);
-  std::size_t bytes = 0;
-  REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok());
-  kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
-
   cudaStream_t stream;
   KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
+  const auto on_stream = kvsift::cuda::Exec::for_current_device(stream);
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::decode_attention_workspace_bytes(on_stream, kv, p, &bytes).ok());
+  kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
+
   cudaGraph_t graph;
   KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(stream), kv, p, ws.get(), bytes);
+  const auto st = kvsift::cuda::decode_attention(on_stream, kv, p, kvsift::Workspace{ws.get(), bytes});
   KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   cudaGraphExec_t exec;
@@ -110,17 +111,23 @@ TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace")
   kvsift_test::DeviceBuffer<std::int32_t> len(lh);
   const auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, 4, 128, len.get());
   const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
   std::size_t bytes = 0;
-  REQUIRE(kvsift::decode_attention_workspace_bytes(kv, p, &bytes).ok());
+  REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
   kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
-  auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, ws.get(), bytes - 1);
+  auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), bytes - 1});
   CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
-  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p, nullptr, bytes);
+  CHECK(st.message().find("workspace_bytes = ") != std::string::npos);
+  st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{nullptr, bytes});
   CHECK(st.code() == kvsift::StatusCode::kNullPointer);
-  CHECK(st.message() == "workspace is null");
+  CHECK(st.message() == "workspace.data (ask decode_attention_workspace_bytes) is null");
+  // An Exec without device facts is refused with a message that says how to make one.
+  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec{}, kv, p, kvsift::Workspace{ws.get(), bytes});
+  CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(st.message().find("Exec::for_current_device") != std::string::npos);
   auto misaligned = kv;
   misaligned.k_token_stride = 130;
   misaligned.k_head_stride = 4 * 130;
-  st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), misaligned, p, ws.get(), bytes);
+  st = kvsift::cuda::decode_attention(exec, misaligned, p, kvsift::Workspace{ws.get(), bytes});
   CHECK(st.code() == kvsift::StatusCode::kMisaligned);
 }

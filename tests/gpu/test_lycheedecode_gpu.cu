@@ -102,9 +102,8 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
   auto run_step = [&](std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>>& outs, std::vector<kvsift::Status>& st) {
     for (int l = 0; l < L; ++l)
       caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
-        const auto io = kvsift::make_lychee_io(dq[l]->get(), outs[l]->get(), 1, Hq, D);
-        st.push_back(device.decoder.decode_layer(exec, device.state, l, kv, io, device.workspace->get(),
-                                                 device.workspace->size()));
+        const auto io = kvsift::make_query_io(dq[l]->get(), outs[l]->get(), 1, Hq, D);
+        st.push_back(device.decoder.decode_layer(exec, device.state, l, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size()}));
       });
   };
 
@@ -144,9 +143,8 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
       CAPTURE(l);
       std::vector<bfloat16_t> want(n);
       caches.with_host_view(l, lengths.data(), [&](const auto& kv) {
-        const auto io = kvsift::make_lychee_io(q[l].data(), want.data(), 1, Hq, D);
-        const auto st = host.decoder.decode_layer(kvsift::host::Exec{}, host.state, l, kv, io, host.workspace->get(),
-                                                  host.workspace->bytes());
+        const auto io = kvsift::make_query_io(q[l].data(), want.data(), 1, Hq, D);
+        const auto st = host.decoder.decode_layer(kvsift::host::Exec{}, host.state, l, kv, io, kvsift::Workspace{host.workspace->get(), host.workspace->bytes()});
         REQUIRE_MESSAGE(st.ok(), st.to_string());
       });
       const auto replayed = graph_out[l]->download();
@@ -182,17 +180,14 @@ TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state 
   lychee_test::DeviceBuffer<std::int32_t> dlengths(c.lengths);
   lychee_test::DeviceBuffer<bfloat16_t> dq(std::size_t(caches.B) * Hq * c.d), dout(dq.size());
   caches.with_device_view(0, dlengths.get(), [&](const auto& kv) {
-    const auto io = kvsift::make_lychee_io(dq.get(), dout.get(), 1, Hq, c.d);
-    auto st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, 0, kv, io, device.workspace->get(),
-                                          device.workspace->size() - 1);
+    const auto io = kvsift::make_query_io(dq.get(), dout.get(), 1, Hq, c.d);
+    auto st = device.decoder.decode_layer(device.exec, device.state, 0, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size() - 1});
     CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
-    st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), device.state, 1, kv, io, device.workspace->get(),
-                                     device.workspace->size());
+    st = device.decoder.decode_layer(device.exec, device.state, 1, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size()});
     CHECK(st.message().find("layer = 1 is out of order") != std::string::npos);
     kvsift::LycheeDecodeState foreign = device.state;
     foreign.num_layers = 2;
-    st = device.decoder.decode_layer(kvsift::cuda::Exec::for_current_device(), foreign, 0, kv, io, device.workspace->get(),
-                                     device.workspace->size());
+    st = device.decoder.decode_layer(device.exec, foreign, 0, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size()});
     CHECK(st.message().find("state") != std::string::npos);
   });
   kvsift_test::sync_and_check();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvsift/ops/topk.cuh"
+#include "kvsift/ops/topk_reference.hpp"
 #include "support/device_buffer.cuh"
 #include "support/random.hpp"
 
@@ -234,6 +235,36 @@ TEST_CASE("topk gpu: k = 1, k = len, k > len, len = 0, ragged lengths, per-row k
     r.fill = trial % 2 ? Fill::kRandom : Fill::kFewValues;
     CAPTURE(trial);
     check_case<float>(rng, r);
+  }
+}
+
+TEST_CASE("topk gpu: the row filter writes retrieval heads' rows only, in place") {
+  // LycheeDecode's table: rows b * H + h; sparse heads' rows keep what an earlier layer wrote.
+  auto rng = kvsift_test::make_rng(409);
+  for (const Case& base : {shape(8 * 6, 32768, 1024, 1024), shape(3 * 8, 131072, 4096, 4096), shape(5 * 3, 2048, 64, 64)}) {
+    Case c = base;
+    c.params.num_kv_heads = c.rows % 8 == 0 ? 8 : 3;
+    for (int h = 0; h < c.params.num_kv_heads; ++h) c.params.roles.set_sparse(h, h % 3 != 0);
+    c.params.sink = 4;
+    c.params.recent = 16;
+    CAPTURE(c.rows);
+    const Inputs<float> in = make_inputs<float>(rng, c);
+    const Result want = reference(c, in);
+    DeviceCase<float> dev(c, in);
+    dev.poison();
+    REQUIRE(dev.launch(c, in.stride, nullptr).ok());
+    kvsift_test::sync_and_check();
+    const Result got = dev.download();
+    require_equal(c, want, got, 2);
+    for (int r = 0; r < c.rows; ++r) {
+      if (!kvsift::topk_skips_row(c.params, r)) {
+        CHECK(got.counts[r] >= 0);
+        continue;
+      }
+      INFO("skipped row ", r);
+      REQUIRE(got.counts[r] == -1);  // the poison: not written
+      for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
+    }
   }
 }
 

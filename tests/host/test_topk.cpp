@@ -288,3 +288,32 @@ TEST_CASE("topk: workspace query needs no device memory") {
             .ok());
   CHECK(bytes == 0);
 }
+
+TEST_CASE("topk: the row filter leaves sparse heads' rows untouched") {
+  const int heads = 4, batch = 3, cols = 50, cap = 10;
+  std::vector<float> scores(std::size_t(batch) * heads * cols);
+  for (std::size_t i = 0; i < scores.size(); ++i) scores[i] = float((i * 37) % 101);
+  std::vector<std::int32_t> idx(std::size_t(batch) * heads * cap, 777), counts(std::size_t(batch) * heads, 555);
+  kvsift::TopKParams p;
+  p.k = cap;
+  p.num_kv_heads = heads;
+  p.roles.set_sparse(1, true);
+  p.roles.set_sparse(2, true);
+  const auto out = kvsift::make_index_set(idx.data(), counts.data(), batch * heads, cap);
+  REQUIRE(kvsift::host::topk(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(scores.data(), batch * heads, cols),
+                             p, out)
+              .ok());
+  for (int r = 0; r < batch * heads; ++r) {
+    const bool sparse = r % heads == 1 || r % heads == 2;
+    CHECK(kvsift::topk_skips_row(p, r) == sparse);
+    CHECK(counts[std::size_t(r)] == (sparse ? 555 : cap));
+    for (int j = 0; j < cap; ++j) {
+      const int v = idx[std::size_t(r) * cap + j];
+      if (sparse) CHECK(v == 777);
+      else CHECK((v >= 0 && v < cols));
+    }
+  }
+  p.num_kv_heads = -1;
+  const auto st = kvsift::host::topk(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(scores.data(), batch * heads, cols), p, out);
+  CHECK(st.message().find("num_kv_heads = -1") != std::string::npos);
+}
