@@ -54,7 +54,7 @@ Model make_model(std::mt19937_64& rng, int layers, int hkv, int group, int d, in
   return m;
 }
 
-// What the spec says a selection is: the forced entries, plus the best others by (score desc,
+// What docs/algorithms/lycheedecode.md §5-§6 says a selection is: the forced entries, plus the best others by (score desc,
 // position asc) up to max(forced, min(k, n)) entries in all; ascending.
 std::vector<int> select_entries(const std::vector<double>& score, const std::vector<char>& forced, int k) {
   const int n = int(score.size());

@@ -1,7 +1,8 @@
 #pragma once
 // LycheeDecode configuration: the model's shape, the head-roles table, the selection mode and its
 // budget, cache correction, and the checks that reject a bad configuration before anything runs.
-// Semantics: docs/ops/lycheedecode.md and specs/lycheedecode.md §2-3.
+// Semantics: docs/ops/lycheedecode.md; the method: docs/algorithms/lycheedecode.md §2 (roles), §5-§6
+// (selection, forced sink/recent), §8 (cache correction).
 //
 // Selection modes (one index set per (sequence, KV head), chosen by the retrieval head of that index):
 //
@@ -168,7 +169,7 @@ inline Status validate_lycheedecode_config(const LycheeDecodeConfig& c) {
       KVSIFT_REQUIRE(detail::is_power_of_two(c.block_size), kInvalidArgument, "block_size = ", c.block_size,
                      " must be a power of two");
       KVSIFT_REQUIRE(c.block_size >= 16, kUnsupported, "block_size = ", c.block_size,
-                     " must be >= 16 (the attention kernel's smallest gathered block)");
+                     " must be >= 16 (the attention kernel's smallest index block)");
       KVSIFT_REQUIRE(c.sink_blocks >= 0, kInvalidArgument, "sink_blocks = ", c.sink_blocks, " must be >= 0");
       const int forced = c.sink_blocks + detail::max_blocks_touched(c.recent, c.block_size);
       KVSIFT_REQUIRE(c.num_blocks >= 1, kInvalidArgument, "num_blocks = ", c.num_blocks, " must be >= 1");
