@@ -50,12 +50,8 @@ QueryRows<T> make_query_rows(const T* data, int positions, int num_heads, int he
 
 template <class T>
 OutputRows<T> make_output_rows(T* data, int positions, int num_heads, int head_dim) {
-  OutputRows<T> o;
-  o.data = data;
-  o.head_stride = head_dim;
-  o.position_stride = std::int64_t(num_heads) * head_dim;
-  o.batch_stride = std::int64_t(positions) * num_heads * head_dim;
-  return o;
+  const QueryRows<T> dense = make_query_rows<T>(data, positions, num_heads, head_dim);
+  return OutputRows<T>{data, dense.batch_stride, dense.position_stride, dense.head_stride};
 }
 
 template <class T>

@@ -257,14 +257,19 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_radix_select_kernel(Topk
     return a.plan.cached ? cache[pos - slice_lo] : a.key(row_scores[pos], row, pos);
   };
 
-  int gt = 0, eq = 0;
-  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkScanBatch) {
-    K keys[kTopkScanBatch];
+  // A warp's keys of one batch, all loaded before any is compared (see kTopkScanBatch).
+  auto load_batch = [&](int chunk, K (&keys)[kTopkScanBatch]) {
 #pragma unroll
     for (int j = 0; j < kTopkScanBatch; ++j) {
       const int pos = chunk + 32 * j + lane;
       keys[j] = pos < warp_hi ? key_at(pos) : K(0);
     }
+  };
+
+  int gt = 0, eq = 0;
+  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkScanBatch) {
+    K keys[kTopkScanBatch];
+    load_batch(chunk, keys);
 #pragma unroll
     for (int j = 0; j < kTopkScanBatch; ++j) {
       const bool valid = chunk + 32 * j + lane < warp_hi;
@@ -313,11 +318,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2) topk_radix_select_kernel(Topk
   int eq_seen = warp_eq[warp];
   for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkScanBatch) {
     K keys[kTopkScanBatch];
-#pragma unroll
-    for (int j = 0; j < kTopkScanBatch; ++j) {
-      const int pos = chunk + 32 * j + lane;
-      keys[j] = pos < warp_hi ? key_at(pos) : K(0);
-    }
+    load_batch(chunk, keys);
 #pragma unroll
     for (int j = 0; j < kTopkScanBatch; ++j) {
       const int pos = chunk + 32 * j + lane;
