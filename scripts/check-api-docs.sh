@@ -22,7 +22,7 @@ case "${KVSIFT_API_DOCS_REPORT_ONLY:-0}" in 1|ON|on|YES|yes|true|TRUE) report_on
 for arg in "$@"; do
   case "$arg" in
     --report-only) report_only=1 ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check-api-docs: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
