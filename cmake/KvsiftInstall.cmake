@@ -15,3 +15,4 @@ write_basic_package_version_file(${PROJECT_BINARY_DIR}/kvsiftConfigVersion.cmake
   COMPATIBILITY SameMinorVersion ARCH_INDEPENDENT)
 install(FILES ${PROJECT_BINARY_DIR}/kvsiftConfig.cmake ${PROJECT_BINARY_DIR}/kvsiftConfigVersion.cmake
   DESTINATION ${CMAKE_INSTALL_DATADIR}/cmake/kvsift)
+install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/CHANGELOG.md DESTINATION ${CMAKE_INSTALL_DOCDIR})

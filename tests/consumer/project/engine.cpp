@@ -1,5 +1,6 @@
 // Host-only consumer: the host reference through kvsift.hpp, no CUDA needed.
 #include <kvsift/kvsift.hpp>
+#include <kvsift/version.hpp>  // found in the fetched source tree and in the installed tree alike
 
 #include <cstdio>
 #include <vector>
@@ -12,12 +13,11 @@ int main() {
   const auto kv = kvsift::make_bshd(k.data(), v.data(), B, H, S, D, len.data());
   const kvsift::Status st = kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, S, k_out.data(), v_out.data());
   if (!st.ok()) {
-    std::printf("consumer_host: %s\n", st.to_string().c_str());
+    std::printf("engine_cpu: %s\n", st.to_string().c_str());
     return 1;
   }
   // BSHD -> BHSD: token 1 of head 1 sits at (1 * H + 1) * D in the source.
   const bool ok = k_out[(1 * S + 1) * D] == k[(1 * H + 1) * D];
-  std::printf("consumer_host: kvsift %d.%d.%d %s\n", kvsift::kVersionMajor, kvsift::kVersionMinor,
-              kvsift::kVersionPatch, ok ? "ok" : "WRONG");
+  std::printf("engine_cpu: kvsift %s %s\n", KVSIFT_VERSION_STRING, ok ? "ok" : "WRONG");
   return ok ? 0 : 1;
 }

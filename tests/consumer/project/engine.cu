@@ -7,7 +7,7 @@
 int main() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("consumer_cuda: built; no CUDA device, so the kernel was not run\n");
+    std::printf("engine: built; no CUDA device, so the kernel was not run\n");
     return 0;
   }
   const int B = 1, H = 2, S = 4, D = 8, n = B * H * S * D;
@@ -26,7 +26,7 @@ int main() {
   std::vector<float> out(n);
   cudaMemcpy(out.data(), dout, n * sizeof(float), cudaMemcpyDeviceToHost);
   const bool ok = st.ok() && out == k;
-  std::printf("consumer_cuda: %s\n", ok ? "ok" : st.to_string().c_str());
+  std::printf("engine: %s\n", ok ? "ok" : st.to_string().c_str());
   cudaFree(dk);
   cudaFree(dout);
   cudaFree(dlen);
