@@ -2,6 +2,7 @@
 // kvsift host-only umbrella: everything that compiles with a plain C++17 compiler (no nvcc, no CUDA
 // toolkit). The host reference backend (kvsift::host) of every primitive is here.
 
+#include "kvsift/version.hpp"
 #include "kvsift/core/exec.hpp"
 #include "kvsift/core/query_rows.hpp"
 #include "kvsift/core/check.hpp"

@@ -33,6 +33,12 @@
 #define KVSIFT_VERSION (KVSIFT_VERSION_MAJOR * 10000 + KVSIFT_VERSION_MINOR * 100 + KVSIFT_VERSION_PATCH)
 
 namespace kvsift {
+/// KVSIFT_VERSION_MAJOR as a constant.
+inline constexpr int kVersionMajor = KVSIFT_VERSION_MAJOR;
+/// KVSIFT_VERSION_MINOR as a constant.
+inline constexpr int kVersionMinor = KVSIFT_VERSION_MINOR;
+/// KVSIFT_VERSION_PATCH as a constant.
+inline constexpr int kVersionPatch = KVSIFT_VERSION_PATCH;
 /// The version string, KVSIFT_VERSION_STRING, as a constant for code that prefers one to a macro.
 inline constexpr char kVersionString[] = KVSIFT_VERSION_STRING;
 }  // namespace kvsift

@@ -1,7 +1,7 @@
 // The version has one source, include/kvsift/version.hpp; CMake parses it before project(). This test
 // gets CMake's PROJECT_VERSION as compile definitions (tests/CMakeLists.txt) and checks that the header,
 // the umbrella's constants and CMake all say the same thing.
-#include "kvsift/kvsift.hpp"   // kvsift::kVersionMajor/Minor/Patch, expanded from the macros in scope here
+#include "kvsift/kvsift.hpp"   // kvsift::kVersionMajor/Minor/Patch (version.hpp, through the umbrella)
 #include "kvsift/version.hpp"  // included second: a differing value would redefine the macros below
 
 #include <doctest/doctest.h>

@@ -1,5 +1,8 @@
 #pragma once
-// Compiler glue shared by every kvsift header: host/device qualifiers and the version.
+// Compiler glue shared by every kvsift header: host/device qualifiers (and, through version.hpp,
+// the version).
+
+#include "kvsift/version.hpp"
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define KVSIFT_HD __host__ __device__
@@ -12,13 +15,3 @@
 #endif
 
 #define KVSIFT_FORCEINLINE inline __attribute__((always_inline))
-
-#define KVSIFT_VERSION_MAJOR 0
-#define KVSIFT_VERSION_MINOR 1
-#define KVSIFT_VERSION_PATCH 0
-
-namespace kvsift {
-inline constexpr int kVersionMajor = KVSIFT_VERSION_MAJOR;
-inline constexpr int kVersionMinor = KVSIFT_VERSION_MINOR;
-inline constexpr int kVersionPatch = KVSIFT_VERSION_PATCH;
-}  // namespace kvsift
