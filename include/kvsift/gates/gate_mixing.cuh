@@ -18,24 +18,26 @@ namespace detail {
 
 inline unsigned mix_blocks(std::int64_t elements) { return gate_blocks(elements, kGateThreads, 65535 * 8); }
 
-// Flat element e of the tokens * q_heads * head_dim outputs: its offset in the padded layout and its
-// query head. The elementwise kernels split e back into (t, h, d) so a padded token_stride is honoured.
+// Flat element e of the tokens * q_heads * head_dim outputs (per_token = q_heads * head_dim of them a
+// token): its query head and its offset in the padded layout. The elementwise kernels split e back into
+// (t, h, d) so a padded token_stride is honoured.
 struct MixElement {
-  std::int64_t offset;
   int head;
+  std::int64_t offset;
 };
 
-KVSIFT_HD inline MixElement mix_element(const GateMixShape& s, std::int64_t e) {
-  const std::int64_t per_token = std::int64_t(s.q_heads) * s.head_dim;
+KVSIFT_HD inline MixElement mix_element(const GateMixShape& s, std::int64_t per_token, std::int64_t e) {
   const std::int64_t t = e / per_token;
-  return MixElement{t * s.row_stride() + (e % per_token), int((e % per_token) / s.head_dim)};
+  const int h = int((e % per_token) / s.head_dim);
+  return MixElement{h, t * s.row_stride() + (e % per_token)};
 }
 
 template <class T>
 __global__ void gate_mix_forward_kernel(GateMixShape s, const float* z, const T* dense, const T* sparse, T* o) {
-  const std::int64_t total = s.tokens * std::int64_t(s.q_heads) * s.head_dim;
+  const std::int64_t per_token = std::int64_t(s.q_heads) * s.head_dim;
+  const std::int64_t total = s.tokens * per_token;
   for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < total; e += std::int64_t(gridDim.x) * blockDim.x) {
-    const MixElement m = mix_element(s, e);
+    const MixElement m = mix_element(s, per_token, e);
     const float zj = z[m.head / s.group_size()];
     o[m.offset] = from_float<T>(mix_value(zj, to_float(dense[m.offset]), to_float(sparse[m.offset])));
   }
@@ -44,9 +46,10 @@ __global__ void gate_mix_forward_kernel(GateMixShape s, const float* z, const T*
 template <class T>
 __global__ void gate_mix_input_grads_kernel(GateMixShape s, const float* z, const T* grad_o, T* grad_dense,
                                             T* grad_sparse) {
-  const std::int64_t total = s.tokens * std::int64_t(s.q_heads) * s.head_dim;
+  const std::int64_t per_token = std::int64_t(s.q_heads) * s.head_dim;
+  const std::int64_t total = s.tokens * per_token;
   for (std::int64_t e = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; e < total; e += std::int64_t(gridDim.x) * blockDim.x) {
-    const MixElement m = mix_element(s, e);
+    const MixElement m = mix_element(s, per_token, e);
     const float zj = z[m.head / s.group_size()];
     const float go = to_float(grad_o[m.offset]);
     if (grad_dense) grad_dense[m.offset] = from_float<T>(zj * go);
