@@ -1,7 +1,8 @@
 // HardKuma gates on the GPU against the host reference. Both backends run the same KVSIFT_HD code,
 // so integer and exactly-rounded results (Philox bits, uniforms, mixing, roles) must match bitwise,
 // and results through libm (log, exp, lgamma, ...) to a few ulps. Outputs are poisoned (NaN) before
-// every launch, so an element a kernel did not write fails the comparison.
+// every launch, so an element a kernel did not write fails the comparison. Last, the one op shape:
+// every workspace query reports 0 on cuda::Exec too, and the ops need no device facts.
 
 #include <doctest/doctest.h>
 
@@ -179,7 +180,7 @@ TEST_CASE_TEMPLATE("hardkuma_stats: every output matches the host", T, float, do
   auto rng = kvsift_test::make_rng(103);
   const int n = 1000;
   std::vector<T> a = random_shapes<T>(rng, n, 1e-3, 50.0), b = random_shapes<T>(rng, n, 1e-3, 50.0);
-  a[0] = T(1);  // the spec's first row
+  a[0] = T(1);  // the first row of docs/algorithms/hardkuma.md §11.2
   b[0] = T(1);
   a[1] = T(200);  // clamped
   b[2] = T(-1);   // clamped
@@ -441,4 +442,189 @@ TEST_CASE("head-role extraction on the device gives the host's roles, threshold 
       CHECK(count == 32);
     }
   }
+}
+
+// ---------------------------------------------------------------- the op shape
+
+namespace {
+
+// Every gate op on the device, on the same inputs each time (36 layers x 8 KV heads of gates, a small
+// mixing shape); outputs are poisoned first and downloaded as bytes for a bitwise comparison.
+struct DeviceGateOps {
+  static constexpr int layers = 36, kv_heads = 8, n = layers * kv_heads;
+  static constexpr std::size_t mix_size = 5 * 8 * 16;
+  DeviceBuffer<double> a, b, grad_h, h, k, u, ga, gb, p, m, v, scores, sum, density;
+  DeviceBuffer<std::uint8_t> roles;
+  DeviceBuffer<float> z, dense, sparse, grad_o, mixed, gd, gs, gz, f_density, grad_scale;
+  DeviceBuffer<LagrangianState> lag_state;
+  DeviceBuffer<LagrangianStep> lag_step;
+  GateMixShape shape;
+  LagrangianConfig lag = LagrangianConfig::lycheedecode(0.1);
+
+  static std::vector<double> ramp(double first, double step) {
+    std::vector<double> x(n);
+    for (int i = 0; i < n; ++i) x[std::size_t(i)] = first + step * (i % 29);
+    return x;
+  }
+  static std::vector<float> wave(float scale) {
+    std::vector<float> x(mix_size);
+    for (std::size_t i = 0; i < mix_size; ++i) x[i] = scale * float(int(i % 13) - 6);
+    return x;
+  }
+
+  DeviceGateOps()
+      : a(ramp(0.2, 0.3)), b(ramp(4.0, -0.13)), grad_h(ramp(-0.5, 0.04)), h(n), k(n), u(n), ga(n), gb(n),
+        p(ramp(1.0, 0.01)), m(std::vector<double>(n, 0.0)), v(std::vector<double>(n, 0.0)), scores(n), sum(1),
+        density(1), roles(n), z(std::vector<float>{0.25f, 0.75f}), dense(wave(0.5f)), sparse(wave(-0.25f)),
+        grad_o(wave(0.125f)), mixed(mix_size), gd(mix_size), gs(mix_size), gz(2),
+        f_density(std::vector<float>{0.3f}), grad_scale(1),
+        lag_state(std::vector<LagrangianState>{lagrangian_initial_state(LagrangianConfig::lycheedecode(0.1))}),
+        lag_step(1) {
+    shape.tokens = 5;
+    shape.q_heads = 8;
+    shape.kv_heads = 2;
+    shape.head_dim = 16;
+    for (DeviceBuffer<double>* d : {&h, &k, &u, &ga, &gb, &scores, &sum, &density}) d->poison();
+    for (DeviceBuffer<float>* d : {&mixed, &gd, &gs, &gz, &grad_scale}) d->poison();
+    roles.poison();
+  }
+
+  GateStatsOutputs<double> stats() const {
+    GateStatsOutputs<double> out;
+    out.prob_zero = h.get();
+    out.expected_l0 = k.get();
+    return out;
+  }
+  ExpectedL0Outputs<double> l0() const {
+    ExpectedL0Outputs<double> out;
+    out.sum = sum.get();
+    out.density = density.get();
+    out.grad_a = ga.get();
+    out.grad_b = gb.get();
+    out.write = GradientWrite::kAccumulate;
+    return out;
+  }
+
+  // Each query's reported size, in op order; -1 where a query failed.
+  std::vector<long long> query_all(const kvsift::cuda::Exec& exec) const {
+    const HardKumaOptions o;
+    const PhiloxStream draw{3, 4};
+    std::vector<long long> sizes;
+    auto ask = [&](auto query) {
+      std::size_t bytes = 12345;  // a query that does not write it fails the check
+      const Status s = query(&bytes);
+      sizes.push_back(s.ok() ? (long long)bytes : -1);
+    };
+    ask([&](std::size_t* bytes) { return hardkuma_stats_workspace_bytes(exec, o, a.get(), b.get(), n, stats(), bytes); });
+    ask([&](std::size_t* bytes) {
+      return hardkuma_sample_workspace_bytes(exec, o, a.get(), b.get(), n, draw, h.get(), k.get(), u.get(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return hardkuma_sample_backward_workspace_bytes(exec, o, a.get(), b.get(), n, draw, grad_h.get(), ga.get(),
+                                                      gb.get(), GradientWrite::kOverwrite, bytes);
+    });
+    ask([&](std::size_t* bytes) { return hardkuma_expected_l0_workspace_bytes(exec, o, a.get(), b.get(), n, l0(), bytes); });
+    ask([&](std::size_t* bytes) {
+      return gate_mix_forward_workspace_bytes(exec, shape, z.get(), dense.get(), sparse.get(), mixed.get(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return gate_mix_backward_workspace_bytes(exec, shape, z.get(), dense.get(), sparse.get(), grad_o.get(), gd.get(),
+                                               gs.get(), gz.get(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return adamw_step_workspace_bytes(exec, AdamWConfig{}, 0.01, 0, p.get(), ga.get(), m.get(), v.get(), n, bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return lagrangian_update_workspace_bytes(exec, lag, lag_state.get(), f_density.get(), grad_scale.get(),
+                                               lag_step.get(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return extract_head_roles_workspace_bytes(exec, RoleExtractionOptions{}, a.get(), b.get(), layers, kv_heads,
+                                                roles.get(), scores.get(), bytes);
+    });
+    return sizes;
+  }
+
+  // Every op in a training step's order, then a sync; the first failing op's Status, or ok.
+  Status run_all(const kvsift::cuda::Exec& exec, Workspace workspace = {}) {
+    const HardKumaOptions o;
+    const PhiloxStream draw{3, 4};
+    RoleExtractionOptions ro;
+    ro.selection = RoleSelection::kTopN;
+    ro.total_retrieval_heads = 32;
+    KVSIFT_TRY(kvsift::cuda::hardkuma_stats(exec, o, a.get(), b.get(), n, stats(), workspace));
+    KVSIFT_TRY(kvsift::cuda::hardkuma_sample(exec, o, a.get(), b.get(), n, draw, h.get(), k.get(), u.get(), workspace));
+    KVSIFT_TRY(kvsift::cuda::hardkuma_sample_backward(exec, o, a.get(), b.get(), n, draw, grad_h.get(), ga.get(),
+                                                      gb.get(), GradientWrite::kOverwrite, workspace));
+    KVSIFT_TRY(kvsift::cuda::gate_mix_forward(exec, shape, z.get(), dense.get(), sparse.get(), mixed.get(), workspace));
+    KVSIFT_TRY(kvsift::cuda::gate_mix_backward(exec, shape, z.get(), dense.get(), sparse.get(), grad_o.get(), gd.get(),
+                                               gs.get(), gz.get(), workspace));
+    KVSIFT_TRY(kvsift::cuda::lagrangian_update(exec, lag, lag_state.get(), f_density.get(), grad_scale.get(),
+                                               lag_step.get(), workspace));
+    ExpectedL0Outputs<double> penalty = l0();
+    KVSIFT_TRY(kvsift::cuda::hardkuma_expected_l0(exec, o, a.get(), b.get(), n, penalty, workspace));
+    KVSIFT_TRY(kvsift::cuda::adamw_step(exec, AdamWConfig{}, 0.01, 0, p.get(), ga.get(), m.get(), v.get(), n, workspace));
+    KVSIFT_TRY(kvsift::cuda::extract_head_roles(exec, ro, p.get(), b.get(), layers, kv_heads, roles.get(), scores.get(),
+                                                workspace));
+    sync_and_check();
+    return Status();
+  }
+
+  // Every output, as bytes.
+  std::vector<std::vector<unsigned char>> results() const {
+    std::vector<std::vector<unsigned char>> r;
+    auto add = [&r](const auto& buffer) {
+      const auto host = buffer.download();
+      const auto* bytes = reinterpret_cast<const unsigned char*>(host.data());
+      r.emplace_back(bytes, bytes + host.size() * sizeof(host[0]));
+    };
+    for (const DeviceBuffer<double>* d : {&h, &k, &u, &ga, &gb, &p, &m, &v, &scores, &sum, &density}) add(*d);
+    for (const DeviceBuffer<float>* d : {&mixed, &gd, &gs, &gz, &grad_scale}) add(*d);
+    add(roles);
+    add(lag_step);
+    return r;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("every gate op's workspace query reports 0 bytes on cuda::Exec, with or without device facts") {
+  DeviceGateOps ops;
+  for (const kvsift::cuda::Exec& exec : {kvsift::cuda::Exec{}, kvsift::cuda::Exec::for_current_device()}) {
+    const std::vector<long long> sizes = ops.query_all(exec);
+    CHECK(sizes.size() == 9);
+    for (std::size_t i = 0; i < sizes.size(); ++i) {
+      CAPTURE(i);
+      CHECK(sizes[i] == 0);
+    }
+  }
+}
+
+TEST_CASE("the gate ops need no device facts: a default cuda::Exec, one from for_current_device on a stream, "
+          "and a passed workspace give the same bits") {
+  kvsift::cuda::Exec no_facts;
+  CHECK(no_facts.device.num_sms == 0);  // nothing filled: the ops must not need it
+  cudaStream_t stream;
+  KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
+  const kvsift::cuda::Exec with_facts = kvsift::cuda::Exec::for_current_device(stream);
+  CHECK(with_facts.device.num_sms > 0);
+  DeviceBuffer<unsigned char> scratch(1024);  // cudaMalloc: 256-byte aligned
+
+  DeviceGateOps plain, on_stream, with_workspace;
+  const Status s_plain = plain.run_all(no_facts);
+  CHECK_MESSAGE(s_plain.ok(), s_plain.message());
+  const Status s_stream = on_stream.run_all(with_facts);
+  CHECK_MESSAGE(s_stream.ok(), s_stream.message());
+  const Status s_ws = with_workspace.run_all(with_facts, Workspace{scratch.get(), scratch.size()});
+  CHECK_MESSAGE(s_ws.ok(), s_ws.message());
+  const auto want = plain.results();
+  const auto got_stream = on_stream.results(), got_ws = with_workspace.results();
+  REQUIRE(got_stream.size() == want.size());
+  REQUIRE(got_ws.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got_stream[i] == want[i]);
+    CHECK(got_ws[i] == want[i]);
+  }
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
 }

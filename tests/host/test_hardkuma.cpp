@@ -1,7 +1,7 @@
-// HardKuma gates on the host: Philox known answers, the test vectors of specs/hardkuma.md §11,
+// HardKuma gates on the host: Philox known answers, the test vectors of docs/algorithms/hardkuma.md §11,
 // identities, round trips, gradients against central differences, Monte Carlo checks of the closed
-// forms, bad input, output mixing, the Lagrangian on a toy problem, AdamW, role extraction and the
-// roles file.
+// forms, bad input, output mixing, the Lagrangian on a toy problem, AdamW, role extraction, the
+// roles file, and the one op shape (workspace queries, an Exec without device facts).
 
 #include <doctest/doctest.h>
 
@@ -45,7 +45,7 @@ const std::vector<double> kShapes = {1e-6, 1e-3, 0.05, 0.3, 0.7, 1.0, 1.3, 2.0, 
 struct SpecRow {
   double a, b, p0, p1, pmid, l0, kuma_mean, mean;
 };
-// specs/hardkuma.md §11.2, l = -0.1, r = 1.1.
+// docs/algorithms/hardkuma.md §11.2, l = -0.1, r = 1.1.
 const SpecRow kSpecTable[] = {
     {1, 1, 0.083333, 0.083333, 0.833333, 0.916667, 0.500000, 0.500000},
     {0.5, 2, 0.494017, 0.001812, 0.504171, 0.505983, 0.166667, 0.134264},
@@ -102,9 +102,9 @@ TEST_CASE("philox uniforms lie strictly inside (0, 1) and differ across index, o
   check_close(sum2 / n - (sum / n) * (sum / n), 1.0 / 12, 0, 5e-3, "variance of uniforms");
 }
 
-// ---------------------------------------------------------------- spec test vectors
+// ---------------------------------------------------------------- test vectors (docs/algorithms/hardkuma.md §11)
 
-TEST_CASE("spec §11.2: probabilities and means of the six (a, b) rows, double, to 1e-6") {
+TEST_CASE("HardKuma test vectors (§11.2): probabilities and means of the six (a, b) rows, double, to 1e-6") {
   const HardKumaSupport<double> s{-0.1, 1.1};
   check_close(s.c0(), 1.0 / 12, 0, 1e-15, "c0");
   check_close(s.c1(), 11.0 / 12, 0, 1e-15, "c1");
@@ -120,7 +120,7 @@ TEST_CASE("spec §11.2: probabilities and means of the six (a, b) rows, double, 
   }
 }
 
-TEST_CASE("spec §11.2 through the batched host op, float and double, default (reference) clamps") {
+TEST_CASE("HardKuma test vectors (§11.2) through the batched host op, float and double, default (reference) clamps") {
   const int n = int(sizeof kSpecTable / sizeof kSpecTable[0]);
   auto run = [&](auto zero, double tol) {
     using T = decltype(zero);
@@ -151,7 +151,7 @@ TEST_CASE("spec §11.2 through the batched host op, float and double, default (r
   run(0.0f, 1.5e-6);  // the table is rounded to 1e-6; float adds a few ulps of 1
 }
 
-TEST_CASE("spec §11.1: the reparameterised sample a=1.3, b=0.7, u=0.3 and its gradient") {
+TEST_CASE("HardKuma test vector §11.1: the reparameterised sample a=1.3, b=0.7, u=0.3 and its gradient") {
   const HardKumaSupport<double> s{-0.1, 1.1};
   const HardKumaDraw<double> d = hardkuma_reparameterize(0.3, 1.3, 0.7, s);
   check_close(d.k, 0.4934519, 0, 1e-6, "k");
@@ -265,7 +265,7 @@ TEST_CASE("E[K] and E[h] closed forms against quadrature, including the clamp bo
       CHECK(hardkuma_mean(float(a), float(b), HardKumaSupport<float>{}) ==
             doctest::Approx(hardkuma_mean(a, b, s)).epsilon(1e-6));
     }
-  // Symmetric support: E[K] > 0.5 iff E[h] > 0.5 (spec §5).
+  // Symmetric support: E[K] > 0.5 iff E[h] > 0.5 (docs/algorithms/hardkuma.md §5).
   for (double a : kShapes)
     for (double b : kShapes)
       if (std::fabs(kumaraswamy_mean(a, b) - 0.5) > 1e-9)  // not at the a = b = 1 tie
@@ -885,4 +885,175 @@ TEST_CASE("roles file: malformed files give a clear error") {
   CHECK(error("kvsift-head-roles v1 layers=0 kv_heads=3\n").find("must be > 0") != std::string::npos);
   CHECK(error(header + "RSR\nRSR\n", 32, 3).find("the model has 32 layers") != std::string::npos);
   CHECK(error(header + "RSR\nRSR\n", 2, 8).find("the model has 8 KV heads") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- the op shape
+
+// Every gate op with its workspace query, called the same way; `exec` is any host::Exec.
+struct GateOpFixture {
+  static constexpr int layers = 3, kv_heads = 4, n = layers * kv_heads;
+  std::vector<double> a, b, grad_h, h, k, u, ga, gb, p, m, v, scores;
+  std::vector<std::uint8_t> roles;
+  std::vector<float> z, dense, sparse, grad_o, mixed, gd, gs, gz;
+  double sum = 0, density = 0;
+  float f_density = 0.3f, grad_scale = 0.f;
+  GateMixShape shape;
+  LagrangianConfig lag = LagrangianConfig::lycheedecode(0.25);
+  LagrangianState lag_state = lagrangian_initial_state(lag);
+  LagrangianStep lag_step;
+
+  GateOpFixture()
+      : a(n), b(n), grad_h(n), h(n), k(n), u(n), ga(n), gb(n), p(n, 1.0), m(n), v(n), scores(n), roles(n) {
+    for (int i = 0; i < n; ++i) {
+      a[i] = 0.3 + 0.4 * i;
+      b[i] = 2.0 - 0.1 * i;
+      grad_h[i] = 0.5 - 0.05 * i;
+    }
+    shape.tokens = 3;
+    shape.q_heads = 4;
+    shape.kv_heads = 2;
+    shape.head_dim = 8;
+    const std::size_t size = 3 * 4 * 8;
+    z = {0.25f, 0.75f};
+    dense.assign(size, 1.5f);
+    sparse.assign(size, -0.5f);
+    grad_o.assign(size, 0.125f);
+    mixed.assign(size, 0.f);
+    gd.assign(size, 0.f);
+    gs.assign(size, 0.f);
+    gz.assign(2, 0.f);
+  }
+  GateStatsOutputs<double> stats() { return GateStatsOutputs<double>{h.data(), nullptr, nullptr, k.data()}; }
+  ExpectedL0Outputs<double> l0() {
+    ExpectedL0Outputs<double> out;
+    out.sum = &sum;
+    out.density = &density;
+    out.grad_a = ga.data();
+    out.grad_b = gb.data();
+    return out;
+  }
+
+  // Each query's reported size, in op order; -1 where a query failed.
+  template <class Exec>
+  std::vector<long long> query_all(const Exec& exec) {
+    const HardKumaOptions o;
+    const RoleExtractionOptions ro;
+    const PhiloxStream draw{1, 2};
+    std::vector<long long> sizes;
+    // Each query starts from a nonzero size, so one that does not write it fails the check.
+    auto ask = [&](auto query) {
+      std::size_t bytes = 12345;
+      const Status s = query(&bytes);
+      sizes.push_back(s.ok() ? (long long)bytes : -1);
+    };
+    ask([&](std::size_t* bytes) {
+      return hardkuma_stats_workspace_bytes(exec, o, a.data(), b.data(), n, stats(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return hardkuma_sample_workspace_bytes(exec, o, a.data(), b.data(), n, draw, h.data(), k.data(), nullptr, bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return hardkuma_sample_backward_workspace_bytes(exec, o, a.data(), b.data(), n, draw, grad_h.data(), ga.data(),
+                                                      gb.data(), GradientWrite::kOverwrite, bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return hardkuma_expected_l0_workspace_bytes(exec, o, a.data(), b.data(), n, l0(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return gate_mix_forward_workspace_bytes(exec, shape, z.data(), dense.data(), sparse.data(), mixed.data(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return gate_mix_backward_workspace_bytes(exec, shape, z.data(), dense.data(), sparse.data(), grad_o.data(),
+                                               gd.data(), gs.data(), gz.data(), bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return adamw_step_workspace_bytes(exec, AdamWConfig{}, 0.01, 0, p.data(), ga.data(), m.data(), v.data(), n, bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return lagrangian_update_workspace_bytes(exec, lag, &lag_state, &f_density, &grad_scale, &lag_step, bytes);
+    });
+    ask([&](std::size_t* bytes) {
+      return extract_head_roles_workspace_bytes(exec, ro, a.data(), b.data(), layers, kv_heads, roles.data(), nullptr,
+                                                bytes);
+    });
+    return sizes;
+  }
+
+  // Runs every op with `workspace`; the first failing op's Status, or ok.
+  Status run_all(const host::Exec& exec, Workspace workspace = {}) {
+    const HardKumaOptions o;
+    const PhiloxStream draw{1, 2};
+    KVSIFT_TRY(host::hardkuma_stats(exec, o, a.data(), b.data(), n, stats(), workspace));
+    KVSIFT_TRY(host::hardkuma_sample(exec, o, a.data(), b.data(), n, draw, h.data(), k.data(), u.data(), workspace));
+    KVSIFT_TRY(host::hardkuma_sample_backward(exec, o, a.data(), b.data(), n, draw, grad_h.data(), ga.data(), gb.data(),
+                                              GradientWrite::kOverwrite, workspace));
+    KVSIFT_TRY(host::hardkuma_expected_l0(exec, o, a.data(), b.data(), n, l0(), workspace));
+    KVSIFT_TRY(host::gate_mix_forward(exec, shape, z.data(), dense.data(), sparse.data(), mixed.data(), workspace));
+    KVSIFT_TRY(host::gate_mix_backward(exec, shape, z.data(), dense.data(), sparse.data(), grad_o.data(), gd.data(),
+                                       gs.data(), gz.data(), workspace));
+    KVSIFT_TRY(host::adamw_step(exec, AdamWConfig{}, 0.01, 0, p.data(), ga.data(), m.data(), v.data(), n, workspace));
+    KVSIFT_TRY(host::lagrangian_update(exec, lag, &lag_state, &f_density, &grad_scale, &lag_step, workspace));
+    KVSIFT_TRY(host::extract_head_roles(exec, RoleExtractionOptions{}, a.data(), b.data(), layers, kv_heads,
+                                        roles.data(), scores.data(), workspace));
+    return Status();
+  }
+};
+
+TEST_CASE("every gate op's workspace query reports 0 bytes, and a null `bytes` is an error") {
+  GateOpFixture f;
+  const std::vector<long long> sizes = f.query_all(cpu);
+  CHECK(sizes.size() == 9);
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    CAPTURE(i);
+    CHECK(sizes[i] == 0);
+  }
+  const Status s = hardkuma_stats_workspace_bytes(cpu, HardKumaOptions{}, f.a.data(), f.b.data(), f.n, f.stats(),
+                                                  static_cast<std::size_t*>(nullptr));
+  CHECK(s.code() == StatusCode::kNullPointer);
+  CHECK(s.message().find("bytes") != std::string::npos);
+}
+
+TEST_CASE("the gate ops need no device facts and no workspace: an Exec with zero facts and a passed workspace "
+          "give the same bits") {
+  GateOpFixture with_facts, without_facts, with_workspace;
+  host::Exec no_facts;
+  no_facts.device = DeviceFacts{};  // what an Exec made without a device holds
+  REQUIRE(with_facts.run_all(cpu).ok());
+  REQUIRE(without_facts.run_all(no_facts).ok());
+  alignas(256) static unsigned char scratch[1024];
+  REQUIRE(with_workspace.run_all(cpu, Workspace{scratch, sizeof scratch}).ok());
+  for (GateOpFixture* g : {&without_facts, &with_workspace}) {
+    CHECK(g->h == with_facts.h);
+    CHECK(g->k == with_facts.k);
+    CHECK(g->u == with_facts.u);
+    CHECK(g->ga == with_facts.ga);
+    CHECK(g->gb == with_facts.gb);
+    CHECK(g->p == with_facts.p);
+    CHECK(g->mixed == with_facts.mixed);
+    CHECK(g->gz == with_facts.gz);
+    CHECK(g->roles == with_facts.roles);
+    CHECK(g->scores == with_facts.scores);
+    CHECK(g->density == with_facts.density);
+    CHECK(g->grad_scale == with_facts.grad_scale);
+  }
+}
+
+TEST_CASE("lycheedecode_roles_from_hardkuma packs extract_head_roles into HeadRoles") {
+  const int layers = 3, kv_heads = 4, n = 12;
+  const std::vector<double> a = {0.1, 0.1, 0.1, 0.1, 3.0, 1.0, 0.5, 2.0, 0.5, 9.0, 2.0, 0.5};
+  const std::vector<double> b(n, 1.0);
+  std::vector<std::uint8_t> roles(n);
+  REQUIRE(host::extract_head_roles(cpu, RoleExtractionOptions{}, a.data(), b.data(), layers, kv_heads, roles.data())
+              .ok());
+  HeadRoles table;
+  REQUIRE(lycheedecode_roles_from_hardkuma(a.data(), b.data(), layers, kv_heads, RoleExtractionOptions{}, &table).ok());
+  CHECK(table.layers == layers);
+  CHECK(table.kv_heads == kv_heads);
+  for (int l = 0; l < layers; ++l)
+    for (int h = 0; h < kv_heads; ++h) CHECK(table.is_retrieval(l, h) == (roles[std::size_t(l * kv_heads + h)] == 1));
+  RoleExtractionOptions no_force;
+  no_force.force_layer0 = false;
+  CHECK(lycheedecode_roles_from_hardkuma(a.data(), b.data(), layers, kv_heads, no_force, &table)
+            .message()
+            .find("force_layer0") != std::string::npos);
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Output mixing for gate training (specs/lycheedecode.md §6.2): in each layer l >= 1 the student's
-// attention output of query head h is
+// Output mixing for gate training (docs/algorithms/hardkuma.md §10.2): in each layer l >= 1 the
+// student's attention output of query head h is
 //
 //   O[t, h, :] = z[h / G] * O_dense[t, h, :] + (1 - z[h / G]) * O_sparse[t, h, :]
 //
@@ -15,12 +15,18 @@
 // half_t or bfloat16_t (CUDA: also __half / __nv_bfloat16); z and dL/dz are float. Arithmetic in
 // float, and the mix is evaluated as fma(z, dense - sparse, sparse) on both backends so they agree
 // bitwise.
+//
+// This header is the contract: the shape, validation, the mix formula and the workspace queries. The
+// host reference is in gate_mixing_reference.hpp, the CUDA ops in gate_mixing.cuh. Both ops have the
+// one shape (const Exec& first, a trailing Workspace); they need no workspace (the queries report 0)
+// and no device facts.
 
+#include <cstddef>
 #include <cstdint>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
-#include "kvsift/core/dtype.hpp"
+#include "kvsift/core/config.hpp"
+#include "kvsift/gates/detail/no_workspace_bytes.hpp"
 #include "kvsift/gates/detail/scalar_math.hpp"
 
 namespace kvsift {
@@ -51,61 +57,52 @@ inline Status validate_gate_mix_shape(const GateMixShape& s) {
   return Status();
 }
 
-KVSIFT_HD inline float mix_value(float z, float dense, float sparse) { return gm::fma(z, dense - sparse, sparse); }
-
-}  // namespace detail
-
-namespace host {
-
+// What gate_mix_forward checks on both backends; no pointer is needed when there are no tokens.
 template <class T>
-Status gate_mix_forward(Exec, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse, T* o) {
-  KVSIFT_TRY(detail::validate_gate_mix_shape(shape));
-  if (shape.tokens == 0) return Status();
+Status validate_gate_mix_forward(const GateMixShape& s, const float* z, const T* o_dense, const T* o_sparse,
+                                 const T* o) {
+  KVSIFT_TRY(validate_gate_mix_shape(s));
+  if (s.tokens == 0) return Status();
   KVSIFT_REQUIRE_NOT_NULL(z, "z");
   KVSIFT_REQUIRE_NOT_NULL(o_dense, "o_dense");
   KVSIFT_REQUIRE_NOT_NULL(o_sparse, "o_sparse");
   KVSIFT_REQUIRE_NOT_NULL(o, "o");
-  for (std::int64_t t = 0; t < shape.tokens; ++t)
-    for (int h = 0; h < shape.q_heads; ++h) {
-      const float zj = z[h / shape.group_size()];
-      for (int d = 0; d < shape.head_dim; ++d) {
-        const std::int64_t i = shape.offset(t, h, d);
-        o[i] = from_float<T>(detail::mix_value(zj, to_float(o_dense[i]), to_float(o_sparse[i])));
-      }
-    }
   return Status();
 }
 
-// Any of grad_dense, grad_sparse (same layout as O) and grad_z ([kv_heads], overwritten) may be null.
+// What gate_mix_backward checks on both backends: z and grad_o when there are tokens, and the two
+// outputs whose difference dL/dz needs when grad_z is asked for.
 template <class T>
-Status gate_mix_backward(Exec, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse,
-                         const T* grad_o, T* grad_dense, T* grad_sparse, float* grad_z) {
-  KVSIFT_TRY(detail::validate_gate_mix_shape(shape));
-  if (grad_z)
-    for (int j = 0; j < shape.kv_heads; ++j) grad_z[j] = 0.f;
-  if (shape.tokens == 0) return Status();
+Status validate_gate_mix_backward(const GateMixShape& s, const float* z, const T* o_dense, const T* o_sparse,
+                                  const T* grad_o, const float* grad_z) {
+  KVSIFT_TRY(validate_gate_mix_shape(s));
+  if (s.tokens == 0) return Status();
   KVSIFT_REQUIRE_NOT_NULL(z, "z");
   KVSIFT_REQUIRE_NOT_NULL(grad_o, "grad_o");
   if (grad_z) {
     KVSIFT_REQUIRE_NOT_NULL(o_dense, "o_dense");
     KVSIFT_REQUIRE_NOT_NULL(o_sparse, "o_sparse");
   }
-  const int g = shape.group_size();
-  for (int j = 0; j < shape.kv_heads; ++j) {
-    double dz = 0.0;
-    for (std::int64_t t = 0; t < shape.tokens; ++t)
-      for (int h = j * g; h < (j + 1) * g; ++h)
-        for (int d = 0; d < shape.head_dim; ++d) {
-          const std::int64_t i = shape.offset(t, h, d);
-          const float go = to_float(grad_o[i]);
-          if (grad_dense) grad_dense[i] = from_float<T>(z[j] * go);
-          if (grad_sparse) grad_sparse[i] = from_float<T>((1.f - z[j]) * go);
-          if (grad_z) dz += double(go) * double(to_float(o_dense[i]) - to_float(o_sparse[i]));
-        }
-    if (grad_z) grad_z[j] = float(dz);
-  }
   return Status();
 }
 
-}  // namespace host
+KVSIFT_HD inline float mix_value(float z, float dense, float sparse) { return gm::fma(z, dense - sparse, sparse); }
+
+}  // namespace detail
+
+// ---- Workspace queries (both backends; each reports 0) ----
+
+template <class T, class Exec>
+Status gate_mix_forward_workspace_bytes(const Exec&, const GateMixShape&, const float* /*z*/, const T* /*o_dense*/,
+                                        const T* /*o_sparse*/, T* /*o*/, std::size_t* bytes) {
+  return detail::no_workspace_bytes(bytes);
+}
+
+template <class T, class Exec>
+Status gate_mix_backward_workspace_bytes(const Exec&, const GateMixShape&, const float* /*z*/, const T* /*o_dense*/,
+                                         const T* /*o_sparse*/, const T* /*grad_o*/, T* /*grad_dense*/,
+                                         T* /*grad_sparse*/, float* /*grad_z*/, std::size_t* bytes) {
+  return detail::no_workspace_bytes(bytes);
+}
+
 }  // namespace kvsift

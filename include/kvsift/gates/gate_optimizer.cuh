@@ -1,10 +1,14 @@
 #pragma once
-// CUDA backend of the gate optimizer step (contract in gate_optimizer.hpp).
+// CUDA backend of the gate optimizer step (contract in gate_optimizer.hpp). Asynchronous on
+// exec.stream; the grid is sized from n alone, so the op needs neither the Exec's device facts nor a
+// workspace (one passed is ignored).
 
 #include <cstdint>
 
-#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/gates/detail/gate_launch.cuh"
 #include "kvsift/gates/gate_optimizer.hpp"
 
 namespace kvsift {
@@ -23,14 +27,11 @@ namespace cuda {
 // As host::adamw_step; params, grads, m and v are device memory. lr and step are launch arguments, so
 // a captured graph replays them unchanged: re-capture (or update the node) when the schedule moves.
 template <class T>
-Status adamw_step(Exec exec, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads, T* m,
-                  T* v, std::int64_t n) {
-  KVSIFT_TRY(detail::validate_adamw(config, lr, step));
-  KVSIFT_TRY(detail::validate_adamw_arrays(params, grads, m, v, n));
+Status adamw_step(const Exec& exec, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads,
+                  T* m, T* v, std::int64_t n, Workspace /*workspace: none needed*/ = {}) {
+  KVSIFT_TRY(detail::validate_adamw_step(config, lr, step, params, grads, m, v, n));
   if (n == 0) return Status();
-  constexpr int kThreads = 256;
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  detail::adamw_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), kThreads, 0, exec.stream>>>(
+  detail::adamw_kernel<<<detail::gate_blocks(n), detail::kGateThreads, 0, exec.stream>>>(
       detail::adamw_coefficients(config, lr, step), params, grads, m, v, n);
   KVSIFT_CHECK_LAUNCH();
   return Status();

@@ -1,6 +1,7 @@
 #pragma once
-// The optimizer LycheeDecode trains its gate parameters with (specs/lycheedecode.md §6.5), so a C++
-// training loop needs nothing else: AdamW with torch's update rule, and the warm-up/decay schedule
+// The optimizer LycheeDecode trains its gate parameters with (docs/algorithms/hardkuma.md §10.4), so
+// a C++ training loop needs nothing else: AdamW with torch's update rule, and the warm-up/decay
+// schedule
 //
 //   factor(s) = min(1, max((s + 1) / (N * f), floor), max((N - s) / (N * f), floor))
 //
@@ -13,12 +14,17 @@
 //   p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // The scalar factors are computed in double on the host; per element the update uses explicit fma,
 // so the host and CUDA backends agree bitwise.
+//
+// This header is the contract: the config, the schedule, the update rule and the workspace query. The
+// host reference is in gate_optimizer_reference.hpp, the CUDA op in gate_optimizer.cuh; adamw_step
+// has the one shape (const Exec& first, a trailing Workspace) and needs no workspace and no device facts.
 
+#include <cstddef>
 #include <cstdint>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
+#include "kvsift/gates/detail/no_workspace_bytes.hpp"
 #include "kvsift/gates/detail/scalar_math.hpp"
 
 namespace kvsift {
@@ -101,21 +107,22 @@ Status validate_adamw_arrays(T* params, const T* grads, T* m, T* v, std::int64_t
   return Status();
 }
 
-}  // namespace detail
-
-namespace host {
-
-// One AdamW update of params[n] with grads[n]; m (exp_avg) and v (exp_avg_sq) start at zero and are
-// the optimizer's state. lr is the scheduled rate (config.lr * warmup_decay_lr_factor(step, N)).
+// What adamw_step checks on both backends.
 template <class T>
-Status adamw_step(Exec, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads, T* m, T* v,
-                  std::int64_t n) {
-  KVSIFT_TRY(detail::validate_adamw(config, lr, step));
-  KVSIFT_TRY(detail::validate_adamw_arrays(params, grads, m, v, n));
-  const AdamWCoefficients k = detail::adamw_coefficients(config, lr, step);
-  for (std::int64_t i = 0; i < n; ++i) detail::adamw_element(k, params, grads, m, v, i);
-  return Status();
+Status validate_adamw_step(const AdamWConfig& c, double lr, std::int64_t step, T* params, const T* grads, T* m, T* v,
+                           std::int64_t n) {
+  KVSIFT_TRY(validate_adamw(c, lr, step));
+  return validate_adamw_arrays(params, grads, m, v, n);
 }
 
-}  // namespace host
+}  // namespace detail
+
+// ---- Workspace query (both backends; reports 0) ----
+
+template <class T, class Exec>
+Status adamw_step_workspace_bytes(const Exec&, const AdamWConfig&, double /*lr*/, std::int64_t /*step*/, T* /*params*/,
+                                  const T* /*grads*/, T* /*m*/, T* /*v*/, std::int64_t /*n*/, std::size_t* bytes) {
+  return detail::no_workspace_bytes(bytes);
+}
+
 }  // namespace kvsift

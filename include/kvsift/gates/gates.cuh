@@ -6,5 +6,5 @@
 #include "kvsift/gates/gate_mixing.cuh"
 #include "kvsift/gates/gate_optimizer.cuh"
 #include "kvsift/gates/hardkuma.cuh"
-#include "kvsift/gates/roles_from_gates.cuh"
 #include "kvsift/gates/lagrangian.cuh"
+#include "kvsift/gates/roles_from_gates.cuh"

@@ -1,6 +1,6 @@
 #pragma once
 // Scalar math of the stretched-and-rectified Kumaraswamy, HardKuma (Bastings et al. 2019; exact
-// formulas in specs/hardkuma.md §2-§5):
+// formulas in docs/algorithms/hardkuma.md §2-§5):
 //
 //   k ~ Kuma(a, b),   t = l + (r - l) k,   h = min(1, max(0, t)),   l < 0 < 1 < r
 //
@@ -8,7 +8,8 @@
 // c1 = (1 - l) / (r - l):  P(h=0) = F_K(c0),  P(h=1) = 1 - F_K(c1),  P(0<h<1) = F_K(c1) - F_K(c0).
 //
 // Functions here are unclamped, on host and device, in float or double; the reference clamps and the
-// batched ops are in hardkuma.hpp. Reverse-mode gradients are closed forms, no autodiff.
+// batched ops are in hardkuma.hpp (and gates/detail/hardkuma_gate.hpp). Reverse-mode gradients are
+// closed forms, no autodiff.
 
 #include "kvsift/core/config.hpp"
 #include "kvsift/gates/detail/incomplete_beta.hpp"
@@ -62,8 +63,9 @@ struct ShapeGradient {
   T db;
 };
 
-// Gradient of P(h = 0) (spec §3): dP0/da = b (1 - c0^a)^(b-1) c0^a ln c0 (< 0),
-// dP0/db = -(1 - c0^a)^b ln(1 - c0^a) (> 0). The expected L0 P(h != 0) has the negated gradient.
+// Gradient of P(h = 0) (docs/algorithms/hardkuma.md §3):
+// dP0/da = b (1 - c0^a)^(b-1) c0^a ln c0 (< 0), dP0/db = -(1 - c0^a)^b ln(1 - c0^a) (> 0).
+// The expected L0 P(h != 0) has the negated gradient.
 template <class T>
 KVSIFT_HD inline ShapeGradient<T> hardkuma_prob_zero_grad(T a, T b, HardKumaSupport<T> s) {
   const T log_c0 = detail::gm::log(s.c0());
@@ -107,7 +109,7 @@ KVSIFT_HD inline T hardkuma_log_prob(T x, T a, T b, HardKumaSupport<T> s) {
   return hardkuma_log_density(x, a, b, s);
 }
 
-// ---- Means (spec §5) ----
+// ---- Means (docs/algorithms/hardkuma.md §5) ----
 
 // E[h] = int_0^1 P(h > x) dx = (r - l)/a [B(c1^a; 1/a, b+1) - B(c0^a; 1/a, b+1)]
 //      = (r - l) E[K] [I(c1^a; 1/a, b+1) - I(c0^a; 1/a, b+1)]     (I regularised, E[K] = B(1/a, b+1)/a).
@@ -123,7 +125,7 @@ KVSIFT_HD inline T hardkuma_mean(T a, T b, HardKumaSupport<T> s) {
   return T((r - l) * kumaraswamy_mean(ad, bd) * (i1 - i0));
 }
 
-// ---- Reparameterised sampling (spec §4) ----
+// ---- Reparameterised sampling (docs/algorithms/hardkuma.md §4) ----
 
 template <class T>
 struct HardKumaDraw {

@@ -1,10 +1,12 @@
 #pragma once
-// CUDA form of the Lagrangian update (lagrangian.hpp): one thread, state and density in device
-// memory, so a training step that keeps everything on the GPU needs no host read and can be captured
-// in a CUDA graph.
+// CUDA form of the Lagrangian update op (contract and update rule in lagrangian.hpp): one thread,
+// state and density in device memory, so a training step that keeps everything on the GPU needs no
+// host read and can be captured in a CUDA graph. Needs no workspace (one passed is ignored) and no
+// device facts.
 
-#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/workspace.hpp"
 #include "kvsift/gates/lagrangian.hpp"
 
 namespace kvsift {
@@ -24,11 +26,9 @@ namespace cuda {
 
 // state, density, grad_scale and step point to device memory; grad_scale and step may be null.
 template <class T>
-Status lagrangian_update(Exec exec, const LagrangianConfig& config, LagrangianState* state, const T* density,
-                         T* grad_scale, LagrangianStep* step = nullptr) {
-  KVSIFT_TRY(validate(config));
-  KVSIFT_REQUIRE_NOT_NULL(state, "state");
-  KVSIFT_REQUIRE_NOT_NULL(density, "density");
+Status lagrangian_update(const Exec& exec, const LagrangianConfig& config, LagrangianState* state, const T* density,
+                         T* grad_scale, LagrangianStep* step = nullptr, Workspace /*workspace: none needed*/ = {}) {
+  KVSIFT_TRY(detail::validate_lagrangian_update(config, state, density));
   detail::lagrangian_update_kernel<<<1, 1, 0, exec.stream>>>(config, state, density, grad_scale, step);
   KVSIFT_CHECK_LAUNCH();
   return Status();

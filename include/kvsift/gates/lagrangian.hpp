@@ -1,7 +1,7 @@
 #pragma once
-// Lagrangian sparsity control of the gates' expected L0 density (specs/hardkuma.md §9; Rezende &
-// Viola 2018, Algorithm 1, as in the Bastings and LycheeDecode reference code). Per training step,
-// given the current density rho (hardkuma_expected_l0):
+// Lagrangian sparsity control of the gates' expected L0 density (docs/algorithms/hardkuma.md §9;
+// Rezende & Viola 2018, Algorithm 1, as in the Bastings and LycheeDecode reference code). Per training
+// step, given the current density rho (hardkuma_expected_l0):
 //
 //   c_hat  = rho - target                  (two-sided, Bastings)   or relu(rho - target) (one-sided, LycheeDecode)
 //   c_ma   = alpha c_ma + (1 - alpha) c_hat
@@ -14,12 +14,19 @@
 //
 // One-sided: c_hat >= 0, so lambda never decreases, and the penalty has no gradient once rho <= target
 // (relu's gradient at 0 is taken as 0, as torch does).
+//
+// This header is the contract: config, state, the update rule (a scalar function, callable on host and
+// device), validation and the workspace query of the op. The op form, which reads the density from
+// and writes grad_scale to the backend's memory, is in lagrangian_reference.hpp (host) and
+// lagrangian.cuh (CUDA, one thread, graph-capturable); it has the one shape (const Exec& first, a
+// trailing Workspace) and needs no workspace and no device facts.
 
+#include <cstddef>
 #include <cstdint>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
+#include "kvsift/gates/detail/no_workspace_bytes.hpp"
 #include "kvsift/gates/detail/scalar_math.hpp"
 
 namespace kvsift {
@@ -84,6 +91,19 @@ inline Status validate(const LagrangianConfig& c) {
   return Status();
 }
 
+namespace detail {
+
+// What the lagrangian_update op checks on both backends.
+template <class T>
+Status validate_lagrangian_update(const LagrangianConfig& c, const LagrangianState* state, const T* density) {
+  KVSIFT_TRY(validate(c));
+  KVSIFT_REQUIRE_NOT_NULL(state, "state");
+  KVSIFT_REQUIRE_NOT_NULL(density, "density");
+  return Status();
+}
+
+}  // namespace detail
+
 inline LagrangianState lagrangian_initial_state(const LagrangianConfig& c) {
   LagrangianState s;
   s.lambda = c.lambda_init;
@@ -114,21 +134,13 @@ KVSIFT_HD inline LagrangianStep lagrangian_update(const LagrangianConfig& c, Lag
   return out;
 }
 
-namespace host {
+// ---- Workspace query (both backends; reports 0) ----
 
-// Backend-shaped form for loops written once over host::Exec / cuda::Exec: reads the density from
-// the backend's memory and writes grad_scale (and, if non-null, the step report) there.
-template <class T>
-Status lagrangian_update(Exec, const LagrangianConfig& config, LagrangianState* state, const T* density, T* grad_scale,
-                         LagrangianStep* step = nullptr) {
-  KVSIFT_TRY(validate(config));
-  KVSIFT_REQUIRE_NOT_NULL(state, "state");
-  KVSIFT_REQUIRE_NOT_NULL(density, "density");
-  const LagrangianStep r = kvsift::lagrangian_update(config, state, double(*density));
-  if (grad_scale) *grad_scale = T(r.grad_scale);
-  if (step) *step = r;
-  return Status();
+template <class T, class Exec>
+Status lagrangian_update_workspace_bytes(const Exec&, const LagrangianConfig&, LagrangianState* /*state*/,
+                                         const T* /*density*/, T* /*grad_scale*/, LagrangianStep* /*step*/,
+                                         std::size_t* bytes) {
+  return detail::no_workspace_bytes(bytes);
 }
 
-}  // namespace host
 }  // namespace kvsift

@@ -1,15 +1,22 @@
 #pragma once
-// CUDA backend of head-role extraction (contract in head_roles.hpp): one thread per gate, same code
-// as the host, so roles agree unless a score sits within an ulp of the threshold or of another score.
+// CUDA backend of head-role extraction (contract in roles_from_gates.hpp): one thread per gate, same
+// code as the host (gates/detail/role_ranking.hpp), so roles agree unless a score sits within an ulp
+// of the threshold or of another score. Asynchronous on exec.stream; needs no workspace (one passed is
+// ignored) and no device facts.
 
 #include <cstdint>
 
-#include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/gates/detail/gate_launch.cuh"
+#include "kvsift/gates/detail/role_ranking.hpp"
 #include "kvsift/gates/roles_from_gates.hpp"
 
 namespace kvsift {
 namespace detail {
+
+inline constexpr int kRoleThreads = 128;
 
 template <class T>
 __global__ void extract_head_roles_kernel(RoleExtractionOptions o, const T* a, const T* b, int layers, int kv_heads,
@@ -25,17 +32,15 @@ __global__ void extract_head_roles_kernel(RoleExtractionOptions o, const T* a, c
 
 namespace cuda {
 
+// As host::extract_head_roles; a, b, roles and scores are device memory.
 template <class T>
-Status extract_head_roles(Exec exec, const RoleExtractionOptions& options, const T* a, const T* b, int layers,
-                          int kv_heads, std::uint8_t* roles, detail::non_deduced<T>* scores = nullptr) {
-  KVSIFT_TRY(detail::validate_role_extraction(options, layers, kv_heads));
+Status extract_head_roles(const Exec& exec, const RoleExtractionOptions& options, const T* a, const T* b, int layers,
+                          int kv_heads, std::uint8_t* roles, detail::non_deduced<T>* scores = nullptr,
+                          Workspace /*workspace: none needed*/ = {}) {
+  KVSIFT_TRY(detail::validate_extract_head_roles(options, a, b, layers, kv_heads, roles));
   const std::int64_t n = std::int64_t(layers) * kv_heads;
-  KVSIFT_TRY(detail::validate_gate_arrays(options.gate, a, b, n));
-  KVSIFT_REQUIRE_NOT_NULL(roles, "roles");
-  constexpr int kThreads = 128;
-  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
-  detail::extract_head_roles_kernel<<<unsigned(blocks < 4096 ? blocks : 4096), kThreads, 0, exec.stream>>>(
-      options, a, b, layers, kv_heads, roles, scores);
+  detail::extract_head_roles_kernel<<<detail::gate_blocks(n, detail::kRoleThreads), detail::kRoleThreads, 0,
+                                      exec.stream>>>(options, a, b, layers, kv_heads, roles, scores);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }
