@@ -54,7 +54,7 @@ KVSIFT_HD inline std::uint32_t float_to_bits(float f) {
 #endif
 }
 
-// bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even.
+/// bfloat16 is the top half of a float: widening is a shift; narrowing rounds to nearest even.
 KVSIFT_HD inline float bf16_bits_to_float(std::uint16_t b) { return bits_to_float(std::uint32_t(b) << 16); }
 KVSIFT_HD inline std::uint16_t float_to_bf16_bits(float f) {
   std::uint32_t u = float_to_bits(f);
@@ -63,7 +63,7 @@ KVSIFT_HD inline std::uint16_t float_to_bf16_bits(float f) {
   return std::uint16_t(u >> 16);
 }
 
-// IEEE binary16 conversions in software for the host; device code uses the hardware instructions.
+/// IEEE binary16 conversions in software for the host; device code uses the hardware instructions.
 KVSIFT_HD inline float half_bits_to_float(std::uint16_t h) {
 #if defined(__CUDA_ARCH__)
   float f;
@@ -119,9 +119,9 @@ KVSIFT_HD inline std::uint16_t float_to_half_bits(float f) {
 
 }  // namespace detail
 
-// dtype_traits<T>: the value type's name, its DType tag, the accumulator type, and conversions.
+/// dtype_traits<T>: the value type's name, its DType tag, the accumulator type, and conversions.
 template <class T, class Enable = void>
-struct dtype_traits;  // not defined: an unsupported element type fails at compile time
+struct dtype_traits;  ///< not defined: an unsupported element type fails at compile time
 
 template <>
 struct dtype_traits<float> {
@@ -150,7 +150,7 @@ struct dtype_traits<bfloat16_t> {
   KVSIFT_HD static bfloat16_t from_float(float x) { return bfloat16_t{detail::float_to_bf16_bits(x)}; }
 };
 
-// The traits of const T are those of T, so views over const data work unchanged.
+/// The traits of const T are those of T, so views over const data work unchanged.
 template <class T>
 struct dtype_traits<const T> : dtype_traits<T> {};
 

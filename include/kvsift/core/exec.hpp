@@ -27,13 +27,13 @@
 
 namespace kvsift {
 
-// What a launch plan may depend on. Zero means "unknown": an op whose plan needs a fact rejects an
-// Exec that lacks it rather than guessing.
+/// What a launch plan may depend on. Zero means "unknown": an op whose plan needs a fact rejects an
+/// Exec that lacks it rather than guessing.
 struct DeviceFacts {
-  int num_sms = 0;                  // streaming multiprocessors (132 on an H200, 114 on an H100 PCIe)
-  std::size_t max_smem_optin = 0;   // bytes of shared memory a block may opt in to
-  bool clusters = false;            // thread-block clusters with distributed shared memory (sm_90+)
-  int cc_major = 0, cc_minor = 0;   // compute capability
+  int num_sms = 0;                  ///< streaming multiprocessors (132 on an H200, 114 on an H100 PCIe)
+  std::size_t max_smem_optin = 0;   ///< bytes of shared memory a block may opt in to
+  bool clusters = false;            ///< thread-block clusters with distributed shared memory (sm_90+)
+  int cc_major = 0, cc_minor = 0;   ///< compute capability
 
   Status validate(const char* who) const {
     KVSIFT_REQUIRE(num_sms > 0, kInvalidArgument, who, ": exec.device.num_sms = ", num_sms,
@@ -44,16 +44,16 @@ struct DeviceFacts {
 
 namespace host {
 
-// The host reference backend. Its facts describe one sequential "SM" so that code which sizes work
-// from them stays meaningful; the reference ops need no workspace.
+/// The host reference backend. Its facts describe one sequential "SM" so that code which sizes work
+/// from them stays meaningful; the reference ops need no workspace.
 struct Exec {
   DeviceFacts device{1, std::size_t(1) << 30, false, 0, 0};
 
   static Exec for_current_device() { return Exec{}; }
 };
 
-// Copy `bytes` of backend memory to the host and wait for it. A synchronisation point: for offline
-// procedures (calibration, reports), never for the decode hot path.
+/// Copy `bytes` of backend memory to the host and wait for it. A synchronisation point: for offline
+/// procedures (calibration, reports), never for the decode hot path.
 inline Status read_to_host(const Exec&, void* host_dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(host_dst, src, bytes);
   return Status();

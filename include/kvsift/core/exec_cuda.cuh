@@ -12,7 +12,7 @@
 namespace kvsift {
 namespace cuda {
 
-// Reads the facts of `device` from the driver. The one place kvsift asks the driver about a GPU.
+/// Reads the facts of `device` from the driver. The one place kvsift asks the driver about a GPU.
 inline Status query_device_facts(int device, DeviceFacts* facts) {
   KVSIFT_REQUIRE_NOT_NULL(facts, "facts");
   int sms = 0, smem = 0, major = 0, minor = 0;
@@ -32,8 +32,8 @@ struct Exec {
   cudaStream_t stream = nullptr;
   DeviceFacts device;
 
-  // The current device's facts and `stream`. Without a usable device the facts stay zero, and every op
-  // whose plan needs them returns a Status saying so (an Exec is made once, outside the hot path).
+  /// The current device's facts and `stream`. Without a usable device the facts stay zero, and every op
+  /// whose plan needs them returns a Status saying so (an Exec is made once, outside the hot path).
   static Exec for_current_device(cudaStream_t stream = nullptr) {
     Exec e;
     e.stream = stream;
@@ -44,7 +44,7 @@ struct Exec {
     }
     return e;
   }
-  // The same Exec on another stream of the same device.
+  /// The same Exec on another stream of the same device.
   Exec on(cudaStream_t s) const {
     Exec e = *this;
     e.stream = s;
@@ -52,8 +52,8 @@ struct Exec {
   }
 };
 
-// Copy `bytes` of device memory to the host after the stream's pending work, and wait. A
-// synchronisation point: for offline procedures (calibration, reports), never for the decode hot path.
+/// Copy `bytes` of device memory to the host after the stream's pending work, and wait. A
+/// synchronisation point: for offline procedures (calibration, reports), never for the decode hot path.
 inline Status read_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return Status();
   KVSIFT_CUDA_TRY(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, exec.stream));

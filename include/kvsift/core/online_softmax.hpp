@@ -17,11 +17,11 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 struct SoftmaxState {
-  float m = -INFINITY;  // running max
-  float d = 0.f;        // sum of exp(x - m)
+  float m = -INFINITY;  ///< running max
+  float d = 0.f;        ///< sum of exp(x - m)
 
-  // Add one logit; returns the factor by which previously accumulated outputs must be rescaled, and
-  // writes the weight of this logit to *p.
+  /// Add one logit; returns the factor by which previously accumulated outputs must be rescaled, and
+  /// writes the weight of this logit to *p.
   KVSIFT_HD float push(float x, float* p) {
     const float m_new = fmaxf(m, x);
     const float scale = (m == -INFINITY) ? 0.f : expf(m - m_new);
@@ -32,7 +32,7 @@ struct SoftmaxState {
     return scale;
   }
 
-  // Merge another partial; returns the rescale factors for this and the other partial's outputs.
+  /// Merge another partial; returns the rescale factors for this and the other partial's outputs.
   KVSIFT_HD void merge(const SoftmaxState& o, float* scale_self, float* scale_other) {
     const float m_new = fmaxf(m, o.m);
     if (m_new == -INFINITY) {  // both empty
@@ -46,18 +46,18 @@ struct SoftmaxState {
     m = m_new;
   }
 
-  // log(sum exp(x)); -inf for an empty set.
+  /// log(sum exp(x)); -inf for an empty set.
   KVSIFT_HD float lse() const { return d > 0.f ? m + logf(d) : -INFINITY; }
-  // Normaliser for the output; 0 for an empty set, so an empty result is zeros, not NaN.
+  /// Normaliser for the output; 0 for an empty set, so an empty result is zeros, not NaN.
   KVSIFT_HD float inv_denominator() const { return d > 0.f ? 1.f / d : 0.f; }
 };
 
-// Weight of a partial with log-sum-exp `lse_i` in a merge whose total log-sum-exp is `lse_total`.
+/// Weight of a partial with log-sum-exp `lse_i` in a merge whose total log-sum-exp is `lse_total`.
 KVSIFT_HD inline float lse_merge_weight(float lse_i, float lse_total) {
   return lse_i == -INFINITY ? 0.f : expf(lse_i - lse_total);
 }
 
-// log(exp(a) + exp(b)), exact for -inf inputs.
+/// log(exp(a) + exp(b)), exact for -inf inputs.
 KVSIFT_HD inline float lse_add(float a, float b) {
   const float m = fmaxf(a, b);
   if (m == -INFINITY) return -INFINITY;

@@ -30,8 +30,8 @@ namespace detail {
 
 inline constexpr std::uint32_t kPhiloxM0 = 0xD2511F53u;
 inline constexpr std::uint32_t kPhiloxM1 = 0xCD9E8D57u;
-inline constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u;  // golden ratio
-inline constexpr std::uint32_t kPhiloxW1 = 0xBB67AE85u;  // sqrt(3) - 1
+inline constexpr std::uint32_t kPhiloxW0 = 0x9E3779B9u;  ///< golden ratio
+inline constexpr std::uint32_t kPhiloxW1 = 0xBB67AE85u;  ///< sqrt(3) - 1
 
 KVSIFT_HD inline std::uint32_t mul_hi_lo(std::uint32_t a, std::uint32_t b, std::uint32_t* hi) {
 #if defined(__CUDA_ARCH__)
@@ -53,7 +53,7 @@ KVSIFT_HD inline PhiloxBlock philox_round(PhiloxBlock c, PhiloxKey k) {
 
 }  // namespace detail
 
-// The raw generator: ten rounds with the key bumped (Weyl sequence) between rounds.
+/// The raw generator: ten rounds with the key bumped (Weyl sequence) between rounds.
 KVSIFT_HD inline PhiloxBlock philox4x32_10(PhiloxBlock counter, PhiloxKey key) {
 #if defined(__CUDA_ARCH__)
 #pragma unroll
@@ -68,10 +68,10 @@ KVSIFT_HD inline PhiloxBlock philox4x32_10(PhiloxBlock counter, PhiloxKey key) {
   return counter;
 }
 
-// Uniforms strictly inside (0, 1), symmetric about 1/2, exact on both backends: (m + 1/2) 2^-p with
-// p = 23 (float) or 52 (double) bits, so the largest value 1 - 2^-(p+1) is still representable below 1
-// (with p = 24 it would round up to 1). Integer-to-float conversion of p bits and a power-of-two
-// scaling are exact, so host and device produce identical values.
+/// Uniforms strictly inside (0, 1), symmetric about 1/2, exact on both backends: (m + 1/2) 2^-p with
+/// p = 23 (float) or 52 (double) bits, so the largest value 1 - 2^-(p+1) is still representable below 1
+/// (with p = 24 it would round up to 1). Integer-to-float conversion of p bits and a power-of-two
+/// scaling are exact, so host and device produce identical values.
 KVSIFT_HD inline float uniform_float_from_bits(std::uint32_t bits) {
   return (float(bits >> 9) + 0.5f) * (1.0f / 8388608.0f);  // 2^-23
 }
@@ -80,8 +80,8 @@ KVSIFT_HD inline double uniform_double_from_bits(std::uint32_t hi, std::uint32_t
   return (double(m) + 0.5) * (1.0 / 4503599627370496.0);          // 2^-52
 }
 
-// A named stream of random numbers: `seed` selects the stream, `offset` the draw within it (use the
-// training step), and the element index is supplied per call.
+/// A named stream of random numbers: `seed` selects the stream, `offset` the draw within it (use the
+/// training step), and the element index is supplied per call.
 struct PhiloxStream {
   std::uint64_t seed = 0;
   std::uint64_t offset = 0;
@@ -94,7 +94,7 @@ struct PhiloxStream {
   }
 };
 
-// Uniform in (0, 1) for element `index` of the stream, in float or double.
+/// Uniform in (0, 1) for element `index` of the stream, in float or double.
 template <class T>
 KVSIFT_HD inline T philox_uniform(const PhiloxStream& stream, std::uint64_t index);
 template <>

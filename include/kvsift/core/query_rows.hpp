@@ -19,8 +19,8 @@ template <class T>
 struct QueryRows {
   const T* data = nullptr;
   int num_heads = 0;
-  int capacity = 0;  // positions per sequence the tensor holds
-  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  // elements
+  int capacity = 0;  ///< positions per sequence the tensor holds
+  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< elements
 
   KVSIFT_HD const T* row(int b, int i, int h) const {
     return data + b * batch_stride + i * position_stride + h * head_stride;
@@ -30,12 +30,12 @@ struct QueryRows {
 template <class T>
 struct OutputRows {
   T* data = nullptr;
-  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  // elements
+  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< elements
 
   KVSIFT_HD T* row(int b, int i, int h) const { return data + b * batch_stride + i * position_stride + h * head_stride; }
 };
 
-// Rows of a dense [batch, positions, num_heads, head_dim] tensor (a Q projection's layout).
+/// Rows of a dense [batch, positions, num_heads, head_dim] tensor (a Q projection's layout).
 template <class T>
 QueryRows<T> make_query_rows(const T* data, int positions, int num_heads, int head_dim) {
   QueryRows<T> q;
@@ -57,11 +57,11 @@ OutputRows<T> make_output_rows(T* data, int positions, int num_heads, int head_d
 template <class T>
 struct QueryIO {
   QueryRows<T> q;
-  OutputRows<T> out;     // same shape as q
-  float* lse = nullptr;  // optional [batch, q_len, num_q_heads] (dense), natural log of the softmax sum
+  OutputRows<T> out;     ///< same shape as q
+  float* lse = nullptr;  ///< optional [batch, q_len, num_q_heads] (dense), natural log of the softmax sum
 };
 
-// q and out dense [batch, q_len, num_q_heads, head_dim]; lse optional.
+/// q and out dense [batch, q_len, num_q_heads, head_dim]; lse optional.
 template <class T>
 QueryIO<T> make_query_io(const T* q, T* out, int q_len, int num_q_heads, int head_dim, float* lse = nullptr) {
   return QueryIO<T>{make_query_rows(q, q_len, num_q_heads, head_dim), make_output_rows(out, q_len, num_q_heads, head_dim),

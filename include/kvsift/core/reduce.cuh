@@ -17,7 +17,7 @@ struct MaxOp {
   __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
 };
 
-// Butterfly reduction over `Width` consecutive lanes (a power of two <= 32); every lane gets the result.
+/// Butterfly reduction over `Width` consecutive lanes (a power of two <= 32); every lane gets the result.
 template <int Width = 32, class T, class Op>
 __device__ __forceinline__ T warp_allreduce(T v, Op op) {
   static_assert(Width > 0 && Width <= 32 && (Width & (Width - 1)) == 0, "Width must be a power of two <= 32");
@@ -30,9 +30,9 @@ __device__ __forceinline__ T warp_sum(T v) { return warp_allreduce<Width>(v, Sum
 template <int Width = 32, class T>
 __device__ __forceinline__ T warp_max(T v) { return warp_allreduce<Width>(v, MaxOp{}); }
 
-// Block-wide reduction whose result every thread receives. `Threads` is the block size.
-// Temp storage lives in shared memory declared by the caller:
-//   __shared__ typename BlockAllReduce<float, 256>::TempStorage tmp;
+/// Block-wide reduction whose result every thread receives. `Threads` is the block size.
+/// Temp storage lives in shared memory declared by the caller:
+///   __shared__ typename BlockAllReduce<float, 256>::TempStorage tmp;
 template <class T, int Threads>
 struct BlockAllReduce {
   using Reduce = cub::BlockReduce<T, Threads>;

@@ -11,12 +11,12 @@ namespace kvsift {
 
 enum class StatusCode : int {
   kOk = 0,
-  kInvalidArgument,    // a parameter is out of its documented range (the message names it)
-  kNullPointer,        // a required pointer is null
-  kMisaligned,         // a pointer or stride breaks an alignment the kernel needs
-  kUnsupported,        // a valid value this build or kernel does not handle (e.g. head_dim 96)
-  kInsufficientSpace,  // a caller buffer or workspace is smaller than required
-  kCudaError,          // the CUDA runtime reported an error (the message holds its name and text)
+  kInvalidArgument,    ///< a parameter is out of its documented range (the message names it)
+  kNullPointer,        ///< a required pointer is null
+  kMisaligned,         ///< a pointer or stride breaks an alignment the kernel needs
+  kUnsupported,        ///< a valid value this build or kernel does not handle (e.g. head_dim 96)
+  kInsufficientSpace,  ///< a caller buffer or workspace is smaller than required
+  kCudaError,          ///< the CUDA runtime reported an error (the message holds its name and text)
   kInternal,
 };
 
@@ -45,7 +45,7 @@ class Status {
   explicit operator bool() const { return ok(); }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
-  // "invalid argument: k = -1 must be >= 0"
+  /// "invalid argument: k = -1 must be >= 0"
   std::string to_string() const {
     return ok() ? std::string("ok") : std::string(kvsift::to_string(code_)) + ": " + message_;
   }
@@ -64,7 +64,7 @@ std::string concat(const Parts&... parts) {
 }
 }  // namespace detail
 
-// Builders used by validation code, so every message has the shape "<param> = <value> <why>".
+/// Builders used by validation code, so every message has the shape "<param> = <value> <why>".
 template <class... Parts>
 Status make_status(StatusCode code, const Parts&... parts) {
   return Status(code, detail::concat(parts...));

@@ -14,12 +14,12 @@ struct StridedView2D {
   T* data = nullptr;
   std::int64_t rows = 0;
   std::int64_t cols = 0;
-  std::int64_t row_stride = 0;  // in elements
+  std::int64_t row_stride = 0;  ///< in elements
 
   KVSIFT_HD T* row(std::int64_t r) const { return data + r * row_stride; }
   KVSIFT_HD T& operator()(std::int64_t r, std::int64_t c) const { return data[r * row_stride + c]; }
 
-  // Host-side check; `name` prefixes each message ("scores.row_stride = 3 ...").
+  /// Host-side check; `name` prefixes each message ("scores.row_stride = 3 ...").
   Status validate(const char* name) const {
     KVSIFT_REQUIRE(rows >= 0, kInvalidArgument, name, ".rows = ", rows, " must be >= 0");
     KVSIFT_REQUIRE(cols >= 0, kInvalidArgument, name, ".cols = ", cols, " must be >= 0");

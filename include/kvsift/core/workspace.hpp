@@ -19,9 +19,9 @@
 
 namespace kvsift {
 
-// Caller-owned scratch handed to an op: `bytes` of memory at `data`, in the backend's memory space,
-// 256-byte aligned. Size it with the op's <op>_workspace_bytes query; an op that needs none accepts
-// the empty default.
+/// Caller-owned scratch handed to an op: `bytes` of memory at `data`, in the backend's memory space,
+/// 256-byte aligned. Size it with the op's <op>_workspace_bytes query; an op that needs none accepts
+/// the empty default.
 struct Workspace {
   void* data = nullptr;
   std::size_t bytes = 0;
@@ -33,14 +33,14 @@ constexpr std::size_t align_up(std::size_t n, std::size_t a = kWorkspaceAlignmen
 
 class WorkspaceCarver {
  public:
-  // base == nullptr selects the sizing pass; capacity is then ignored.
+  /// base == nullptr selects the sizing pass; capacity is then ignored.
   WorkspaceCarver(void* base, std::size_t capacity_bytes) : base_(static_cast<char*>(base)), capacity_(capacity_bytes) {}
   explicit WorkspaceCarver(Workspace ws) : WorkspaceCarver(ws.data, ws.bytes) {}
 
   bool sizing() const { return base_ == nullptr; }
 
-  // Reserve `count` elements of T. Returns nullptr in the sizing pass or when the buffer is too small
-  // (status() then reports it); carving continues so required_bytes() stays exact.
+  /// Reserve `count` elements of T. Returns nullptr in the sizing pass or when the buffer is too small
+  /// (status() then reports it); carving continues so required_bytes() stays exact.
   template <class T>
   T* take(std::size_t count) {
     const std::size_t offset = used_;

@@ -18,9 +18,9 @@ namespace detail {
 
 inline unsigned mix_blocks(std::int64_t elements) { return gate_blocks(elements, kGateThreads, 65535 * 8); }
 
-// Flat element e of the tokens * q_heads * head_dim outputs (per_token = q_heads * head_dim of them a
-// token): its query head and its offset in the padded layout. The elementwise kernels split e back into
-// (t, h, d) so a padded token_stride is honoured.
+/// Flat element e of the tokens * q_heads * head_dim outputs (per_token = q_heads * head_dim of them a
+/// token): its query head and its offset in the padded layout. The elementwise kernels split e back into
+/// (t, h, d) so a padded token_stride is honoured.
 struct MixElement {
   int head;
   std::int64_t offset;
@@ -57,8 +57,8 @@ __global__ void gate_mix_input_grads_kernel(GateMixShape s, const float* z, cons
   }
 }
 
-// One block per KV head sums dL/dO * (O_dense - O_sparse) over its tokens, G heads and head_dim, in
-// double and in a fixed order (deterministic, no atomics, no workspace).
+/// One block per KV head sums dL/dO * (O_dense - O_sparse) over its tokens, G heads and head_dim, in
+/// double and in a fixed order (deterministic, no atomics, no workspace).
 template <class T>
 __global__ void __launch_bounds__(kGateThreads) gate_mix_grad_z_kernel(GateMixShape s, const T* dense, const T* sparse,
                                                                        const T* grad_o, float* grad_z) {
@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(kGateThreads) gate_mix_grad_z_kernel(GateMixSh
 
 namespace cuda {
 
-// As host::gate_mix_forward; every pointer is device memory.
+/// As host::gate_mix_forward; every pointer is device memory.
 template <class T>
 Status gate_mix_forward(const Exec& exec, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse,
                         T* o, Workspace /*workspace: none needed*/ = {}) {
@@ -94,7 +94,7 @@ Status gate_mix_forward(const Exec& exec, const GateMixShape& shape, const float
   return Status();
 }
 
-// As host::gate_mix_backward (grad_z is written, zeros, even without tokens); device memory.
+/// As host::gate_mix_backward (grad_z is written, zeros, even without tokens); device memory.
 template <class T>
 Status gate_mix_backward(const Exec& exec, const GateMixShape& shape, const float* z, const T* o_dense,
                          const T* o_sparse, const T* grad_o, T* grad_dense, T* grad_sparse, float* grad_z,

@@ -36,7 +36,7 @@ struct GateMixShape {
   int q_heads = 0;
   int kv_heads = 0;
   int head_dim = 0;
-  std::int64_t token_stride = -1;  // elements between consecutive tokens; -1 = q_heads * head_dim
+  std::int64_t token_stride = -1;  ///< elements between consecutive tokens; -1 = q_heads * head_dim
 
   KVSIFT_HD std::int64_t row_stride() const { return token_stride < 0 ? std::int64_t(q_heads) * head_dim : token_stride; }
   KVSIFT_HD int group_size() const { return q_heads / kv_heads; }
@@ -57,7 +57,7 @@ inline Status validate_gate_mix_shape(const GateMixShape& s) {
   return Status();
 }
 
-// What gate_mix_forward checks on both backends; no pointer is needed when there are no tokens.
+/// What gate_mix_forward checks on both backends; no pointer is needed when there are no tokens.
 template <class T>
 Status validate_gate_mix_forward(const GateMixShape& s, const float* z, const T* o_dense, const T* o_sparse,
                                  const T* o) {
@@ -70,8 +70,8 @@ Status validate_gate_mix_forward(const GateMixShape& s, const float* z, const T*
   return Status();
 }
 
-// What gate_mix_backward checks on both backends: z and grad_o when there are tokens, and the two
-// outputs whose difference dL/dz needs when grad_z is asked for.
+/// What gate_mix_backward checks on both backends: z and grad_o when there are tokens, and the two
+/// outputs whose difference dL/dz needs when grad_z is asked for.
 template <class T>
 Status validate_gate_mix_backward(const GateMixShape& s, const float* z, const T* o_dense, const T* o_sparse,
                                   const T* grad_o, const float* grad_z) {

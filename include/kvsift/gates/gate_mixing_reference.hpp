@@ -28,8 +28,8 @@ Status gate_mix_forward(const Exec&, const GateMixShape& shape, const float* z, 
   return Status();
 }
 
-// Any of grad_dense, grad_sparse (same layout as O) and grad_z ([kv_heads], overwritten) may be null.
-// grad_z is written (zeros) even when there are no tokens.
+/// Any of grad_dense, grad_sparse (same layout as O) and grad_z ([kv_heads], overwritten) may be null.
+/// grad_z is written (zeros) even when there are no tokens.
 template <class T>
 Status gate_mix_backward(const Exec&, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse,
                          const T* grad_o, T* grad_dense, T* grad_sparse, float* grad_z,

@@ -24,8 +24,8 @@ __global__ void adamw_kernel(AdamWCoefficients k, T* p, const T* g, T* m, T* v, 
 
 namespace cuda {
 
-// As host::adamw_step; params, grads, m and v are device memory. lr and step are launch arguments, so
-// a captured graph replays them unchanged: re-capture (or update the node) when the schedule moves.
+/// As host::adamw_step; params, grads, m and v are device memory. lr and step are launch arguments, so
+/// a captured graph replays them unchanged: re-capture (or update the node) when the schedule moves.
 template <class T>
 Status adamw_step(const Exec& exec, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads,
                   T* m, T* v, std::int64_t n, Workspace /*workspace: none needed*/ = {}) {

@@ -30,14 +30,14 @@
 namespace kvsift {
 
 struct AdamWConfig {
-  double lr = 0.01;  // LycheeDecode's gate learning rate
+  double lr = 0.01;  ///< LycheeDecode's gate learning rate
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.0;
 };
 
-// The learning-rate multiplier for update `step` (0-based) of `total_steps`.
+/// The learning-rate multiplier for update `step` (0-based) of `total_steps`.
 inline double warmup_decay_lr_factor(std::int64_t step, std::int64_t total_steps, double ramp_fraction = 0.2,
                                      double floor = 0.1) {
   const double ramp = double(total_steps) * ramp_fraction;
@@ -49,14 +49,14 @@ inline double warmup_decay_lr_factor(std::int64_t step, std::int64_t total_steps
   return m < 1.0 ? m : 1.0;
 }
 
-// The per-step scalars of one update; built on the host, passed by value to kernels.
+/// The per-step scalars of one update; built on the host, passed by value to kernels.
 struct AdamWCoefficients {
-  double decay;       // 1 - lr wd
+  double decay;       ///< 1 - lr wd
   double one_minus_beta1;
   double beta2;
   double one_minus_beta2;
-  double step_size;   // lr / (1 - b1^t)
-  double bias2_sqrt;  // sqrt(1 - b2^t)
+  double step_size;   ///< lr / (1 - b1^t)
+  double bias2_sqrt;  ///< sqrt(1 - b2^t)
   double eps;
 };
 
@@ -107,7 +107,7 @@ Status validate_adamw_arrays(T* params, const T* grads, T* m, T* v, std::int64_t
   return Status();
 }
 
-// What adamw_step checks on both backends.
+/// What adamw_step checks on both backends.
 template <class T>
 Status validate_adamw_step(const AdamWConfig& c, double lr, std::int64_t step, T* params, const T* grads, T* m, T* v,
                            std::int64_t n) {

@@ -12,8 +12,8 @@
 namespace kvsift {
 namespace host {
 
-// One AdamW update of params[n] with grads[n]; m (exp_avg) and v (exp_avg_sq) start at zero and are
-// the optimizer's state. lr is the scheduled rate (config.lr * warmup_decay_lr_factor(step, N)).
+/// One AdamW update of params[n] with grads[n]; m (exp_avg) and v (exp_avg_sq) start at zero and are
+/// the optimizer's state. lr is the scheduled rate (config.lr * warmup_decay_lr_factor(step, N)).
 template <class T>
 Status adamw_step(const Exec&, const AdamWConfig& config, double lr, std::int64_t step, T* params, const T* grads, T* m,
                   T* v, std::int64_t n, Workspace /*workspace: none needed*/ = {}) {

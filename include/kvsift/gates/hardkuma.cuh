@@ -43,8 +43,8 @@ __global__ void hardkuma_sample_backward_kernel(HardKumaOptions o, const T* a, c
     hardkuma_sample_backward_gate(o, a, b, stream, grad_h, grad_a, grad_b, write, i);
 }
 
-// One block: a gate vector is a few hundred gates, and a single block needs no atomics and no
-// workspace and sums in a fixed order (deterministic). Accumulates in double, like the host.
+/// One block: a gate vector is a few hundred gates, and a single block needs no atomics and no
+/// workspace and sums in a fixed order (deterministic). Accumulates in double, like the host.
 template <class T>
 __global__ void __launch_bounds__(kGateThreads) hardkuma_expected_l0_kernel(HardKumaOptions o, const T* a, const T* b,
                                                                             std::int64_t n, ExpectedL0Outputs<T> out) {
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kGateThreads) hardkuma_expected_l0_kernel(Hard
 
 namespace cuda {
 
-// As host::hardkuma_stats; a, b and every output are device memory.
+/// As host::hardkuma_stats; a, b and every output are device memory.
 template <class T>
 Status hardkuma_stats(const Exec& exec, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                       GateStatsOutputs<T> out, Workspace /*workspace: none needed*/ = {}) {
@@ -99,7 +99,7 @@ Status hardkuma_sample_backward(const Exec& exec, const HardKumaOptions& options
   return Status();
 }
 
-// out.sum, out.density and out.grad_scale point to device memory.
+/// out.sum, out.density and out.grad_scale point to device memory.
 template <class T>
 Status hardkuma_expected_l0(const Exec& exec, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                             ExpectedL0Outputs<T> out, Workspace /*workspace: none needed*/ = {}) {

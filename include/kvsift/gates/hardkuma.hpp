@@ -51,11 +51,11 @@ inline constexpr double kHardKumaProbZeroMin = 1e-6;
 inline constexpr double kHardKumaProbZeroMax = 1.0 - 1e-6;
 
 struct HardKumaOptions {
-  double l = -0.1;              // stretched support (l, r), l < 0 < 1 < r
+  double l = -0.1;              ///< stretched support (l, r), l < 0 < 1 < r
   double r = 1.1;
-  bool clamp_shape = true;      // a, b -> [1e-6, 100]
-  bool clamp_prob_zero = true;  // P(h=0) -> [1e-6, 1 - 1e-6]
-  double sample_eps = 1e-3;     // u ~ U(eps, 1 - eps)
+  bool clamp_shape = true;      ///< a, b -> [1e-6, 100]
+  bool clamp_prob_zero = true;  ///< P(h=0) -> [1e-6, 1 - 1e-6]
+  double sample_eps = 1e-3;     ///< u ~ U(eps, 1 - eps)
 
   template <class T>
   KVSIFT_HD HardKumaSupport<T> support() const {
@@ -63,7 +63,7 @@ struct HardKumaOptions {
   }
 };
 
-// Where a backward op puts its result.
+/// Where a backward op puts its result.
 enum class GradientWrite { kOverwrite, kAccumulate };
 
 inline Status validate(const HardKumaOptions& o) {
@@ -74,33 +74,33 @@ inline Status validate(const HardKumaOptions& o) {
   return Status();
 }
 
-// Outputs of hardkuma_stats; each is [n] and optional (null: not computed).
+/// Outputs of hardkuma_stats; each is [n] and optional (null: not computed).
 template <class T>
 struct GateStatsOutputs {
-  T* prob_zero = nullptr;       // P(h=0), clamped if options.clamp_prob_zero
-  T* prob_one = nullptr;        // P(h=1)
-  T* prob_interior = nullptr;   // P(0<h<1)
-  T* expected_l0 = nullptr;     // P(h!=0) = 1 - prob_zero: the gate's expected L0
-  T* kuma_mean = nullptr;       // E[K], LycheeDecode's role score
-  T* mean = nullptr;            // E[h], the true gate mean
-  T* d_prob_zero_da = nullptr;  // w.r.t. the raw a (0 where a or P(h=0) is clamped)
+  T* prob_zero = nullptr;       ///< P(h=0), clamped if options.clamp_prob_zero
+  T* prob_one = nullptr;        ///< P(h=1)
+  T* prob_interior = nullptr;   ///< P(0<h<1)
+  T* expected_l0 = nullptr;     ///< P(h!=0) = 1 - prob_zero: the gate's expected L0
+  T* kuma_mean = nullptr;       ///< E[K], LycheeDecode's role score
+  T* mean = nullptr;            ///< E[h], the true gate mean
+  T* d_prob_zero_da = nullptr;  ///< w.r.t. the raw a (0 where a or P(h=0) is clamped)
   T* d_prob_zero_db = nullptr;
 };
 
-// Outputs of hardkuma_expected_l0. sum and density are single values; grad_* are [n] and optional.
+/// Outputs of hardkuma_expected_l0. sum and density are single values; grad_* are [n] and optional.
 template <class T>
 struct ExpectedL0Outputs {
-  T* sum = nullptr;               // sum_i P(h_i != 0)
-  T* density = nullptr;           // sum / n, LycheeDecode's constrained quantity
-  T* grad_a = nullptr;            // grad_scale * d density / d a_i
+  T* sum = nullptr;               ///< sum_i P(h_i != 0)
+  T* density = nullptr;           ///< sum / n, LycheeDecode's constrained quantity
+  T* grad_a = nullptr;            ///< grad_scale * d density / d a_i
   T* grad_b = nullptr;
-  const T* grad_scale = nullptr;  // one value in the backend's memory (e.g. the Lagrangian's multiplier); null = 1
+  const T* grad_scale = nullptr;  ///< one value in the backend's memory (e.g. the Lagrangian's multiplier); null = 1
   GradientWrite write = GradientWrite::kOverwrite;
 };
 
 namespace detail {
 
-// Keeps an argument out of template deduction, so optional outputs accept a plain nullptr.
+/// Keeps an argument out of template deduction, so optional outputs accept a plain nullptr.
 template <class T>
 struct non_deduced_helper {
   using type = T;
@@ -123,7 +123,7 @@ Status validate_gate_arrays(const HardKumaOptions& o, const T* a, const T* b, st
   return Status();
 }
 
-// What each op checks on every call, on both backends (pointers, sizes, options; never device data).
+/// What each op checks on every call, on both backends (pointers, sizes, options; never device data).
 template <class T>
 Status validate_hardkuma_sample(const HardKumaOptions& o, const T* a, const T* b, std::int64_t n, const T* h) {
   KVSIFT_TRY(validate_gate_arrays(o, a, b, n));
@@ -147,7 +147,7 @@ Status validate_hardkuma_expected_l0(const HardKumaOptions& o, const T* a, const
   return Status();
 }
 
-// Host-only data check (the CUDA ops cannot read device data; they produce NaN instead).
+/// Host-only data check (the CUDA ops cannot read device data; they produce NaN instead).
 template <class T>
 Status validate_gate_values(const HardKumaOptions& o, const T* a, const T* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
@@ -172,7 +172,7 @@ Status hardkuma_stats_workspace_bytes(const Exec&, const HardKumaOptions&, const
   return detail::no_workspace_bytes(bytes);
 }
 
-// The op's optional k and u are explicit here: pass nullptr where the op call leaves them out.
+/// The op's optional k and u are explicit here: pass nullptr where the op call leaves them out.
 template <class T, class Exec>
 Status hardkuma_sample_workspace_bytes(const Exec&, const HardKumaOptions&, const T* /*a*/, const T* /*b*/,
                                        std::int64_t /*n*/, PhiloxStream, T* /*h*/, detail::non_deduced<T>* /*k*/,

@@ -18,7 +18,7 @@
 
 namespace kvsift {
 
-// The stretched support (l, r). LycheeDecode and the reference use (-0.1, 1.1).
+/// The stretched support (l, r). LycheeDecode and the reference use (-0.1, 1.1).
 template <class T>
 struct HardKumaSupport {
   T l = T(-0.1);
@@ -31,25 +31,25 @@ struct HardKumaSupport {
 
 // ---- Probabilities of the three parts of the support ----
 
-// P(h = 0) = 1 - (1 - c0^a)^b = -expm1(b log1p(-c0^a)).
+/// P(h = 0) = 1 - (1 - c0^a)^b = -expm1(b log1p(-c0^a)).
 template <class T>
 KVSIFT_HD inline T hardkuma_prob_zero(T a, T b, HardKumaSupport<T> s) {
   return -detail::gm::expm1(b * kumaraswamy_log1m_pow(detail::gm::log(s.c0()), a));
 }
 
-// P(h != 0) = (1 - c0^a)^b: one gate's expected L0, computed directly rather than as 1 - P0.
+/// P(h != 0) = (1 - c0^a)^b: one gate's expected L0, computed directly rather than as 1 - P0.
 template <class T>
 KVSIFT_HD inline T hardkuma_prob_nonzero(T a, T b, HardKumaSupport<T> s) {
   return detail::gm::exp(b * kumaraswamy_log1m_pow(detail::gm::log(s.c0()), a));
 }
 
-// P(h = 1) = (1 - c1^a)^b.
+/// P(h = 1) = (1 - c1^a)^b.
 template <class T>
 KVSIFT_HD inline T hardkuma_prob_one(T a, T b, HardKumaSupport<T> s) {
   return detail::gm::exp(b * kumaraswamy_log1m_pow(detail::gm::log(s.c1()), a));
 }
 
-// P(0 < h < 1) = (1 - c0^a)^b - (1 - c1^a)^b = (1 - c0^a)^b * -expm1(b (log(1 - c1^a) - log(1 - c0^a))).
+/// P(0 < h < 1) = (1 - c0^a)^b - (1 - c1^a)^b = (1 - c0^a)^b * -expm1(b (log(1 - c1^a) - log(1 - c0^a))).
 template <class T>
 KVSIFT_HD inline T hardkuma_prob_interior(T a, T b, HardKumaSupport<T> s) {
   const T log_s0 = kumaraswamy_log1m_pow(detail::gm::log(s.c0()), a);
@@ -63,9 +63,9 @@ struct ShapeGradient {
   T db;
 };
 
-// Gradient of P(h = 0) (docs/algorithms/hardkuma.md §3):
-// dP0/da = b (1 - c0^a)^(b-1) c0^a ln c0 (< 0), dP0/db = -(1 - c0^a)^b ln(1 - c0^a) (> 0).
-// The expected L0 P(h != 0) has the negated gradient.
+/// Gradient of P(h = 0) (docs/algorithms/hardkuma.md §3):
+/// dP0/da = b (1 - c0^a)^(b-1) c0^a ln c0 (< 0), dP0/db = -(1 - c0^a)^b ln(1 - c0^a) (> 0).
+/// The expected L0 P(h != 0) has the negated gradient.
 template <class T>
 KVSIFT_HD inline ShapeGradient<T> hardkuma_prob_zero_grad(T a, T b, HardKumaSupport<T> s) {
   const T log_c0 = detail::gm::log(s.c0());
@@ -77,7 +77,7 @@ KVSIFT_HD inline ShapeGradient<T> hardkuma_prob_zero_grad(T a, T b, HardKumaSupp
 
 // ---- Distribution of h ----
 
-// P(h <= x): 0 below 0, F_K((x - l) / (r - l)) on [0, 1) (which includes the mass at 0), 1 from 1 on.
+/// P(h <= x): 0 below 0, F_K((x - l) / (r - l)) on [0, 1) (which includes the mass at 0), 1 from 1 on.
 template <class T>
 KVSIFT_HD inline T hardkuma_cdf(T x, T a, T b, HardKumaSupport<T> s) {
   if (x < T(0)) return T(0);
@@ -85,23 +85,23 @@ KVSIFT_HD inline T hardkuma_cdf(T x, T a, T b, HardKumaSupport<T> s) {
   return kumaraswamy_cdf((x - s.l) / s.width(), a, b);
 }
 
-// Generalised inverse of hardkuma_cdf: the reparameterisation h = clip(l + (r - l) F_K^-1(u)).
+/// Generalised inverse of hardkuma_cdf: the reparameterisation h = clip(l + (r - l) F_K^-1(u)).
 template <class T>
 KVSIFT_HD inline T hardkuma_inv_cdf(T u, T a, T b, HardKumaSupport<T> s) {
   const T t = s.l + s.width() * kumaraswamy_inv_cdf(u, a, b);
   return detail::gm::clamp(t, T(0), T(1));
 }
 
-// Log-density of the continuous part, for 0 < x < 1: log f_K((x - l)/(r - l)) - log(r - l).
-// -inf outside (0, 1).
+/// Log-density of the continuous part, for 0 < x < 1: log f_K((x - l)/(r - l)) - log(r - l).
+/// -inf outside (0, 1).
 template <class T>
 KVSIFT_HD inline T hardkuma_log_density(T x, T a, T b, HardKumaSupport<T> s) {
   if (!(x > T(0) && x < T(1))) return -T(INFINITY);
   return kumaraswamy_log_pdf((x - s.l) / s.width(), a, b) - detail::gm::log(s.width());
 }
 
-// Log-likelihood of an observed gate value under the mixed measure (the reference's
-// HardBinary.log_pdf): log P(h=0) at 0, log P(h=1) at 1, the log-density in between.
+/// Log-likelihood of an observed gate value under the mixed measure (the reference's
+/// HardBinary.log_pdf): log P(h=0) at 0, log P(h=1) at 1, the log-density in between.
 template <class T>
 KVSIFT_HD inline T hardkuma_log_prob(T x, T a, T b, HardKumaSupport<T> s) {
   if (x == T(0)) return detail::gm::log(hardkuma_prob_zero(a, b, s));
@@ -111,9 +111,9 @@ KVSIFT_HD inline T hardkuma_log_prob(T x, T a, T b, HardKumaSupport<T> s) {
 
 // ---- Means (docs/algorithms/hardkuma.md §5) ----
 
-// E[h] = int_0^1 P(h > x) dx = (r - l)/a [B(c1^a; 1/a, b+1) - B(c0^a; 1/a, b+1)]
-//      = (r - l) E[K] [I(c1^a; 1/a, b+1) - I(c0^a; 1/a, b+1)]     (I regularised, E[K] = B(1/a, b+1)/a).
-// Always evaluated in double (see kumaraswamy_moment).
+/// E[h] = int_0^1 P(h > x) dx = (r - l)/a [B(c1^a; 1/a, b+1) - B(c0^a; 1/a, b+1)]
+///      = (r - l) E[K] [I(c1^a; 1/a, b+1) - I(c0^a; 1/a, b+1)]     (I regularised, E[K] = B(1/a, b+1)/a).
+/// Always evaluated in double (see kumaraswamy_moment).
 template <class T>
 KVSIFT_HD inline T hardkuma_mean(T a, T b, HardKumaSupport<T> s) {
   const double ad = double(a), bd = double(b), l = double(s.l), r = double(s.r);
@@ -129,10 +129,10 @@ KVSIFT_HD inline T hardkuma_mean(T a, T b, HardKumaSupport<T> s) {
 
 template <class T>
 struct HardKumaDraw {
-  T u;  // the uniform used
-  T k;  // Kuma sample F_K^-1(u)
-  T t;  // stretched value l + (r - l) k
-  T h;  // the gate: t clipped to [0, 1]
+  T u;  ///< the uniform used
+  T k;  ///< Kuma sample F_K^-1(u)
+  T t;  ///< stretched value l + (r - l) k
+  T h;  ///< the gate: t clipped to [0, 1]
 };
 
 template <class T>
@@ -142,8 +142,8 @@ KVSIFT_HD inline HardKumaDraw<T> hardkuma_reparameterize(T u, T a, T b, HardKuma
   return HardKumaDraw<T>{u, k, t, detail::gm::clamp(t, T(0), T(1))};
 }
 
-// dk/da and dk/db at fixed u. With w = (1 - u)^(1/b) and k = (1 - w)^(1/a):
-//   dk/da = -k ln(1 - w) / a^2,   dk/db = k w ln(1 - u) / (a b^2 (1 - w)).
+/// dk/da and dk/db at fixed u. With w = (1 - u)^(1/b) and k = (1 - w)^(1/a):
+///   dk/da = -k ln(1 - w) / a^2,   dk/db = k w ln(1 - u) / (a b^2 (1 - w)).
 template <class T>
 KVSIFT_HD inline ShapeGradient<T> kumaraswamy_sample_grad(T u, T a, T b) {
   const T log_1mu = detail::gm::log1p(-u);
@@ -154,7 +154,7 @@ KVSIFT_HD inline ShapeGradient<T> kumaraswamy_sample_grad(T u, T a, T b) {
   return ShapeGradient<T>{-k * detail::gm::log(one_minus_w) / (a * a), k * w * log_1mu / (a * b * b * one_minus_w)};
 }
 
-// dh/dk: (r - l) strictly inside the clip, 0 where the sample is clipped (hardtanh's gradient).
+/// dh/dk: (r - l) strictly inside the clip, 0 where the sample is clipped (hardtanh's gradient).
 template <class T>
 KVSIFT_HD inline T hardkuma_dh_dk(T t, HardKumaSupport<T> s) {
   return (t > T(0) && t < T(1)) ? s.width() : T(0);

@@ -24,7 +24,7 @@ Status hardkuma_stats(const Exec&, const HardKumaOptions& options, const T* a, c
   return Status();
 }
 
-// h[n] (required), and optionally the Kuma sample k[n] and the uniform u[n] that produced it.
+/// h[n] (required), and optionally the Kuma sample k[n] and the uniform u[n] that produced it.
 template <class T>
 Status hardkuma_sample(const Exec&, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                        PhiloxStream stream, T* h, detail::non_deduced<T>* k = nullptr,
@@ -35,7 +35,7 @@ Status hardkuma_sample(const Exec&, const HardKumaOptions& options, const T* a, 
   return Status();
 }
 
-// Given dL/dh at the draw of (stream), writes or adds dL/da and dL/db (either may be null).
+/// Given dL/dh at the draw of (stream), writes or adds dL/da and dL/db (either may be null).
 template <class T>
 Status hardkuma_sample_backward(const Exec&, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                                 PhiloxStream stream, const T* grad_h, detail::non_deduced<T>* grad_a,
@@ -48,7 +48,7 @@ Status hardkuma_sample_backward(const Exec&, const HardKumaOptions& options, con
   return Status();
 }
 
-// Sums in double, in gate order.
+/// Sums in double, in gate order.
 template <class T>
 Status hardkuma_expected_l0(const Exec&, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                             ExpectedL0Outputs<T> out, Workspace /*workspace: none needed*/ = {}) {

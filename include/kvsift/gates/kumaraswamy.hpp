@@ -12,7 +12,7 @@
 
 namespace kvsift {
 
-// log(1 - k^a), k in (0, 1): the building block of the cdf and the density.
+/// log(1 - k^a), k in (0, 1): the building block of the cdf and the density.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_log1m_pow(T log_k, T a) {
   // log(1 - e^y), y = a log k <= 0. Near y = 0 (small a), e^y is close to 1 and 1 - e^y cancels:
@@ -21,7 +21,7 @@ KVSIFT_HD inline T kumaraswamy_log1m_pow(T log_k, T a) {
   return y > T(-0.6931471805599453) ? detail::gm::log(-detail::gm::expm1(y)) : detail::gm::log1p(-detail::gm::exp(y));
 }
 
-// Survival function 1 - F(k) = (1 - k^a)^b.
+/// Survival function 1 - F(k) = (1 - k^a)^b.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_survival(T k, T a, T b) {
   if (k <= T(0)) return T(1);
@@ -36,7 +36,7 @@ KVSIFT_HD inline T kumaraswamy_cdf(T k, T a, T b) {
   return -detail::gm::expm1(b * kumaraswamy_log1m_pow(detail::gm::log(k), a));
 }
 
-// F^-1(u) = exp((1/a) log(-expm1(log1p(-u) / b))), u in (0, 1).
+/// F^-1(u) = exp((1/a) log(-expm1(log1p(-u) / b))), u in (0, 1).
 template <class T>
 KVSIFT_HD inline T kumaraswamy_inv_cdf(T u, T a, T b) {
   if (u <= T(0)) return T(0);
@@ -45,7 +45,7 @@ KVSIFT_HD inline T kumaraswamy_inv_cdf(T u, T a, T b) {
   return detail::gm::exp(detail::gm::log(one_minus_w) / a);
 }
 
-// log f(k) for k in (0, 1); -inf outside.
+/// log f(k) for k in (0, 1); -inf outside.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_log_pdf(T k, T a, T b) {
   if (!(k > T(0) && k < T(1))) return -T(INFINITY);
@@ -53,16 +53,16 @@ KVSIFT_HD inline T kumaraswamy_log_pdf(T k, T a, T b) {
   return detail::gm::log(a) + detail::gm::log(b) + (a - T(1)) * log_k + (b - T(1)) * kumaraswamy_log1m_pow(log_k, a);
 }
 
-// n-th raw moment E[K^n] = b B(1 + n/a, b). Evaluated in double whatever T is: for small a the
-// lgamma terms are ~1e7 and cancel, which float cannot represent.
+/// n-th raw moment E[K^n] = b B(1 + n/a, b). Evaluated in double whatever T is: for small a the
+/// lgamma terms are ~1e7 and cancel, which float cannot represent.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_moment(T a, T b, int n) {
   const double ad = double(a), bd = double(b), s = 1.0 + double(n) / ad;
   return T(bd * detail::gm::exp(detail::gm::lgamma(s) + detail::gm::lgamma(bd) - detail::gm::lgamma(s + bd)));
 }
 
-// E[K] = b Gamma(1 + 1/a) Gamma(b) / Gamma(1 + 1/a + b): what the reference calls HardKuma.mean() and
-// what LycheeDecode thresholds at 0.5 to pick retrieval heads.
+/// E[K] = b Gamma(1 + 1/a) Gamma(b) / Gamma(1 + 1/a + b): what the reference calls HardKuma.mean() and
+/// what LycheeDecode thresholds at 0.5 to pick retrieval heads.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_mean(T a, T b) {
   return kumaraswamy_moment(a, b, 1);

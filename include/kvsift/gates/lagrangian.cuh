@@ -24,7 +24,7 @@ __global__ void lagrangian_update_kernel(LagrangianConfig config, LagrangianStat
 
 namespace cuda {
 
-// state, density, grad_scale and step point to device memory; grad_scale and step may be null.
+/// state, density, grad_scale and step point to device memory; grad_scale and step may be null.
 template <class T>
 Status lagrangian_update(const Exec& exec, const LagrangianConfig& config, LagrangianState* state, const T* density,
                          T* grad_scale, LagrangianStep* step = nullptr, Workspace /*workspace: none needed*/ = {}) {

@@ -34,22 +34,22 @@ namespace kvsift {
 enum class ConstraintSide { kOneSided, kTwoSided };
 
 struct LagrangianConfig {
-  double target = 0.0;          // desired density rho* (LycheeDecode: 24 / (layers * kv_heads))
+  double target = 0.0;          ///< desired density rho* (LycheeDecode: 24 / (layers * kv_heads))
   double lambda_init = 2.0;
-  double lr = 1e-3;             // multiplicative step of lambda
-  double ma_alpha = 0.9;        // moving-average factor of the constraint
+  double lr = 1e-3;             ///< multiplicative step of lambda
+  double ma_alpha = 0.9;        ///< moving-average factor of the constraint
   bool clamp_lambda = true;
   double lambda_min = 1e-12;
   double lambda_max = 20.0;
   ConstraintSide side = ConstraintSide::kOneSided;
 
-  // LycheeDecode's train_kuma.py: lambda0 = 2, lr = 1e-3, alpha = 0.9, one-sided, lambda in [1e-12, 20].
+  /// LycheeDecode's train_kuma.py: lambda0 = 2, lr = 1e-3, alpha = 0.9, one-sided, lambda in [1e-12, 20].
   static LagrangianConfig lycheedecode(double target) {
     LagrangianConfig c;
     c.target = target;
     return c;
   }
-  // Bastings' latent.py defaults: lambda0 = 1e-4, lr = 0.01, alpha = 0.99, two-sided, no clamp.
+  /// Bastings' latent.py defaults: lambda0 = 1e-4, lr = 0.01, alpha = 0.99, two-sided, no clamp.
   static LagrangianConfig bastings(double target) {
     LagrangianConfig c;
     c.target = target;
@@ -68,13 +68,13 @@ struct LagrangianState {
   std::int64_t steps = 0;
 };
 
-// What one update reports (for logging and for the backward pass).
+/// What one update reports (for logging and for the backward pass).
 struct LagrangianStep {
-  double c_hat = 0.0;       // this step's constraint violation
-  double c = 0.0;           // smoothed constraint (= c_ma), the value of the penalty's factor
-  double lambda = 0.0;      // multiplier after the update
-  double penalty = 0.0;     // lambda * c, the term added to the loss
-  double grad_scale = 0.0;  // d penalty / d rho = lambda * dc_hat/drho
+  double c_hat = 0.0;       ///< this step's constraint violation
+  double c = 0.0;           ///< smoothed constraint (= c_ma), the value of the penalty's factor
+  double lambda = 0.0;      ///< multiplier after the update
+  double penalty = 0.0;     ///< lambda * c, the term added to the loss
+  double grad_scale = 0.0;  ///< d penalty / d rho = lambda * dc_hat/drho
 };
 
 inline Status validate(const LagrangianConfig& c) {
@@ -93,7 +93,7 @@ inline Status validate(const LagrangianConfig& c) {
 
 namespace detail {
 
-// What the lagrangian_update op checks on both backends.
+/// What the lagrangian_update op checks on both backends.
 template <class T>
 Status validate_lagrangian_update(const LagrangianConfig& c, const LagrangianState* state, const T* density) {
   KVSIFT_TRY(validate(c));
@@ -110,8 +110,8 @@ inline LagrangianState lagrangian_initial_state(const LagrangianConfig& c) {
   return s;
 }
 
-// The update itself, on host or device. A NaN density leaves lambda and c_ma untouched and reports
-// NaN, so one bad step does not poison the multiplier for the rest of training.
+/// The update itself, on host or device. A NaN density leaves lambda and c_ma untouched and reports
+/// NaN, so one bad step does not poison the multiplier for the rest of training.
 KVSIFT_HD inline LagrangianStep lagrangian_update(const LagrangianConfig& c, LagrangianState* s, double density) {
   LagrangianStep out;
   if (detail::gm::is_nan(density)) {

@@ -16,8 +16,8 @@
 
 namespace kvsift {
 
-// Roles from trained HardKuma gate parameters a, b [num_layers * num_kv_heads] (host memory):
-// E[Kuma(a, b)] > threshold, or the top-N heads, with layer 0 forced to retrieval (roles_from_gates.hpp).
+/// Roles from trained HardKuma gate parameters a, b [num_layers * num_kv_heads] (host memory):
+/// E[Kuma(a, b)] > threshold, or the top-N heads, with layer 0 forced to retrieval (roles_from_gates.hpp).
 template <class T>
 Status lycheedecode_roles_from_hardkuma(const T* a, const T* b, int num_layers, int num_kv_heads,
                                         const RoleExtractionOptions& options, HeadRoles* out) {

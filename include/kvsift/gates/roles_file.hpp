@@ -45,7 +45,7 @@ inline std::string strip_trailing_blanks(std::string s) {
   return s;
 }
 
-// Parses "layers=<int>" style fields; false on anything else.
+/// Parses "layers=<int>" style fields; false on anything else.
 inline bool parse_roles_field(const std::string& token, const char* key, int* value) {
   const std::string prefix = std::string(key) + "=";
   if (token.compare(0, prefix.size(), prefix) != 0 || token.size() == prefix.size()) return false;
@@ -61,8 +61,8 @@ inline bool parse_roles_field(const std::string& token, const char* key, int* va
 
 }  // namespace detail
 
-// Parses a roles file's text. expected_layers / expected_kv_heads (-1: accept any) are the model's,
-// so a file made for another model is rejected with both numbers in the message.
+/// Parses a roles file's text. expected_layers / expected_kv_heads (-1: accept any) are the model's,
+/// so a file made for another model is rejected with both numbers in the message.
 inline Status parse_head_roles(const std::string& text, HeadRoles* out, int expected_layers = -1,
                                int expected_kv_heads = -1) {
   KVSIFT_REQUIRE_NOT_NULL(out, "out");

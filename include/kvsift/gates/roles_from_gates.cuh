@@ -32,7 +32,7 @@ __global__ void extract_head_roles_kernel(RoleExtractionOptions o, const T* a, c
 
 namespace cuda {
 
-// As host::extract_head_roles; a, b, roles and scores are device memory.
+/// As host::extract_head_roles; a, b, roles and scores are device memory.
 template <class T>
 Status extract_head_roles(const Exec& exec, const RoleExtractionOptions& options, const T* a, const T* b, int layers,
                           int kv_heads, std::uint8_t* roles, detail::non_deduced<T>* scores = nullptr,

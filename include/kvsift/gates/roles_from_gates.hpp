@@ -33,10 +33,10 @@ enum class RoleSelection { kThreshold, kTopN };
 
 struct RoleExtractionOptions {
   RoleSelection selection = RoleSelection::kThreshold;
-  double threshold = 0.5;         // kThreshold: retrieval iff E[K] > threshold
-  int total_retrieval_heads = 0;  // kTopN: retrieval heads in all, forced ones included
+  double threshold = 0.5;         ///< kThreshold: retrieval iff E[K] > threshold
+  int total_retrieval_heads = 0;  ///< kTopN: retrieval heads in all, forced ones included
   bool force_layer0 = true;
-  HardKumaOptions gate;           // shape clamp applied to a and b
+  HardKumaOptions gate;           ///< shape clamp applied to a and b
 };
 
 namespace detail {
@@ -57,7 +57,7 @@ inline Status validate_role_extraction(const RoleExtractionOptions& o, int layer
   return Status();
 }
 
-// What extract_head_roles checks on both backends (the host also checks the gate values).
+/// What extract_head_roles checks on both backends (the host also checks the gate values).
 template <class T>
 Status validate_extract_head_roles(const RoleExtractionOptions& o, const T* a, const T* b, int layers, int kv_heads,
                                    const std::uint8_t* roles) {
@@ -71,7 +71,7 @@ Status validate_extract_head_roles(const RoleExtractionOptions& o, const T* a, c
 
 // ---- Workspace query (both backends; reports 0) ----
 
-// The op's optional scores are explicit here: pass nullptr where the op call leaves them out.
+/// The op's optional scores are explicit here: pass nullptr where the op call leaves them out.
 template <class T, class Exec>
 Status extract_head_roles_workspace_bytes(const Exec&, const RoleExtractionOptions&, const T* /*a*/, const T* /*b*/,
                                           int /*layers*/, int /*kv_heads*/, std::uint8_t* /*roles*/,

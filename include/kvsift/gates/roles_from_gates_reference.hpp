@@ -13,7 +13,7 @@
 namespace kvsift {
 namespace host {
 
-// roles[layers * kv_heads] (required); scores (E[K] per gate) optional.
+/// roles[layers * kv_heads] (required); scores (E[K] per gate) optional.
 template <class T>
 Status extract_head_roles(const Exec&, const RoleExtractionOptions& options, const T* a, const T* b, int layers,
                           int kv_heads, std::uint8_t* roles, detail::non_deduced<T>* scores = nullptr,

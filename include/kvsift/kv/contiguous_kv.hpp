@@ -23,10 +23,10 @@ struct ContiguousKV {
   int batch = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  int capacity = 0;  // tokens addressable per sequence; lengths are clamped to it
+  int capacity = 0;  ///< tokens addressable per sequence; lengths are clamped to it
   std::int64_t k_batch_stride = 0, k_head_stride = 0, k_token_stride = 0;
   std::int64_t v_batch_stride = 0, v_head_stride = 0, v_token_stride = 0;
-  const std::int32_t* lengths = nullptr;  // [batch], host or device memory as the backend needs
+  const std::int32_t* lengths = nullptr;  ///< [batch], host or device memory as the backend needs
 
   KVSIFT_HD T* k_row(int b, int h, int t) const {
     return k + b * k_batch_stride + h * k_head_stride + t * k_token_stride;
@@ -34,7 +34,7 @@ struct ContiguousKV {
   KVSIFT_HD T* v_row(int b, int h, int t) const {
     return v + b * v_batch_stride + h * v_head_stride + t * v_token_stride;
   }
-  // Length of sequence b, clamped to [0, capacity] so a bad length can never address out of bounds.
+  /// Length of sequence b, clamped to [0, capacity] so a bad length can never address out of bounds.
   KVSIFT_HD int length(int b) const {
     const int n = lengths[b];
     return n < 0 ? 0 : (n > capacity ? capacity : n);
@@ -43,7 +43,7 @@ struct ContiguousKV {
   Status validate() const;
 };
 
-// [batch, heads, capacity, head_dim] for both K and V.
+/// [batch, heads, capacity, head_dim] for both K and V.
 template <class T>
 ContiguousKV<T> make_bhsd(T* k, T* v, int batch, int num_kv_heads, int capacity, int head_dim,
                           const std::int32_t* lengths) {
@@ -61,7 +61,7 @@ ContiguousKV<T> make_bhsd(T* k, T* v, int batch, int num_kv_heads, int capacity,
   return kv;
 }
 
-// [batch, capacity, heads, head_dim] for both K and V.
+/// [batch, capacity, heads, head_dim] for both K and V.
 template <class T>
 ContiguousKV<T> make_bshd(T* k, T* v, int batch, int num_kv_heads, int capacity, int head_dim,
                           const std::int32_t* lengths) {

@@ -19,7 +19,7 @@
 
 namespace kvsift {
 
-// Largest number of KV heads per layer a role mask (and so an attention call) can describe.
+/// Largest number of KV heads per layer a role mask (and so an attention call) can describe.
 inline constexpr int kMaxKvHeads = 256;
 
 class HeadRoleMask {
@@ -56,7 +56,7 @@ class HeadRoleMask {
 struct HeadRoles {
   int layers = 0;
   int kv_heads = 0;
-  std::vector<HeadRoleMask> masks;  // [layers]
+  std::vector<HeadRoleMask> masks;  ///< [layers]
 
   const HeadRoleMask& layer(int l) const { return masks[std::size_t(l)]; }
   bool is_retrieval(int l, int h) const { return layer(l).is_retrieval(h); }
@@ -68,8 +68,8 @@ struct HeadRoles {
   bool operator==(const HeadRoles& o) const { return layers == o.layers && kv_heads == o.kv_heads && masks == o.masks; }
 };
 
-// A table from one byte per (layer, KV head), layer-major, nonzero = retrieval (the layout gate
-// training produces).
+/// A table from one byte per (layer, KV head), layer-major, nonzero = retrieval (the layout gate
+/// training produces).
 inline Status make_head_roles(int layers, int kv_heads, const std::uint8_t* retrieval, HeadRoles* out) {
   KVSIFT_REQUIRE(layers > 0, kInvalidArgument, "layers = ", layers, " must be > 0");
   KVSIFT_REQUIRE(kv_heads > 0 && kv_heads <= kMaxKvHeads, kInvalidArgument, "kv_heads = ", kv_heads,

@@ -20,16 +20,16 @@ inline const char* to_string(Granularity g) { return g == Granularity::kToken ? 
 
 template <class Index = std::int32_t>
 struct IndexSetT {
-  Index* indices = nullptr;           // [rows, row_stride]
-  Index* counts = nullptr;            // [rows]
+  Index* indices = nullptr;           ///< [rows, row_stride]
+  Index* counts = nullptr;            ///< [rows]
   int rows = 0;
-  int capacity = 0;                   // entries a row can hold
-  std::int64_t row_stride = 0;        // in entries; >= capacity
+  int capacity = 0;                   ///< entries a row can hold
+  std::int64_t row_stride = 0;        ///< in entries; >= capacity
   Granularity granularity = Granularity::kToken;
-  int block_size = 1;                 // tokens per entry; 1 for token granularity
+  int block_size = 1;                 ///< tokens per entry; 1 for token granularity
 
   KVSIFT_HD Index* row(int r) const { return indices + r * row_stride; }
-  // Entries in row r, clamped to [0, capacity].
+  /// Entries in row r, clamped to [0, capacity].
   KVSIFT_HD int count(int r) const {
     const int n = counts[r];
     return n < 0 ? 0 : (n > capacity ? capacity : n);

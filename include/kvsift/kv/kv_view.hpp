@@ -88,8 +88,8 @@ inline constexpr bool is_kv_view_v = detail::has_value_type<V>::value && detail:
                                      detail::has_length<V>::value && detail::has_validate<V>::value &&
                                      std::is_trivially_copyable_v<V>;
 
-// Tokens a view can hold per sequence, when it says (an optional member: `int capacity` or
-// `int capacity() const`); -1 when it does not, and ops that write through a view then trust the caller.
+/// Tokens a view can hold per sequence, when it says (an optional member: `int capacity` or
+/// `int capacity() const`); -1 when it does not, and ops that write through a view then trust the caller.
 template <class V>
 int kv_capacity(const V& kv) {
   if constexpr (detail::has_capacity_function<V>::value) {
@@ -102,7 +102,7 @@ int kv_capacity(const V& kv) {
   }
 }
 
-// Call at the top of every op templated on a view. Each assert names the member that is missing.
+/// Call at the top of every op templated on a view. Each assert names the member that is missing.
 template <class V>
 constexpr bool check_kv_view() {
   static_assert(detail::has_value_type<V>::value,

@@ -25,17 +25,17 @@ struct PagedKV {
 
   T* k_pages = nullptr;
   T* v_pages = nullptr;
-  const std::int32_t* block_table = nullptr;  // [batch, block_table_stride], physical page ids
-  std::int64_t block_table_stride = 0;        // in entries; >= max_pages
+  const std::int32_t* block_table = nullptr;  ///< [batch, block_table_stride], physical page ids
+  std::int64_t block_table_stride = 0;        ///< in entries; >= max_pages
   int batch = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
   int page_size = 0;
-  int max_pages = 0;   // pages per sequence the table holds; capacity = max_pages * page_size
-  int num_pages = 0;   // pages in the pool, for validating block tables on the host
-  std::int64_t page_stride = 0;  // elements between consecutive pages in the pool
+  int max_pages = 0;   ///< pages per sequence the table holds; capacity = max_pages * page_size
+  int num_pages = 0;   ///< pages in the pool, for validating block tables on the host
+  std::int64_t page_stride = 0;  ///< elements between consecutive pages in the pool
   PageLayout layout = PageLayout::kNHD;
-  const std::int32_t* lengths = nullptr;  // [batch]
+  const std::int32_t* lengths = nullptr;  ///< [batch]
 
   KVSIFT_HD int capacity() const { return max_pages * page_size; }
 
@@ -55,8 +55,8 @@ struct PagedKV {
   }
 
   Status validate() const;
-  // Host-only deep check: every page id a sequence uses (its first ceil(len / page_size) entries) is
-  // in [0, num_pages). Reads block_table and lengths, so both must be host memory.
+  /// Host-only deep check: every page id a sequence uses (its first ceil(len / page_size) entries) is
+  /// in [0, num_pages). Reads block_table and lengths, so both must be host memory.
   Status validate_block_table_host() const;
 };
 

@@ -26,7 +26,7 @@
 namespace kvsift {
 namespace detail {
 
-// head_dim from a runtime value to a template parameter: the one place that does it.
+/// head_dim from a runtime value to a template parameter: the one place that does it.
 template <class F>
 Status dispatch_head_dim(int head_dim, F&& f) {
   switch (head_dim) {

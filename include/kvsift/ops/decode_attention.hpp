@@ -53,24 +53,24 @@ namespace kvsift {
 template <class T>
 struct DecodeAttentionParams {
   using value_type = T;
-  QueryIO<T> io;     // queries in, outputs (and optional LSE) out
+  QueryIO<T> io;     ///< queries in, outputs (and optional LSE) out
   int num_q_heads = 0;
-  int head_dim = 0;  // must equal kv.head_dim; 64, 128 or 256
+  int head_dim = 0;  ///< must equal kv.head_dim; 64, 128 or 256
   int q_len = 1;
   float sm_scale = 0.f;
-  // Upper bound on the lengths of this call: sizes the grid. 0 takes the view's capacity
-  // (ContiguousKV, PagedKV); a custom view must set it. Keys at or past it are ignored.
+  /// Upper bound on the lengths of this call: sizes the grid. 0 takes the view's capacity
+  /// (ContiguousKV, PagedKV); a custom view must set it. Keys at or past it are ignored.
   int max_kv_length = 0;
-  HeadRoleMask roles;  // default: every head retrieval (dense attention)
-  // Rows b * num_kv_heads + h for the sparse heads; token or block granularity (block_size a power
-  // of two >= 16). Unused, and may be empty, when no head is sparse.
+  HeadRoleMask roles;  ///< default: every head retrieval (dense attention)
+  /// Rows b * num_kv_heads + h for the sparse heads; token or block granularity (block_size a power
+  /// of two >= 16). Unused, and may be empty, when no head is sparse.
   ConstIndexSet index_set;
-  float* scores = nullptr;  // optional, see the header comment
+  float* scores = nullptr;  ///< optional, see the header comment
   std::int64_t score_row_stride = 0;
-  int score_block_size = 1;  // 1: per token; a power of two >= 16: max per block
+  int score_block_size = 1;  ///< 1: per token; a power of two >= 16: max per block
 };
 
-// Params for dense q/out tensors [batch, q_len, num_q_heads, head_dim] and sm_scale = 1/sqrt(d).
+/// Params for dense q/out tensors [batch, q_len, num_q_heads, head_dim] and sm_scale = 1/sqrt(d).
 template <class T>
 DecodeAttentionParams<T> make_decode_attention_params(const T* q, T* out, int q_len, int num_q_heads, int head_dim) {
   DecodeAttentionParams<T> p;
@@ -88,21 +88,21 @@ inline int ceil_div(std::int64_t a, std::int64_t b) { return int((a + b - 1) / b
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
 inline bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
-// Tokens a view can hold (kv_capacity), 0 for a view that does not say: sizes the grid when
-// max_kv_length = 0.
+/// Tokens a view can hold (kv_capacity), 0 for a view that does not say: sizes the grid when
+/// max_kv_length = 0.
 template <class V>
 int view_capacity(const V& kv) {
   const int cap = kv_capacity(kv);
   return cap > 0 ? cap : 0;
 }
 
-// The lengths a call covers: max_kv_length, or the view's capacity.
+/// The lengths a call covers: max_kv_length, or the view's capacity.
 template <class View, class T>
 int decode_max_length(const View& kv, const DecodeAttentionParams<T>& p) {
   return p.max_kv_length > 0 ? p.max_kv_length : view_capacity(kv);
 }
 
-// Shapes and values; `check_pointers` is off for the workspace-size query, which needs no data.
+/// Shapes and values; `check_pointers` is off for the workspace-size query, which needs no data.
 template <class View, class T>
 Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>& p, bool check_pointers = true) {
   KVSIFT_TRY(kv.validate());

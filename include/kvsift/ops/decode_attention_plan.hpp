@@ -22,11 +22,11 @@
 namespace kvsift {
 namespace detail {
 
-inline constexpr int kDecodeCtasPerSm = 2;     // blocks resident per SM the split plan assumes
-inline constexpr int kDecodeCtaTokens = 64;    // tokens one block consumes per step (4 warps x 16)
-inline constexpr int kDecodeMaxChunk = 32768;  // bounds the block-max scratch in shared memory
+inline constexpr int kDecodeCtasPerSm = 2;     ///< blocks resident per SM the split plan assumes
+inline constexpr int kDecodeCtaTokens = 64;    ///< tokens one block consumes per step (4 warps x 16)
+inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch in shared memory
 
-// The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
+/// The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
 template <class View>
 constexpr bool decode_uses_tensor_cores() {
   return sizeof(typename View::value_type) == 2;
@@ -34,22 +34,22 @@ constexpr bool decode_uses_tensor_cores() {
 
 struct DecodePlan {
   int batch = 0, num_kv_heads = 0, group = 0, head_dim = 0;
-  int max_len = 0;        // tokens a retrieval head covers
-  int sparse_tokens = 0;  // tokens a sparse head covers (index capacity * block size, capped)
-  int rows = 0;           // query rows per KV head: q_len * group, plus the score row
-  int row_tile = 0;       // rows per block (8 or 16)
+  int max_len = 0;        ///< tokens a retrieval head covers
+  int sparse_tokens = 0;  ///< tokens a sparse head covers (index capacity * block size, capped)
+  int rows = 0;           ///< query rows per KV head: q_len * group, plus the score row
+  int row_tile = 0;       ///< rows per block (8 or 16)
   int row_tiles = 0;
   int num_retrieval = 0, num_sparse = 0;
-  int chunk = 0;          // tokens per split (a multiple of kDecodeCtaTokens and of every block size)
+  int chunk = 0;          ///< tokens per split (a multiple of kDecodeCtaTokens and of every block size)
   int retrieval_splits = 0, sparse_splits = 0;
-  int ctas_per_tile = 0;  // grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
-  int score_cols = 0;     // entries per score row (0 without scores)
-  float scale_log2 = 0.f; // sm_scale * log2(e): the kernels run the softmax in base 2
-  std::uint8_t head_at[kMaxKvHeads] = {};  // retrieval heads first, then sparse, by head index
-  std::uint8_t rank_of[kMaxKvHeads] = {};  // position of a head among those of its role
+  int ctas_per_tile = 0;  ///< grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
+  int score_cols = 0;     ///< entries per score row (0 without scores)
+  float scale_log2 = 0.f; ///< sm_scale * log2(e): the kernels run the softmax in base 2
+  std::uint8_t head_at[kMaxKvHeads] = {};  ///< retrieval heads first, then sparse, by head index
+  std::uint8_t rank_of[kMaxKvHeads] = {};  ///< position of a head among those of its role
 
   std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
-  // Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
+  /// Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
   template <class Carve>
   void carve(Carve& ws, float** partial_out, float** partial_lse) const {
     *partial_out = ws.template take<float>(partials() * row_tile * head_dim);
@@ -63,8 +63,8 @@ struct DecodePlan {
   }
 };
 
-// Sizes the grid for about one wave of kDecodeCtasPerSm blocks per SM with equal tokens per block;
-// a retrieval head gets proportionally more splits than a sparse one.
+/// Sizes the grid for about one wave of kDecodeCtasPerSm blocks per SM with equal tokens per block;
+/// a retrieval head gets proportionally more splits than a sparse one.
 template <class View, class T>
 Status plan_decode_attention(const DeviceFacts& device, const View& kv, const DecodeAttentionParams<T>& p,
                              DecodePlan* plan) {
@@ -118,10 +118,10 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
 
 }  // namespace detail
 
-// Bytes of workspace decode_attention needs on `exec` for these views and params (no device memory
-// needed; the host reference needs none). The split plan rounds per batch size, so a smaller batch
-// can need more scratch than a larger one: engines size once for their largest batch, and the query
-// reports the most any batch up to kv.batch needs.
+/// Bytes of workspace decode_attention needs on `exec` for these views and params (no device memory
+/// needed; the host reference needs none). The split plan rounds per batch size, so a smaller batch
+/// can need more scratch than a larger one: engines size once for their largest batch, and the query
+/// reports the most any batch up to kv.batch needs.
 template <class Exec, class View, class T>
 Status decode_attention_workspace_bytes(const Exec& exec, const View& kv, const DecodeAttentionParams<T>& p,
                                         std::size_t* bytes) {

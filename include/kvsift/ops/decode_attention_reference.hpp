@@ -19,7 +19,7 @@
 namespace kvsift {
 namespace host {
 
-// Host memory for every pointer (views, lengths, index set, q, out, lse, scores).
+/// Host memory for every pointer (views, lengths, index set, q, out, lse, scores).
 template <class View, class T>
 Status decode_attention(const Exec&, const View& kv, const DecodeAttentionParams<T>& p,
                         Workspace /*workspace: the reference needs none*/ = {}) {

@@ -20,9 +20,9 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::topk; pointers are device pointers. Asynchronous on exec.stream: no
-// allocation, no synchronization, no read of device data by the host, no driver query. Needs no
-// workspace today (topk_workspace_bytes reports 0); a workspace passed anyway is ignored.
+/// Same contract as host::topk; pointers are device pointers. Asynchronous on exec.stream: no
+/// allocation, no synchronization, no read of device data by the host, no driver query. Needs no
+/// workspace today (topk_workspace_bytes reports 0); a workspace passed anyway is ignored.
 template <class T, class Key = ScoreKey<T>>
 Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& params, IndexSet out,
             T* values = nullptr, Key key = Key{}, Workspace /*workspace*/ = {}) {

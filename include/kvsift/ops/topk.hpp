@@ -35,27 +35,27 @@
 
 namespace kvsift {
 
-// Per-call parameters. Pointers live in the backend's memory space (host memory for host::Exec,
-// device memory for cuda::Exec) and are read only by the op, never by the launcher.
+/// Per-call parameters. Pointers live in the backend's memory space (host memory for host::Exec,
+/// device memory for cuda::Exec) and are read only by the op, never by the launcher.
 struct TopKParams {
-  int k = 0;                              // budget per row when per_row_k is null
-  const std::int32_t* per_row_k = nullptr;  // [rows] optional; values are clamped to [0, out.capacity]
-  const std::int32_t* lengths = nullptr;    // [rows] optional; values are clamped to [0, scores.cols]
-  int sink = 0;                           // first `sink` positions always selected
-  int recent = 0;                         // last `recent` positions always selected
-  HeadRoleMask roles;                     // with num_kv_heads > 0: rows of sparse heads are skipped
-  int num_kv_heads = 0;                   // rows per sequence for the filter; 0 = write every row
+  int k = 0;                              ///< budget per row when per_row_k is null
+  const std::int32_t* per_row_k = nullptr;  ///< [rows] optional; values are clamped to [0, out.capacity]
+  const std::int32_t* lengths = nullptr;    ///< [rows] optional; values are clamped to [0, scores.cols]
+  int sink = 0;                           ///< first `sink` positions always selected
+  int recent = 0;                         ///< last `recent` positions always selected
+  HeadRoleMask roles;                     ///< with num_kv_heads > 0: rows of sparse heads are skipped
+  int num_kv_heads = 0;                   ///< rows per sequence for the filter; 0 = write every row
 };
 
-// True when the row filter leaves row r untouched.
+/// True when the row filter leaves row r untouched.
 KVSIFT_HD inline bool topk_skips_row(const TopKParams& p, std::int64_t row) {
   return p.num_kv_heads > 0 && p.roles.is_sparse(int(row % p.num_kv_heads));
 }
 
 namespace detail {
 
-// Monotone map from a float to uint32: a > b  <=>  key(a) > key(b). NaN maps to 0, below -inf
-// (whose key is 0x007fffff); -0 is folded onto +0 so the two tie and the lower position wins.
+/// Monotone map from a float to uint32: a > b  <=>  key(a) > key(b). NaN maps to 0, below -inf
+/// (whose key is 0x007fffff); -0 is folded onto +0 so the two tie and the lower position wins.
 KVSIFT_HD inline std::uint32_t float_order_key(float x) {
   std::uint32_t u = float_to_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;
@@ -75,8 +75,8 @@ using order_key_t = std::conditional_t<(Bits > 32), std::uint64_t, std::uint32_t
 //   Status validate() const;                 host-side check of the policy's own pointers
 // The kernels run their radix passes over exactly kBits bits, so narrow keys cost fewer passes.
 
-// The plain score. fp16 and bf16 keep only the bits their values can differ in (19 and 16), which
-// saves a radix pass; the order is the same as for the widened float.
+/// The plain score. fp16 and bf16 keep only the bits their values can differ in (19 and 16), which
+/// saves a radix pass; the order is the same as for the widened float.
 template <class T>
 struct ScoreKey {
   static constexpr int kBits = dtype_traits<T>::dtype == DType::kFloat32   ? 32
@@ -89,9 +89,9 @@ struct ScoreKey {
   Status validate() const { return Status(); }
 };
 
-// Flagged positions first, then by score: ClusterAttn keeps every token inside a cluster ahead of
-// all others (key = flag << score_bits | score key). flags[row * row_stride + position] != 0 marks
-// a flagged position; the pointer lives in the backend's memory space.
+/// Flagged positions first, then by score: ClusterAttn keeps every token inside a cluster ahead of
+/// all others (key = flag << score_bits | score key). flags[row * row_stride + position] != 0 marks
+/// a flagged position; the pointer lives in the backend's memory space.
 template <class T>
 struct FlagFirstKey {
   static constexpr int kScoreBits = ScoreKey<T>::kBits;
@@ -112,12 +112,12 @@ struct FlagFirstKey {
   }
 };
 
-// What one row selects; computed the same way by every backend (and by tests).
+/// What one row selects; computed the same way by every backend (and by tests).
 struct TopKRowPlan {
-  int len = 0;           // live positions [0, len)
-  int sink_end = 0;      // forced sink: [0, sink_end)
-  int recent_begin = 0;  // forced recent: [recent_begin, len); scored region: [sink_end, recent_begin)
-  int budget = 0;        // positions chosen by key from the scored region
+  int len = 0;           ///< live positions [0, len)
+  int sink_end = 0;      ///< forced sink: [0, sink_end)
+  int recent_begin = 0;  ///< forced recent: [recent_begin, len); scored region: [sink_end, recent_begin)
+  int budget = 0;        ///< positions chosen by key from the scored region
 
   KVSIFT_HD int region() const { return recent_begin - sink_end; }
   KVSIFT_HD int forced() const { return len - region(); }

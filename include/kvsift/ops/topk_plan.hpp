@@ -18,24 +18,24 @@
 namespace kvsift {
 namespace detail {
 
-// Slices of about 64 KiB of keys stream well (eight 16-byte loads in flight per thread) and let two
-// CTAs share an SM; up to 128 KiB a slice is still cached rather than re-read on every pass.
+/// Slices of about 64 KiB of keys stream well (eight 16-byte loads in flight per thread) and let two
+/// CTAs share an SM; up to 128 KiB a slice is still cached rather than re-read on every pass.
 inline constexpr std::size_t kTopkPreferredSliceBytes = std::size_t(64) << 10;
 inline constexpr std::size_t kTopkMaxCachedSliceBytes = std::size_t(128) << 10;
-inline constexpr int kTopkMinSlice = 2048;     // below this a CTA is mostly barriers
-inline constexpr int kTopkMaxCtasPerRow = 8;   // the portable hardware cluster size
+inline constexpr int kTopkMinSlice = 2048;     ///< below this a CTA is mostly barriers
+inline constexpr int kTopkMaxCtasPerRow = 8;   ///< the portable hardware cluster size
 
 struct TopkPlan {
   int cols = 0;
   int ctas_per_row = 1;
-  int slice = 0;  // positions per CTA, a multiple of 8 (16-byte vectors never straddle two CTAs)
+  int slice = 0;  ///< positions per CTA, a multiple of 8 (16-byte vectors never straddle two CTAs)
   bool cached = false;
-  bool vector_loads = false;  // every row starts 16-byte aligned
+  bool vector_loads = false;  ///< every row starts 16-byte aligned
   std::size_t smem_bytes = 0;
 };
 
-// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
-// group whose slices fit shared memory.
+/// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
+/// group whose slices fit shared memory.
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   auto slice_for = [cols](int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; };
@@ -55,9 +55,9 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
 
 }  // namespace detail
 
-// Scratch memory topk needs, from shapes alone (no device memory touched). Every current path keeps
-// its state in shared memory and needs none; callers still ask and pass what this returns, so a later
-// split-row path can use it without an API change. The host reference needs none either.
+/// Scratch memory topk needs, from shapes alone (no device memory touched). Every current path keeps
+/// its state in shared memory and needs none; callers still ask and pass what this returns, so a later
+/// split-row path can use it without an API change. The host reference needs none either.
 template <class T, class Key = ScoreKey<T>, class Exec>
 Status topk_workspace_bytes(const Exec& exec, const StridedView2D<const T>& scores, const TopKParams& params,
                             const IndexSet& out, std::size_t* bytes) {

@@ -17,8 +17,8 @@
 namespace kvsift {
 namespace host {
 
-// Host memory for every pointer. `values` (optional) receives the score
-// of each selected position at the same offset, with row stride out.row_stride.
+/// Host memory for every pointer. `values` (optional) receives the score
+/// of each selected position at the same offset, with row stride out.row_stride.
 template <class T, class Key = ScoreKey<T>>
 Status topk(const Exec&, StridedView2D<const T> scores, const TopKParams& params, IndexSet out, T* values = nullptr,
             Key key = Key{}, Workspace /*workspace: the reference needs none*/ = {}) {

@@ -58,8 +58,8 @@ namespace kvsift {
 
 namespace detail {
 
-// A view with a shape and nothing behind it: lets the workspace query plan the attention launches
-// before any cache exists. Only its value_type's size matters (tensor-core vs CUDA-core tiles).
+/// A view with a shape and nothing behind it: lets the workspace query plan the attention launches
+/// before any cache exists. Only its value_type's size matters (tensor-core vs CUDA-core tiles).
 template <class T>
 struct ShapeOnlyKV {
   using value_type = T;
@@ -70,8 +70,8 @@ struct ShapeOnlyKV {
   Status validate() const { return Status(); }
 };
 
-// The decode_attention parameters of one layer call; the same function builds the workspace query's
-// parameters, so the query and the launch plan identically. The QueryIO passes through unchanged.
+/// The decode_attention parameters of one layer call; the same function builds the workspace query's
+/// parameters, so the query and the launch plan identically. The QueryIO passes through unchanged.
 template <class T>
 DecodeAttentionParams<T> lycheedecode_attention_params(const LycheeDecodeConfig& c, const QueryIO<T>& io, int q_len,
                                                        const HeadRoleMask& roles, const ConstIndexSet& table,
@@ -93,26 +93,26 @@ DecodeAttentionParams<T> lycheedecode_attention_params(const LycheeDecodeConfig&
   return p;
 }
 
-// Scratch of one layer call, carved from the caller's workspace in a fixed order; decode_attention
-// gets the rest. Nothing in it outlives the call, so one workspace serves every layer (and other
-// ops in between).
+/// Scratch of one layer call, carved from the caller's workspace in a fixed order; decode_attention
+/// gets the rest. Nothing in it outlives the call, so one workspace serves every layer (and other
+/// ops in between).
 struct LycheeDecodeScratch {
-  float* scores = nullptr;  // [max_batch * num_kv_heads, score_stride]: retrieval rows written per layer
+  float* scores = nullptr;  ///< [max_batch * num_kv_heads, score_stride]: retrieval rows written per layer
   int score_cols = 0;
   std::int64_t score_stride = 0;
-  std::int32_t* row_lengths = nullptr;  // [rows] entries top-k ranks per row
-  std::int32_t* row_budget = nullptr;   // [rows] ratio mode
-  std::int32_t* recent_from = nullptr;  // [rows] block mode
-  Workspace selection;                  // top-k's
-  Workspace attention;                  // decode_attention's: everything after the above
+  std::int32_t* row_lengths = nullptr;  ///< [rows] entries top-k ranks per row
+  std::int32_t* row_budget = nullptr;   ///< [rows] ratio mode
+  std::int32_t* recent_from = nullptr;  ///< [rows] block mode
+  Workspace selection;                  ///< top-k's
+  Workspace attention;                  ///< decode_attention's: everything after the above
 };
 
 }  // namespace detail
 
 class LycheeDecodePolicy {
  public:
-  // Validates the configuration (messages name the parameter). Nothing device-specific happens here:
-  // workspace sizes come from workspace_bytes(exec), which sees the Exec's device facts.
+  /// Validates the configuration (messages name the parameter). Nothing device-specific happens here:
+  /// workspace sizes come from workspace_bytes(exec), which sees the Exec's device facts.
   static Status create(const LycheeDecodeConfig& config, LycheeDecodePolicy* out) {
     KVSIFT_REQUIRE_NOT_NULL(out, "out");
     KVSIFT_TRY(validate_lycheedecode_config(config));
@@ -124,7 +124,7 @@ class LycheeDecodePolicy {
 
   const LycheeDecodeConfig& config() const { return config_; }
   int index_capacity() const { return lycheedecode_index_capacity(config_); }
-  // Roles of `layer` (set bit = sparse head: attends through the index table).
+  /// Roles of `layer` (set bit = sparse head: attends through the index table).
   const HeadRoleMask& roles(int layer) const { return config_.roles.layer(layer); }
   int retrieval_heads(int layer) const { return roles(layer).count_retrieval(config_.num_kv_heads); }
 
@@ -133,9 +133,9 @@ class LycheeDecodePolicy {
     return make_lycheedecode_state(config_, memory, bytes, state);
   }
 
-  // Bytes of workspace a layer call on `exec` needs, for KV element type KT (the view's value_type).
-  // Computed from the capacities and the device facts only; one workspace serves every layer and
-  // every batch up to max_batch.
+  /// Bytes of workspace a layer call on `exec` needs, for KV element type KT (the view's value_type).
+  /// Computed from the capacities and the device facts only; one workspace serves every layer and
+  /// every batch up to max_batch.
   template <class KT, class Exec>
   Status workspace_bytes(const Exec& exec, std::size_t* bytes) const {
     KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
@@ -147,12 +147,12 @@ class LycheeDecodePolicy {
     return Status();
   }
 
-  // Whether decode step `step` (the engine's 0-based count of decode steps since the prompt) is a
-  // cache-correction step.
+  /// Whether decode step `step` (the engine's 0-based count of decode steps since the prompt) is a
+  /// cache-correction step.
   bool correction_due(std::int64_t step) const { return kvsift::correction_due(config_, step); }
 
-  // One layer of a sparse decode step (q_len = 1). `kv` already holds the new token at position
-  // length - 1. Pointers of kv, io, state and workspace are in the memory space of `exec`.
+  /// One layer of a sparse decode step (q_len = 1). `kv` already holds the new token at position
+  /// length - 1. Pointers of kv, io, state and workspace are in the memory space of `exec`.
   template <class Exec, class View, class T>
   Status decode_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, const QueryIO<T>& io,
                       Workspace workspace) const {
@@ -171,9 +171,9 @@ class LycheeDecodePolicy {
     return Status();
   }
 
-  // One layer of a cache-correction step: dense causal attention of the last correction_interval
-  // positions (io holds q_len = correction_interval query rows) over the whole cache, every head
-  // retrieval, the index table untouched. The sequences must hold at least correction_interval tokens.
+  /// One layer of a cache-correction step: dense causal attention of the last correction_interval
+  /// positions (io holds q_len = correction_interval query rows) over the whole cache, every head
+  /// retrieval, the index table untouched. The sequences must hold at least correction_interval tokens.
   template <class Exec, class View, class T>
   Status correct_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, const QueryIO<T>& io,
                        Workspace workspace) const {
@@ -195,11 +195,11 @@ class LycheeDecodePolicy {
     const int unit = lycheedecode_entry_tokens(config_);
     return (config_.max_kv_length + unit - 1) / unit;
   }
-  // Rows start on 16 bytes so top-k streams them with vector loads.
+  /// Rows start on 16 bytes so top-k streams them with vector loads.
   std::int64_t score_stride() const { return (std::int64_t(score_cols()) + 3) / 4 * 4; }
   int rows() const { return config_.max_batch * config_.num_kv_heads; }
 
-  // Everything but decode_attention's part, which takes the rest of the workspace.
+  /// Everything but decode_attention's part, which takes the rest of the workspace.
   void carve_fixed_scratch(WorkspaceCarver& ws, detail::LycheeDecodeScratch* out = nullptr) const {
     detail::LycheeDecodeScratch x;
     x.score_cols = score_cols();
@@ -230,8 +230,8 @@ class LycheeDecodePolicy {
     return Status();
   }
 
-  // The largest decode_attention workspace over every batch up to max_batch, every role mix of the
-  // layers and the correction pass (the split plan depends on all three).
+  /// The largest decode_attention workspace over every batch up to max_batch, every role mix of the
+  /// layers and the correction pass (the split plan depends on all three).
   template <class KT, class Exec>
   Status attention_workspace_bytes(const Exec& exec, std::size_t* bytes) const {
     static const std::int32_t kShapeOnly = 0;  // validation wants non-null pointers; never read
@@ -295,8 +295,8 @@ class LycheeDecodePolicy {
     return Status();
   }
 
-  // Top-k of this layer's retrieval rows, written in place into the index table (indices and counts;
-  // the rows of sparse heads untouched): the handoff to later layers.
+  /// Top-k of this layer's retrieval rows, written in place into the index table (indices and counts;
+  /// the rows of sparse heads untouched): the handoff to later layers.
   template <class Exec, class View>
   Status hand_off(const Exec& exec, LycheeDecodeState& state, const HeadRoleMask& layer_roles, const View& kv,
                   const detail::LycheeDecodeScratch& x) const {

@@ -41,46 +41,46 @@ inline const char* to_string(LycheeDecodeSelection s) {
   return "unknown";
 }
 
-// The paper's cache-correction interval ("dense attention once every 32 tokens").
+/// The paper's cache-correction interval ("dense attention once every 32 tokens").
 inline constexpr int kLycheeDecodeCorrectionInterval = 32;
 
 struct LycheeDecodeConfig {
-  // Model shape.
+  /// Model shape.
   int num_layers = 0;
   int num_q_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;  // 64, 128 or 256
-  // Roles [num_layers, num_kv_heads] in the model's original KV-head order: from a roles file
-  // (read_head_roles_file), from trained HardKuma gates (lycheedecode_roles_from_hardkuma) or built
-  // directly (make_head_roles). Layer 0 must be all retrieval: it seeds every index row.
+  int head_dim = 0;  ///< 64, 128 or 256
+  /// Roles [num_layers, num_kv_heads] in the model's original KV-head order: from a roles file
+  /// (read_head_roles_file), from trained HardKuma gates (lycheedecode_roles_from_hardkuma) or built
+  /// directly (make_head_roles). Layer 0 must be all retrieval: it seeds every index row.
   HeadRoles roles;
 
-  // Capacities, fixed for the life of the state and workspace: every launch is sized from them,
-  // never from the lengths in memory, so a captured step replays for any lengths up to these.
+  /// Capacities, fixed for the life of the state and workspace: every launch is sized from them,
+  /// never from the lengths in memory, so a captured step replays for any lengths up to these.
   int max_batch = 0;
-  int max_kv_length = 0;   // longest sequence (tokens) a call may see; longer ones are clamped to it
-  int index_capacity = 0;  // entries per index row; 0 = exactly what the selection needs
+  int max_kv_length = 0;   ///< longest sequence (tokens) a call may see; longer ones are clamped to it
+  int index_capacity = 0;  ///< entries per index row; 0 = exactly what the selection needs
 
-  // Selection.
+  /// Selection.
   LycheeDecodeSelection selection = LycheeDecodeSelection::kToken;
-  int budget = 4096;  // kToken: tokens per row, sink and recent included
-  double rho = 0.7;   // kRatio: fraction of tokens dropped, in [0, 1)
-  int sink = 128;     // kToken, kRatio: first tokens always kept
-  int recent = 256;   // every mode: last tokens always kept (kBlock: the blocks holding them)
-  int block_size = 64;   // kBlock: tokens per block, a power of two >= 16
-  int num_blocks = 64;   // kBlock: blocks per row, forced ones included
-  int sink_blocks = 1;   // kBlock: first blocks always kept
+  int budget = 4096;  ///< kToken: tokens per row, sink and recent included
+  double rho = 0.7;   ///< kRatio: fraction of tokens dropped, in [0, 1)
+  int sink = 128;     ///< kToken, kRatio: first tokens always kept
+  int recent = 256;   ///< every mode: last tokens always kept (kBlock: the blocks holding them)
+  int block_size = 64;   ///< kBlock: tokens per block, a power of two >= 16
+  int num_blocks = 64;   ///< kBlock: blocks per row, forced ones included
+  int sink_blocks = 1;   ///< kBlock: first blocks always kept
 
-  // Cache correction: every correction_interval-th decode step re-runs the last correction_interval
-  // positions densely (correct_layer). 0 = off (default); kLycheeDecodeCorrectionInterval when on.
+  /// Cache correction: every correction_interval-th decode step re-runs the last correction_interval
+  /// positions densely (correct_layer). 0 = off (default); kLycheeDecodeCorrectionInterval when on.
   int correction_interval = 0;
 
-  float sm_scale = 0.f;  // <= 0: 1 / sqrt(head_dim)
+  float sm_scale = 0.f;  ///< <= 0: 1 / sqrt(head_dim)
 };
 
 namespace detail {
 
-// Most blocks of `block_size` tokens that `recent` consecutive tokens can touch.
+/// Most blocks of `block_size` tokens that `recent` consecutive tokens can touch.
 inline int max_blocks_touched(int recent, int block_size) {
   return recent <= 0 ? 0 : (recent - 1 + block_size - 1) / block_size + 1;
 }
@@ -89,7 +89,7 @@ inline bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 }  // namespace detail
 
-// Tokens per index entry: 1, or block_size in block mode.
+/// Tokens per index entry: 1, or block_size in block mode.
 inline int lycheedecode_entry_tokens(const LycheeDecodeConfig& c) {
   return c.selection == LycheeDecodeSelection::kBlock ? c.block_size : 1;
 }
@@ -98,10 +98,10 @@ inline Granularity lycheedecode_granularity(const LycheeDecodeConfig& c) {
   return c.selection == LycheeDecodeSelection::kBlock ? Granularity::kBlock : Granularity::kToken;
 }
 
-// Fraction of tokens kept in ratio mode; the same double on every backend, so floor(keep * L) agrees.
+/// Fraction of tokens kept in ratio mode; the same double on every backend, so floor(keep * L) agrees.
 inline double lycheedecode_keep_fraction(const LycheeDecodeConfig& c) { return 1.0 - c.rho; }
 
-// Entries an index row must hold for this selection (before index_capacity overrides it).
+/// Entries an index row must hold for this selection (before index_capacity overrides it).
 inline int lycheedecode_required_capacity(const LycheeDecodeConfig& c) {
   switch (c.selection) {
     case LycheeDecodeSelection::kToken: return c.budget;
@@ -119,9 +119,9 @@ inline int lycheedecode_index_capacity(const LycheeDecodeConfig& c) {
   return c.index_capacity > 0 ? c.index_capacity : lycheedecode_required_capacity(c);
 }
 
-// True when decode step `step` (0-based, counting every decode step since the prompt) is a
-// cache-correction step: steps interval-1, 2*interval-1, ... re-run the last `interval` positions
-// (the interval-1 sparsely decoded tokens and the new one).
+/// True when decode step `step` (0-based, counting every decode step since the prompt) is a
+/// cache-correction step: steps interval-1, 2*interval-1, ... re-run the last `interval` positions
+/// (the interval-1 sparsely decoded tokens and the new one).
 inline bool correction_due(const LycheeDecodeConfig& c, std::int64_t step) {
   return c.correction_interval > 0 && step >= 0 && (step + 1) % c.correction_interval == 0;
 }

@@ -26,7 +26,7 @@ inline unsigned handoff_blocks(int rows) { return unsigned((rows + kHandoffThrea
 
 namespace cuda {
 
-// Device memory for every pointer and for the view's lengths.
+/// Device memory for every pointer and for the view's lengths.
 template <class View>
 Status plan_selection_rows(const Exec& exec, const View& kv, const SelectionRowsArgs& args) {
   KVSIFT_TRY(detail::validate_selection_rows(kv, args));

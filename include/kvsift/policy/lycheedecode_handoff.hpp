@@ -26,22 +26,22 @@
 
 namespace kvsift {
 
-// What plan_selection_rows needs; pointers in the backend's memory space.
+/// What plan_selection_rows needs; pointers in the backend's memory space.
 struct SelectionRowsArgs {
   int num_kv_heads = 0;
-  int max_kv_length = 0;     // lengths are clamped to it, as decode_attention does
-  int entry_tokens = 1;      // tokens per entry: 1, or the block size
-  double keep = 0.0;         // ratio mode: budget = floor(keep * L)
+  int max_kv_length = 0;     ///< lengths are clamped to it, as decode_attention does
+  int entry_tokens = 1;      ///< tokens per entry: 1, or the block size
+  double keep = 0.0;         ///< ratio mode: budget = floor(keep * L)
   bool ratio = false;
-  int recent = 0;            // block mode: tokens whose blocks are forced
-  std::int32_t* row_lengths = nullptr;  // [rows] entries top-k ranks (tokens or blocks)
-  std::int32_t* row_budget = nullptr;   // [rows] ratio mode only
-  std::int32_t* recent_from = nullptr;  // [rows] block mode only: first forced block
+  int recent = 0;            ///< block mode: tokens whose blocks are forced
+  std::int32_t* row_lengths = nullptr;  ///< [rows] entries top-k ranks (tokens or blocks)
+  std::int32_t* row_budget = nullptr;   ///< [rows] ratio mode only
+  std::int32_t* recent_from = nullptr;  ///< [rows] block mode only: first forced block
 };
 
-// Block mode's key: the blocks holding the last `recent` tokens rank above every other block, then
-// by score, then (top-k's rule) by lower position. Their number depends on each sequence's length,
-// which top-k's fixed `recent` count cannot express; the first of them comes from recent_from[row].
+/// Block mode's key: the blocks holding the last `recent` tokens rank above every other block, then
+/// by score, then (top-k's rule) by lower position. Their number depends on each sequence's length,
+/// which top-k's fixed `recent` count cannot express; the first of them comes from recent_from[row].
 struct RecentBlocksFirstKey {
   static constexpr int kScoreBits = ScoreKey<float>::kBits;
   static constexpr int kBits = kScoreBits + 1;
@@ -91,7 +91,7 @@ Status validate_selection_rows(const View& kv, const SelectionRowsArgs& a) {
 
 namespace host {
 
-// Rows r < kv.batch * num_kv_heads; every pointer is host memory.
+/// Rows r < kv.batch * num_kv_heads; every pointer is host memory.
 template <class View>
 Status plan_selection_rows(const Exec&, const View& kv, const SelectionRowsArgs& args) {
   KVSIFT_TRY(detail::validate_selection_rows(kv, args));

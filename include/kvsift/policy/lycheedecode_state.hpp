@@ -25,12 +25,12 @@
 namespace kvsift {
 
 struct LycheeDecodeState {
-  IndexSet table;          // rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
+  IndexSet table;          ///< rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
   int num_layers = 0;
-  int next_layer = 0;      // the layer the next call must be for
-  int step_batch = 0;      // kv.batch of the step in progress, fixed by its layer 0
+  int next_layer = 0;      ///< the layer the next call must be for
+  int step_batch = 0;      ///< kv.batch of the step in progress, fixed by its layer 0
 
-  // Abandon a step half way (an engine error): the next call must be layer 0 again.
+  /// Abandon a step half way (an engine error): the next call must be layer 0 again.
   void restart_step() { next_layer = 0; }
 };
 
@@ -46,15 +46,15 @@ inline IndexSet carve_lycheedecode_table(WorkspaceCarver& ws, const LycheeDecode
 
 }  // namespace detail
 
-// Bytes of state memory for this configuration (needs no memory; the config must be valid).
+/// Bytes of state memory for this configuration (needs no memory; the config must be valid).
 inline std::size_t lycheedecode_state_bytes(const LycheeDecodeConfig& config) {
   WorkspaceCarver ws(nullptr, 0);
   detail::carve_lycheedecode_table(ws, config);
   return ws.required_bytes();
 }
 
-// Lays the state out in `memory` (256-byte aligned, at least lycheedecode_state_bytes). Nothing is
-// written to the memory itself.
+/// Lays the state out in `memory` (256-byte aligned, at least lycheedecode_state_bytes). Nothing is
+/// written to the memory itself.
 inline Status make_lycheedecode_state(const LycheeDecodeConfig& config, void* memory, std::size_t bytes,
                                       LycheeDecodeState* state) {
   KVSIFT_TRY(validate_lycheedecode_config(config));
