@@ -20,13 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "cuda_backend.cuh"
-#include "cuda_gemv.cuh"
-#include "cuda_random.cuh"
-#include "generate.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/cuda/cuda_engine.hpp"
+#include "engine/cuda/cuda_gemv.cuh"
+#include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
-#include "host_backend.hpp"
 
 namespace md = minimal_decoder;
 namespace fs = std::filesystem;
