@@ -20,6 +20,12 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+// Before the engine: this test calls the decoder's members itself, so their kvsift calls must find
+// the CUDA launchers here too (engine/cuda/cuda_engine.hpp).
+#include <kvsift/kvsift.cuh>
+
 #include "engine/checkpoint.hpp"
 #include "engine/cuda/cuda_engine.hpp"
 #include "engine/cuda/cuda_gemv.cuh"

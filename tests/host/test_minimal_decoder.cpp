@@ -418,11 +418,11 @@ TEST_CASE("minimal decoder: argument errors are one clear line") {
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--page-size", "0"}),
                        "--page-size: 0 is not an integer >= 1");
   const md::Options paged = parse({"--random", "tiny", "--random-prompts", "10", "--kv-layout", "paged", "--page-size", "32"});
-  CHECK(paged.kv_layout == md::KvLayout::kPaged);
-  CHECK(paged.page_size == 32);
+  CHECK(paged.generation.kv_layout == md::KvLayout::kPaged);
+  CHECK(paged.generation.page_size == 32);
   const md::Options ok = parse({"--random", "tiny", "--random-prompts", "500,320", "--policy", "clusterattn", "--cp", "256"});
   CHECK(ok.random_prompt_lengths == std::vector<int>{500, 320});
-  CHECK(ok.policy.compression.capacity == 256);
+  CHECK(ok.generation.policy.compression.capacity == 256);
 
   // Policy options and lengths are checked by kvsift's own validation before anything runs.
   const md::ModelConfig c = tiny_config();

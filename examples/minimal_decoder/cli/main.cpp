@@ -42,22 +42,6 @@ std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vo
   return prompts;
 }
 
-md::GenerationRequest make_request(const md::Options& o, std::vector<std::vector<std::int32_t>> prompts) {
-  md::GenerationRequest req;
-  req.prompts = std::move(prompts);
-  req.new_tokens = o.new_tokens;
-  req.prefill_chunk = o.prefill_chunk;
-  req.synthetic_prefill = o.synthetic_prefill;
-  req.time_attention = o.time_attention;
-  req.graph_steps = o.graph_steps;
-  req.kv_layout = o.kv_layout;
-  req.page_size = o.page_size;
-  req.sampling = o.sampling;
-  req.policy = o.policy;
-  req.check = o.check;
-  return req;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
@@ -145,7 +129,8 @@ void run_compare(Backend& be, const md::Options& o, const md::ModelConfig& confi
 template <class Backend>
 int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::BackendWeights<Backend>& weights) {
   if (o.passkey_tool()) return md::run_passkey_tool(be, o.passkey, config, weights);  // --eval-passkey and friends
-  md::GenerationRequest req = make_request(o, load_prompts(o, config.vocab_size));
+  md::GenerationRequest req = o.generation;
+  req.prompts = load_prompts(o, config.vocab_size);
   if (o.compare) {
     run_compare(be, o, config, weights, req);
     return 0;

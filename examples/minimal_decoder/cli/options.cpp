@@ -57,11 +57,13 @@ struct Parsed {
 };
 
 void add_options(CLI::App& app, Options& o, Parsed& p) {
-  auto& cfg = o.policy.compression;
-  auto& ly = o.policy.lychee;
+  GenerationRequest& gen = o.generation;
+  auto& cfg = gen.policy.compression;
+  auto& ly = gen.policy.lychee;
   auto& pk = o.passkey;
   const char* g = "weights";
-  app.add_option("--model", o.model_dir, "Hugging Face Llama/Qwen3 checkpoint: config.json + *.safetensors (bf16/fp16/fp32, sharded ok)")->group(g);
+  app.add_option("--model", o.model_dir, "Hugging Face Llama/Qwen3 checkpoint: config.json + *.safetensors (bf16/fp16/fp32, sharded ok)")
+      ->group(g);
   app.add_option("--random", o.random_shape, "random weights of a named shape: tiny (CPU demo) or llama3-8b")
       ->check(CLI::IsMember({"tiny", "llama3-8b"}))->group(g);
   app.add_option("--seed", o.seed, "seed of the random weights and random prompts")->capture_default_str()->group(g);
@@ -76,20 +78,26 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->delimiter(',')->check(at_least(1))->group(g);
 
   g = "generation";
-  app.add_option("--new-tokens", o.new_tokens, "tokens to generate per sequence")->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--temperature", o.sampling.temperature, "0 = greedy; > 0 samples")->check(in_range(0, 100))->capture_default_str()->group(g);
-  app.add_option("--top-p", o.sampling.top_p, "nucleus sampling mass")->check(in_range(1e-6, 1))->capture_default_str()->group(g);
-  app.add_option("--sample-seed", o.sampling.seed, "seed of the sampler")->capture_default_str()->group(g);
-  app.add_option("--prefill-chunk", o.prefill_chunk, "query positions per prefill chunk")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_flag("--synthetic-prefill", o.synthetic_prefill, "fill the KV caches with random K/V instead of running the "
+  app.add_option("--new-tokens", gen.new_tokens, "tokens to generate per sequence")
+      ->check(at_least(0))->capture_default_str()->group(g);
+  app.add_option("--temperature", gen.sampling.temperature, "0 = greedy; > 0 samples")
+      ->check(in_range(0, 100))->capture_default_str()->group(g);
+  app.add_option("--top-p", gen.sampling.top_p, "nucleus sampling mass")
+      ->check(in_range(1e-6, 1))->capture_default_str()->group(g);
+  app.add_option("--sample-seed", gen.sampling.seed, "seed of the sampler")->capture_default_str()->group(g);
+  app.add_option("--prefill-chunk", gen.prefill_chunk, "query positions per prefill chunk")
+      ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_flag("--synthetic-prefill", gen.synthetic_prefill, "fill the KV caches with random K/V instead of running the "
                "prompts (speed benchmarks with random weights; only the prompt lengths are used)")->group(g);
   app.add_flag("--no-attention-timing", p.no_attention_timing, "do not synchronise around each attention call to "
                "measure its share (speed runs; on the GPU each decode step is then recorded into a CUDA graph once and replayed)")->group(g);
   app.add_option("--kv-layout", p.kv_layout, "contiguous: [batch, kv_heads, capacity, head_dim] per layer; paged: a "
                  "page pool and block table per layer, vLLM-style NHD pages")
       ->check(CLI::IsMember({"contiguous", "paged"}))->capture_default_str()->group(g);
-  app.add_option("--page-size", o.page_size, "tokens per page of the paged layout")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_flag("--no-graph", p.no_graph, "with --no-attention-timing: launch every kernel of every step (no CUDA graph)")->group(g);
+  app.add_option("--page-size", gen.page_size, "tokens per page of the paged layout")
+      ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_flag("--no-graph", p.no_graph, "with --no-attention-timing: launch every kernel of every step (no CUDA graph)")
+      ->group(g);
   app.add_option("--roofline-tbps", o.roofline_tbps, "memory bandwidth for the roofline line of the report, TB/s (4.45: "
                  "the H200's measured streaming-read ceiling, docs/performance.md)")
       ->check(in_range(1e-3, 1e3))->capture_default_str()->group(g);
@@ -97,29 +105,41 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   g = "policy";
   app.add_option("--policy", p.policy, "the attention policy")
       ->check(CLI::IsMember({"dense", "clusterattn", "snapkv", "streaming", "lychee"}))->capture_default_str()->group(g);
-  app.add_option("--cp", cfg.capacity, "prompt-compression capacity Cp, window included")->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--cp", cfg.capacity, "prompt-compression capacity Cp, window included")
+      ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--window", cfg.window, "observation window W")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--theta", cfg.theta, "ClusterAttn density threshold")->check(in_range(0, 1e9))->capture_default_str()->group(g);
-  app.add_option("--num-block", cfg.num_block, "ClusterAttn blocks")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--pool", p.pool, "SnapKV pooling")->check(CLI::IsMember({"max", "avg"}))->capture_default_str()->group(g);
-  app.add_option("--pool-kernel", cfg.pool.kernel, "SnapKV pooling kernel (odd)")->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--theta", cfg.theta, "ClusterAttn density threshold")
+      ->check(in_range(0, 1e9))->capture_default_str()->group(g);
+  app.add_option("--num-block", cfg.num_block, "ClusterAttn blocks")
+      ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--pool", p.pool, "SnapKV pooling")
+      ->check(CLI::IsMember({"max", "avg"}))->capture_default_str()->group(g);
+  app.add_option("--pool-kernel", cfg.pool.kernel, "SnapKV pooling kernel (odd)")
+      ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--sinks", cfg.sinks, "StreamingLLM sink tokens")->check(at_least(0))->capture_default_str()->group(g);
   app.add_option("--lychee-mode", ly.mode, "LycheeDecode selection")
       ->check(CLI::IsMember({"token", "ratio", "block"}))->capture_default_str()->group(g);
   app.add_option("--lychee-budget", ly.budget, "tokens per index row (token mode) or blocks (block mode)")
       ->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--lychee-sink", ly.sink, "forced first tokens inside the budget")->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--lychee-recent", ly.recent, "forced last tokens inside the budget")->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--lychee-rho", ly.rho, "ratio mode's dropped fraction")->check(in_range(0, 0.999999))->capture_default_str()->group(g);
-  app.add_option("--lychee-block-size", ly.block_size, "block mode's block")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--roles", ly.roles_file, "head roles (kvsift-head-roles file); default: layer 0 retrieval, all else sparse")->group(g);
+  app.add_option("--lychee-sink", ly.sink, "forced first tokens inside the budget")
+      ->check(at_least(0))->capture_default_str()->group(g);
+  app.add_option("--lychee-recent", ly.recent, "forced last tokens inside the budget")
+      ->check(at_least(0))->capture_default_str()->group(g);
+  app.add_option("--lychee-rho", ly.rho, "ratio mode's dropped fraction")
+      ->check(in_range(0, 0.999999))->capture_default_str()->group(g);
+  app.add_option("--lychee-block-size", ly.block_size, "block mode's block")
+      ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--roles", ly.roles_file, "head roles (kvsift-head-roles file); default: layer 0 retrieval, all else sparse")
+      ->group(g);
   app.add_option("--correction-interval", ly.correction_interval, "LycheeDecode cache correction every N steps (0 = off)")
       ->check(at_least(0))->capture_default_str()->group(g);
 
   g = "output";
-  app.add_flag("--check", o.check, "run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)")->group(g);
+  app.add_flag("--check", gen.check, "run dense alongside the policy: per-step top-1 agreement and KL(dense || policy)")
+      ->group(g);
   app.add_flag("--compare", o.compare, "run every policy with --check on the same prompts; print a table")->group(g);
-  app.add_option("--output-ids", o.output_ids, "write the generated ids, one line per sequence (written only on success)")->group(g);
+  app.add_option("--output-ids", o.output_ids, "write the generated ids, one line per sequence (written only on success)")
+      ->group(g);
   app.add_option("--device", p.device, "backend (auto: the GPU when this build has CUDA and a device is present)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))->capture_default_str()->group(g);
   app.add_flag("--quiet", o.quiet, "no progress bar, no per-sequence output")->group(g);
@@ -133,20 +153,27 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
                  "decode queries, per (layer, KV head); writes --roles-out (layer 0 + the top --probe-heads)")->group(g);
   app.add_option("--train-roles", p.train, "HardKuma head-role training for LycheeDecode's token mode (--lychee-budget/"
                  "-sink/-recent): layer-local distillation at the answer's decode steps; writes --roles-out")->group(g);
-  app.add_option("--lengths", pk.lengths, "prompt lengths to use")->delimiter(',')->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--lengths", pk.lengths, "prompt lengths to use")
+      ->delimiter(',')->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--limit", pk.limit, "prompts per length (default: all)")->check(at_least(1))->group(g);
-  app.add_option("--eval-batch", pk.batch, "prompts per batch, one shared dense prefill each")->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--eval-batch", pk.batch, "prompts per batch, one shared dense prefill each")
+      ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--json", pk.json, "--eval-passkey: also write the results (every prompt's output) as JSON")->group(g);
   app.add_option("--eval-clusterattn", p.eval_clusterattn, "THETA:NUM_BLOCK,..: evaluate ClusterAttn once per setting "
                  "(default: --theta, --num-block)")->delimiter(',')->group(g);
-  app.add_option("--thetas", pk.thetas, "calibration sweep")->delimiter(',')->check(in_range(0, 1e9))->capture_default_str()->group(g);
-  app.add_option("--num-blocks", pk.num_blocks, "calibration candidates")->delimiter(',')->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--thetas", pk.thetas, "calibration sweep")
+      ->delimiter(',')->check(in_range(0, 1e9))->capture_default_str()->group(g);
+  app.add_option("--num-blocks", pk.num_blocks, "calibration candidates")
+      ->delimiter(',')->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--roles-out", pk.roles_out, "the roles file --probe-roles and --train-roles write")->group(g);
-  app.add_option("--probe-heads", pk.probe_heads, "--probe-roles: retrieval heads beyond layer 0")->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--train-steps", pk.train_steps, "--train-roles: optimisation steps")->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--probe-heads", pk.probe_heads, "--probe-roles: retrieval heads beyond layer 0")
+      ->check(at_least(0))->capture_default_str()->group(g);
+  app.add_option("--train-steps", pk.train_steps, "--train-roles: optimisation steps")
+      ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--train-heads", pk.train_heads, "--train-roles: retrieval KV heads wanted beyond layer 0, density target "
                  "K / gates")->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--train-seed", pk.train_seed, "--train-roles: seed of the gate draws and of the prompt order")->capture_default_str()->group(g);
+  app.add_option("--train-seed", pk.train_seed, "--train-roles: seed of the gate draws and of the prompt order")
+      ->capture_default_str()->group(g);
   app.add_option("--train-norm", pk.train_norm, "--train-roles: the relative loss's denominator, all layers' dense output "
                  "norm (model) or the head's own layer's (layer); tools/gate_training.hpp")
       ->check(CLI::IsMember({"model", "layer"}))->capture_default_str()->group(g);
@@ -182,12 +209,12 @@ void check_combinations(const Options& o) {
   const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
   if (o.passkey_tool()) {
     const PasskeyToolOptions& pk = o.passkey;
-    if (sources != 0 || o.compare || o.check)
+    if (sources != 0 || o.compare || o.generation.check)
       throw DecoderError("the passkey tools read their own prompt file; drop the prompt source, --check and --compare");
     if (o.model_dir.empty()) throw DecoderError("the passkey tools need a trained checkpoint (--model DIR)");
     if (pk.tool == PasskeyTool::kProbe && pk.roles_out.empty()) throw DecoderError("--probe-roles needs --roles-out FILE");
     if (pk.tool == PasskeyTool::kTrain) {
-      const LycheeOptions& ly = o.policy.lychee;
+      const LycheeOptions& ly = o.generation.policy.lychee;
       if (pk.roles_out.empty()) throw DecoderError("--train-roles needs --roles-out FILE");
       if (ly.mode != "token") throw DecoderError("--train-roles trains roles for LycheeDecode's token mode: drop --lychee-mode " + ly.mode);
       if (ly.budget < ly.sink + ly.recent)
@@ -197,8 +224,8 @@ void check_combinations(const Options& o) {
     return;
   }
   if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");
-  if (o.compare && o.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
-  if (o.synthetic_prefill && (o.check || o.compare))
+  if (o.compare && o.generation.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
+  if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
 }
 
@@ -224,18 +251,18 @@ Options parse_options(const std::vector<std::string>& args) {
     throw DecoderError(e.what());
   }
   for (const std::string& ids : p.prompt_ids) o.prompts.push_back(parse_ids(ids, "--prompt-ids"));
-  o.time_attention = !p.no_attention_timing;
-  o.graph_steps = !p.no_graph;
-  o.kv_layout = p.kv_layout == "paged" ? KvLayout::kPaged : KvLayout::kContiguous;
+  o.generation.time_attention = !p.no_attention_timing;
+  o.generation.graph_steps = !p.no_graph;
+  o.generation.kv_layout = p.kv_layout == "paged" ? KvLayout::kPaged : KvLayout::kContiguous;
   o.device = p.device == "cpu" ? DeviceChoice::kCpu : p.device == "gpu" ? DeviceChoice::kGpu : DeviceChoice::kAuto;
-  o.policy.kind = parse_policy(p.policy);
-  o.policy.compression.pool.kind = p.pool == "avg" ? kvsift::PoolKind::kAvg : kvsift::PoolKind::kMax;
+  o.generation.policy.kind = parse_policy(p.policy);
+  o.generation.policy.compression.pool.kind = p.pool == "avg" ? kvsift::PoolKind::kAvg : kvsift::PoolKind::kMax;
   for (const std::string& word : p.eval_clusterattn) o.passkey.eval_clusterattn.push_back(theta_num_block(word));
   choose_passkey_tool(p, &o.passkey);
   check_combinations(o);
   // The tools run with the generation options' policy, chunking, verbosity and model.
-  o.passkey.policy = o.policy;
-  o.passkey.prefill_chunk = o.prefill_chunk;
+  o.passkey.policy = o.generation.policy;
+  o.passkey.prefill_chunk = o.generation.prefill_chunk;
   o.passkey.verbose = !o.quiet;
   o.passkey.model_dir = o.model_dir;
   return o;

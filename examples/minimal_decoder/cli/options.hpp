@@ -7,9 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/kv_cache.hpp"
-#include "engine/policy.hpp"
-#include "engine/sampling.hpp"
+#include "engine/generate.hpp"
 #include "tools/passkey_tool_options.hpp"
 
 namespace minimal_decoder {
@@ -26,19 +24,10 @@ struct Options {
   std::string prompt_file;
   int max_prompts = 0;
   std::vector<int> random_prompt_lengths;
-  // generation
-  int new_tokens = 16;
-  int prefill_chunk = 256;
-  bool synthetic_prefill = false;
-  bool time_attention = true;
-  bool graph_steps = true;
-  KvLayout kv_layout = KvLayout::kContiguous;
-  int page_size = 16;
+  // generation: everything but the prompts, which come from the source above
+  GenerationRequest generation;
   double roofline_tbps = 4.45;
-  SamplingOptions sampling;
-  PolicyOptions policy;
   // output
-  bool check = false;
   bool compare = false;
   std::string output_ids;
   DeviceChoice device = DeviceChoice::kAuto;
@@ -46,7 +35,7 @@ struct Options {
   bool help = false;
   std::string help_text;  // what --help prints
   // The passkey tools; tool == kNone for generation. The policy, prefill chunk and model are copied
-  // in from the options above.
+  // in from the options above (the flags are shared).
   PasskeyToolOptions passkey;
   bool passkey_tool() const { return passkey.tool != PasskeyTool::kNone; }
 };

@@ -26,32 +26,12 @@ void validate_model_config(const ModelConfig& c) {
 }
 
 ModelConfig named_model_config(const std::string& name) {
-  ModelConfig c;
-  c.name = name;
-  if (name == "tiny") {
-    c.vocab_size = 512;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.num_layers = 4;
-    c.num_q_heads = 4;
-    c.num_kv_heads = 2;
-    c.head_dim = 64;
-    c.rope_theta = 10000.f;
-    c.max_positions = 16384;
-  } else if (name == "llama3-8b") {
-    c.vocab_size = 128256;
-    c.hidden_size = 4096;
-    c.intermediate_size = 14336;
-    c.num_layers = 32;
-    c.num_q_heads = 32;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.rope_theta = 500000.f;
-    c.max_positions = 131072;
-  } else {
-    throw DecoderError("unknown model shape \"" + name + "\" (known: tiny, llama3-8b)");
-  }
-  return c;
+  // In ModelConfig's order: name, vocab, hidden, intermediate, layers, q heads, KV heads, head_dim,
+  // RMSNorm eps, RoPE theta, max positions, tied embeddings, q/k norm.
+  if (name == "tiny") return ModelConfig{name, 512, 256, 512, 4, 4, 2, 64, 1e-5f, 10000.f, 16384, false, false};
+  if (name == "llama3-8b")
+    return ModelConfig{name, 128256, 4096, 14336, 32, 32, 8, 128, 1e-5f, 500000.f, 131072, false, false};
+  throw DecoderError("unknown model shape \"" + name + "\" (known: tiny, llama3-8b)");
 }
 
 ModelConfig read_model_config(const std::string& dir) {

@@ -50,11 +50,15 @@ std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base, const std::v
 }
 
 void print_passkey_table(const PasskeyReport& r) {
-  std::printf("%-68s", "policy");
+  int width = 6;  // the widest label, so that the columns line up however long a roles path is
+  for (const EvalPolicy& p : r.policies) width = std::max(width, int(p.label.size()));
+  std::printf("%-*s", width, "policy");
   for (int L : r.lengths) std::printf(" %15s", ("L=" + std::to_string(L)).c_str());
+  std::printf("\n%-*s", width, "");
+  for (std::size_t i = 0; i < r.lengths.size(); ++i) std::printf(" %15s", "acc (ok/n)");
   std::printf("\n");
   for (std::size_t p = 0; p < r.policies.size(); ++p) {
-    std::printf("%-68s", r.policies[p].label.c_str());
+    std::printf("%-*s", width, r.policies[p].label.c_str());
     for (std::size_t i = 0; i < r.lengths.size(); ++i) {
       const PasskeyOutcome& o = r.outcomes[i][p];
       char cell[40];
