@@ -197,6 +197,7 @@ int main(int argc, char** argv) {
     if (gpu) {
       md::CudaBackend be;
       std::printf("backend: %s\n", be.name());
+      std::fflush(stdout);  // before the tools' progress lines on stderr
       if (device_random) return run(be, o, c, md::random_device_weights(be, c, o.seed));
       return run(be, o, c, ck.weights);
     }
@@ -204,6 +205,7 @@ int main(int argc, char** argv) {
     (void)device_random;
     md::HostBackend be;
     std::printf("backend: %s\n", be.name());
+    std::fflush(stdout);
     return run(be, o, c, ck.weights);
   } catch (const md::DecoderError& e) {
     std::fprintf(stderr, "minimal_decoder: error: %s\n", e.what());

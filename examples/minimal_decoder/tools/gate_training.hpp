@@ -1,6 +1,6 @@
 #pragma once
 // HardKuma head-role training on precomputed attention outputs (--train-roles; docs/fidelity.md):
-// LycheeDecode's gate loop (specs/lycheedecode.md §6, docs/ops/hardkuma.md "A training step") on
+// LycheeDecode's gate loop (docs/ops/hardkuma.md "A training step") on
 // kvsift's host gate ops, with a layer-local distillation objective. No model is needed here: the
 // loop sees, per training prompt and per layer l >= 1, the layer's dense attention output at the
 // decode steps and its sparse output (attention over LycheeDecode's selection), both computed once

@@ -1,6 +1,6 @@
 #pragma once
 // Prompts as token ids, from text: the plain prompt file of --prompt-file (one prompt per line) and
-// the passkey prompt files of a passkey checkpoint (/work/shared/models/passkey-llama-13m/README.md),
+// the passkey prompt files of a passkey checkpoint (passkey-llama-13m's README; docs/fidelity.md),
 // one "ANSWER d1 d2 d3 d4 d5 | id id ... 3" per line: filler with KEY_START d1..d5 KEY_END
 // somewhere, ending with QUERY.
 
