@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 
 source scripts/ensure-packages.sh
 ensure_package doctest-dev doctest/doctest.h required
-# examples/minimal_decoder and its test need nlohmann-json; without it CMake skips them.
+# examples/minimal_decoder and its tests need nlohmann-json and CLI11; without them CMake skips them.
 ensure_package nlohmann-json3-dev nlohmann/json.hpp optional
+ensure_package libcli11-dev CLI/CLI.hpp optional
 
 preset=cpu
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then

@@ -15,11 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "cli.hpp"
-#include "generate.hpp"
+#include <nlohmann/json.hpp>
+
+#include "cli/options.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
-#include "host_backend.hpp"
 
 namespace md = minimal_decoder;
 namespace fs = std::filesystem;
@@ -404,24 +405,24 @@ TEST_CASE("minimal decoder: checkpoint errors are one clear line") {
 TEST_CASE("minimal decoder: argument errors are one clear line") {
   auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--policy", "h2o"}),
-                       "--policy h2o is not one of");
+                       "--policy: h2o not in {dense,clusterattn,snapkv,streaming,lychee}");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--model", "x", "--random-prompts", "10"}), "exactly one of --model");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny"}), "exactly one prompt source");
-  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp"}), "--cp needs a value");
-  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp", "-3"}), "--cp -3: expected an integer");
-  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--prompt-ids", "1 x 3"}), "\"x\" is not a token id");
-  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--frobnicate"}), "unknown option --frobnicate");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp"}), "--cp: 1 required INT missing");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp", "-3"}), "--cp: -3 is not an integer >= 1");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--prompt-ids", "1 x 3"}), "--prompt-ids: \"x\" is not a token id");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--frobnicate"}), "not expected: --frobnicate (see --help)");
   CHECK_ERROR_CONTAINS(md::named_model_config("llama9"), "unknown model shape");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--kv-layout", "ring"}),
-                       "--kv-layout ring: expected contiguous or paged");
+                       "--kv-layout: ring not in {contiguous,paged}");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--page-size", "0"}),
-                       "--page-size 0: expected an integer >= 1");
+                       "--page-size: 0 is not an integer >= 1");
   const md::Options paged = parse({"--random", "tiny", "--random-prompts", "10", "--kv-layout", "paged", "--page-size", "32"});
-  CHECK(paged.kv_layout == md::KvLayout::kPaged);
-  CHECK(paged.page_size == 32);
+  CHECK(paged.generation.kv_layout == md::KvLayout::kPaged);
+  CHECK(paged.generation.page_size == 32);
   const md::Options ok = parse({"--random", "tiny", "--random-prompts", "500,320", "--policy", "clusterattn", "--cp", "256"});
   CHECK(ok.random_prompt_lengths == std::vector<int>{500, 320});
-  CHECK(ok.policy.compression.capacity == 256);
+  CHECK(ok.generation.policy.compression.capacity == 256);
 
   // Policy options and lengths are checked by kvsift's own validation before anything runs.
   const md::ModelConfig c = tiny_config();

@@ -23,9 +23,9 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "host_backend.hpp"
-#include "passkey_eval.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/host_engine.hpp"
+#include "tools/passkey_eval.hpp"
 
 namespace md = minimal_decoder;
 namespace fs = std::filesystem;

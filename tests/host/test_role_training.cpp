@@ -20,15 +20,15 @@
 #include <string>
 #include <vector>
 
-#include "checkpoint.hpp"
-#include "cli.hpp"
-#include "gate_training.hpp"
-#include "host_backend.hpp"
-#include "layer_distillation.hpp"
-#include "passkey_tools.hpp"
-#include "role_training.hpp"
+#include "cli/options.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
-#include "token_selection.hpp"
+#include "tools/gate_training.hpp"
+#include "tools/layer_distillation.hpp"
+#include "tools/passkey_tools.hpp"
+#include "tools/role_training.hpp"
+#include "tools/token_selection.hpp"
 
 namespace md = minimal_decoder;
 namespace fs = std::filesystem;
@@ -220,7 +220,7 @@ TEST_CASE("role training: --train-roles end to end on a tiny random model writes
   md::Options o = md::parse_options({"--model", "unused", "--train-roles", prompts.string(), "--roles-out", roles.string(),
                                      "--lengths", "49,57,65", "--eval-batch", "2", "--train-steps", "300", "--train-heads", "1",
                                      "--lychee-budget", "16", "--lychee-sink", "2", "--lychee-recent", "4", "--quiet"});
-  CHECK(md::run_passkey_tool(be, o, c, weights) == 0);
+  CHECK(md::run_passkey_tool(be, o.passkey, c, weights) == 0);
   kvsift::HeadRoles r;
   REQUIRE(kvsift::read_head_roles_file(roles.string(), &r, c.num_layers, c.num_kv_heads).ok());
   CHECK(r.is_retrieval(0, 0));
@@ -255,12 +255,13 @@ TEST_CASE("role training: command-line errors are one clear line") {
   CHECK(error(with({"--roles-out", "r", "--lychee-mode", "block"})).find("token mode: drop --lychee-mode block") != std::string::npos);
   CHECK(error(with({"--roles-out", "r", "--lychee-budget", "20"})).find("--lychee-budget 20 is below --lychee-sink + --lychee-recent = 384") !=
         std::string::npos);
-  CHECK(error(with({"--roles-out", "r", "--train-norm", "global"})).find("--train-norm global: expected model or layer") != std::string::npos);
-  CHECK(error(with({"--roles-out", "r", "--train-steps", "0"})).find("--train-steps 0: expected an integer >= 1") != std::string::npos);
+  CHECK(error(with({"--roles-out", "r", "--train-norm", "global"})).find("--train-norm: global not in {model,layer}") != std::string::npos);
+  CHECK(error(with({"--roles-out", "r", "--train-steps", "0"})).find("--train-steps: 0 is not an integer >= 1") != std::string::npos);
   CHECK(error(with({"--roles-out", "r", "--probe-roles", "p.txt"})).find("give one of") != std::string::npos);
   const md::Options ok = parse(with({"--roles-out", "r", "--train-heads", "3", "--train-seed", "9", "--train-norm", "layer"}));
-  CHECK(ok.train_heads == 3);
-  CHECK(ok.train_seed == 9);
-  CHECK(ok.train_steps == 3000);
-  CHECK(ok.train_norm == "layer");
+  CHECK(ok.passkey.train_heads == 3);
+  CHECK(ok.passkey.train_seed == 9);
+  CHECK(ok.passkey.train_steps == 3000);
+  CHECK(ok.passkey.train_norm == "layer");
+  CHECK(ok.passkey.tool == md::PasskeyTool::kTrain);
 }

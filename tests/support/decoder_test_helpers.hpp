@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "decode_policy.hpp"
-#include "errors.hpp"
+#include "engine/errors.hpp"
+#include "engine/policy.hpp"
 
 namespace decoder_test {
 

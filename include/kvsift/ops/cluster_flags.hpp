@@ -19,6 +19,7 @@
 //   RadiusRule::kFixed (r3)               tokens within `fixed_radius` of a centre
 // With no centre the flags are all 0 and the selection degenerates to plain top-k of the scores.
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 

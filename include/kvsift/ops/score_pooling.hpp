@@ -8,6 +8,7 @@
 //
 // Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
 
+#include <cmath>
 #include <cstdint>
 
 #include "kvsift/core/exec.hpp"

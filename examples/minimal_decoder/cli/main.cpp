@@ -1,0 +1,217 @@
+// minimal_decoder: a Llama-style decoder whose attention runs through kvsift, dense or under a KV
+// policy. This file is the program: it parses the command line (options.hpp), loads or draws the
+// weights, picks the backend (the CPU reference always; the CUDA backend when the build has it and a
+// GPU is present) and runs generation, --compare or one of the passkey tools. The engine it drives
+// is engine/ (decoder.hpp is where kvsift is called); the tools are tools/.
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/options.hpp"
+#include "engine/checkpoint.hpp"
+#include "engine/host_engine.hpp"
+#include "tools/output_file.hpp"
+#include "tools/passkey_tools.hpp"
+#include "tools/progress.hpp"
+#include "tools/prompt_files.hpp"
+#ifdef MINIMAL_DECODER_CUDA
+#include "engine/cuda/cuda_engine.hpp"
+#endif
+
+namespace md = minimal_decoder;
+
+namespace {
+
+double mib(std::int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vocab) {
+  if (!o.prompts.empty()) return o.prompts;
+  if (!o.prompt_file.empty()) return md::read_prompt_file(o.prompt_file, o.max_prompts);
+  std::mt19937_64 rng(o.seed + 1000);
+  std::uniform_int_distribution<std::int32_t> id(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int len : o.random_prompt_lengths) {
+    std::vector<std::int32_t> p(static_cast<std::size_t>(len));
+    for (auto& t : p) t = id(rng);
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
+  std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
+              r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
+  const std::size_t steps = r.step_ms.size();
+  if (steps > 0) {
+    const double ms = r.decode_ms(), tokens = double(steps * req.prompts.size());
+    std::printf("decode: %zu steps x %zu sequence(s): %.1f tokens/s, %.2f ms/step", steps, req.prompts.size(),
+                tokens / (ms / 1e3), ms / double(steps));
+    if (req.time_attention) std::printf(" (attention %.0f%%)", 100.0 * r.attention_ms() / ms);
+    std::printf("\n");
+    // Roofline: the bytes a step must read over the bandwidth, against the median step (the first
+    // step also records the CUDA graph, so the mean would charge that to every step).
+    const double step_ms = median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
+    const double floor_ms = gb / roofline_tbps;  // GB / (TB/s) = ms
+    std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %.2f TB/s = %.3f ms; median step %.3f ms"
+                " = %.1f%% of the roofline\n",
+                gb, roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
+  }
+  std::printf("KV cache (%s", md::kv_layout_name(req.kv_layout));
+  if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
+  std::printf("): %.2f MiB in use, %.2f MiB allocated\n", mib(r.kv_bytes_used), mib(r.kv_bytes_allocated));
+  if (r.compared > 0)
+    std::printf("check vs dense: top-1 agreement %lld/%lld (%.1f%%), KL(dense || policy) mean %.3g, max %.3g nats\n",
+                r.top1_agree, r.compared, 100.0 * double(r.top1_agree) / double(r.compared), r.kl_sum / double(r.compared),
+                r.kl_max);
+  if (quiet) return;
+  for (std::size_t b = 0; b < r.generated.size(); ++b) {
+    std::printf("sequence %zu (prompt %zu tokens):", b, req.prompts[b].size());
+    for (std::int32_t t : r.generated[b]) std::printf(" %d", t);
+    std::printf("\n");
+  }
+}
+
+void write_output_ids(const std::string& path, const md::GenerationReport& r) {
+  std::ostringstream out;
+  for (const auto& seq : r.generated) {
+    for (std::size_t i = 0; i < seq.size(); ++i) out << (i ? " " : "") << seq[i];
+    out << "\n";
+  }
+  md::write_file_replacing(path, out.str(), "--output-ids");
+}
+
+// --compare: every policy on the same prompts, each checked against dense, one row each. A row's
+// policy name is printed before it runs (a run takes a second or more on the CPU) and its numbers after.
+template <class Backend>
+void run_compare(Backend& be, const md::Options& o, const md::ModelConfig& config,
+                 const md::BackendWeights<Backend>& weights, md::GenerationRequest req) {
+  req.check = true;
+  req.progress = nullptr;
+  long long tokens = 0;
+  for (const auto& p : req.prompts) tokens += (long long)p.size();
+  std::printf("\nevery policy against dense: %zu prompts (%lld tokens), %d new tokens each, %s\n", req.prompts.size(), tokens,
+              req.new_tokens, be.name());
+  if (o.model_dir.empty())
+    std::printf("RANDOM WEIGHTS: their next-token distribution is nearly flat, so top-1 agreement and KL below only show\n"
+                "that each policy runs and how far it strays from dense on noise; they say nothing about fidelity.\n"
+                "Fidelity is measured on the trained passkey checkpoint: docs/fidelity.md (or run scripts/demo.sh\n"
+                "with KVSIFT_MODEL_DIR=/path/to/passkey-llama-13m for its passkey table).\n");
+  std::printf("top-1: decode steps whose argmax equals dense's; KL(dense || policy) per step; decode speed over the\n"
+              "decode steps; attention: its share of a step; KV in use: the decode caches after the last step\n\n");
+  std::printf("%-12s %8s %10s %10s %10s %10s %10s  %s\n", "policy", "top-1", "KL mean", "KL max", "decode", "attention",
+              "KV in use", "settings");
+  std::printf("%-12s %8s %10s %10s %10s %10s %10s\n", "", "(%)", "(nats)", "(nats)", "(tok/s)", "(% step)", "(MiB)");
+  for (md::PolicyKind kind : md::kAllPolicies) {
+    req.policy.kind = kind;
+    std::printf("%-12s", md::policy_name(kind));
+    std::fflush(stdout);
+    const md::GenerationReport r = md::generate(be, config, weights, req);
+    const double ms = r.decode_ms();
+    const std::string settings = kind == md::PolicyKind::kDense ? "every cached token" : req.policy.settings();
+    std::printf(" %7.1f%% %10.3g %10.3g %10.1f %9.0f%% %10.2f  %s\n",
+                r.compared ? 100.0 * double(r.top1_agree) / double(r.compared) : 100.0,
+                r.compared ? r.kl_sum / double(r.compared) : 0.0, r.kl_max,
+                ms > 0 ? double(r.step_ms.size() * req.prompts.size()) / (ms / 1e3) : 0.0,
+                ms > 0 ? 100.0 * r.attention_ms() / ms : 0.0, mib(r.kv_bytes_used), settings.c_str());
+    std::fflush(stdout);
+  }
+}
+
+template <class Backend>
+int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::BackendWeights<Backend>& weights) {
+  if (o.passkey_tool()) return md::run_passkey_tool(be, o.passkey, config, weights);  // --eval-passkey and friends
+  md::GenerationRequest req = o.generation;
+  req.prompts = load_prompts(o, config.vocab_size);
+  if (o.compare) {
+    run_compare(be, o, config, weights, req);
+    return 0;
+  }
+  std::printf("policy: %s\n", req.policy.describe().c_str());
+  md::ProgressBar bar(!o.quiet);
+  req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
+  const md::GenerationReport r = md::generate(be, config, weights, req);
+  bar.finish();
+  print_report(req, r, o.quiet, o.roofline_tbps);
+  if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
+  return 0;
+}
+
+template <class Backend>
+int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  const md::BackendWeights<Backend> weights(be, config, host_weights);
+  return run(be, o, config, weights);
+}
+
+// --device: auto takes the GPU when this build has the CUDA backend and a device is present.
+bool use_gpu(md::DeviceChoice device) {
+#ifdef MINIMAL_DECODER_CUDA
+  if (device == md::DeviceChoice::kCpu) return false;
+  const bool present = md::cuda_device_present();
+  if (device == md::DeviceChoice::kGpu && !present) throw md::DecoderError("--device gpu: no CUDA device is present");
+  return present;
+#else
+  if (device == md::DeviceChoice::kGpu)
+    throw md::DecoderError("--device gpu: this build has no CUDA backend (configure with -DKVSIFT_ENABLE_CUDA=ON)");
+  return false;
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const md::Options o = md::parse_options(std::vector<std::string>(argv + 1, argv + argc));
+    if (o.help) {
+      std::fputs(o.help_text.c_str(), stdout);
+      return 0;
+    }
+    md::Checkpoint ck;
+    if (!o.model_dir.empty()) {
+      ck = md::load_checkpoint(o.model_dir);
+    } else {
+      ck.config = md::named_model_config(o.random_shape);
+    }
+    const bool gpu = use_gpu(o.device);
+    // Random weights too large to generate on the host (llama3-8b) are generated on the GPU.
+    const bool device_random = gpu && o.model_dir.empty() && ck.config.parameter_count() > 2'000'000'000LL;
+    if (!gpu && ck.config.parameter_count() > 2'000'000'000LL)
+      throw md::DecoderError("model " + ck.config.name + " (" + std::to_string(ck.config.parameter_count() / 1'000'000) +
+                             "M parameters) is too large for the CPU reference path; run it on a GPU");
+    if (o.model_dir.empty() && !device_random) ck.weights = md::random_weights(ck.config, o.seed);
+    const md::ModelConfig& c = ck.config;
+    std::printf("model: %s, %d layers, hidden %d, heads %d/%d (q/kv), head_dim %d, vocab %d, %.1fM parameters%s\n",
+                o.model_dir.empty() ? ("random " + o.random_shape + " (seed " + std::to_string(o.seed) + ")").c_str()
+                                    : o.model_dir.c_str(),
+                c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+                double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
+#ifdef MINIMAL_DECODER_CUDA
+    if (gpu) {
+      md::CudaBackend be;
+      std::printf("backend: %s\n", be.name());
+      std::fflush(stdout);  // before the tools' progress lines on stderr
+      if (device_random) return run(be, o, c, md::random_device_weights(be, c, o.seed));
+      return run(be, o, c, ck.weights);
+    }
+#endif
+    (void)device_random;
+    md::HostBackend be;
+    std::printf("backend: %s\n", be.name());
+    std::fflush(stdout);
+    return run(be, o, c, ck.weights);
+  } catch (const md::DecoderError& e) {
+    std::fprintf(stderr, "minimal_decoder: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "minimal_decoder: error: out of memory\n");
+    return 1;
+  }
+}

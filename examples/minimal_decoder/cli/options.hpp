@@ -1,0 +1,46 @@
+#pragma once
+// The minimal decoder's command line, parsed with CLI11 into one struct. Every mistake is a
+// DecoderError whose message names the flag (CLI11's own wording for types, ranges and choices),
+// raised before anything is loaded or allocated. `--help` prints the grouped option list.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "engine/generate.hpp"
+#include "tools/passkey_tool_options.hpp"
+
+namespace minimal_decoder {
+
+enum class DeviceChoice { kAuto, kCpu, kGpu };
+
+struct Options {
+  // weights
+  std::string model_dir;
+  std::string random_shape;
+  std::uint64_t seed = 1;
+  // prompts: exactly one source
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::string prompt_file;
+  int max_prompts = 0;
+  std::vector<int> random_prompt_lengths;
+  // generation: everything but the prompts, which come from the source above
+  GenerationRequest generation;
+  double roofline_tbps = 4.45;
+  // output
+  bool compare = false;
+  std::string output_ids;
+  DeviceChoice device = DeviceChoice::kAuto;
+  bool quiet = false;
+  bool help = false;
+  std::string help_text;  // what --help prints
+  // The passkey tools; tool == kNone for generation. The policy, prefill chunk and model are copied
+  // in from the options above (the flags are shared).
+  PasskeyToolOptions passkey;
+  bool passkey_tool() const { return passkey.tool != PasskeyTool::kNone; }
+};
+
+// args without the program name.
+Options parse_options(const std::vector<std::string>& args);
+
+}  // namespace minimal_decoder

@@ -1,0 +1,205 @@
+#pragma once
+// The GPU backend of the decoder: the members of HostBackend (host_backend.hpp) on one CUDA stream.
+// This header compiles with the host compiler (the CLI and the tools include it); the members that
+// launch kernels are defined in cuda_backend.cu, the only part nvcc compiles besides the engine's
+// instantiation (cuda_engine.cu).
+//
+//   weights      bf16 on the device (nn.Linear layout), norms float
+//   activations  float, as on the host; rounded to bf16 only as GEMM inputs
+//   projections  decode (n <= 8 rows): the streaming GEMV of cuda_gemv.cuh; prefill: cuBLAS GemmEx,
+//                bf16 x bf16 -> float with CUBLAS_COMPUTE_32F. Both round the float input to bf16.
+//   KV cache     bf16 (KvType); kvsift's tensor-core attention reads it
+//   attention    kvsift::cuda::* through exec() (stream + device facts): decoder.hpp's unqualified calls resolve by ADL
+//
+// Integration rules an engine keeps too: every launch, copy and GEMM is queued on the backend's
+// stream; nothing in a step allocates (cuBLAS gets a fixed workspace, the GEMM-input buffer grows
+// during prefill only) or synchronizes, except `download` (the logits) and `synchronize` (timing).
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <kvsift/core/exec_cuda.cuh>
+#include <kvsift/core/dtype.hpp>
+
+#include "engine/errors.hpp"
+
+namespace minimal_decoder {
+
+// A failed CUDA or cuBLAS call as a DecoderError naming `what`.
+void cuda_check(cudaError_t err, const char* what);
+void cublas_check(cublasStatus_t st, const char* what);
+
+// True when a usable CUDA device is present (--device auto picks the GPU then).
+bool cuda_device_present();
+
+// An owning, zeroed array in device memory (cudaMalloc aligns to 256 bytes, as kvsift's workspaces need).
+template <class T>
+class DeviceBuffer {
+  static_assert(std::is_trivially_copyable<T>::value, "DeviceBuffer holds plain data");
+  struct Free {
+    void operator()(T* p) const { cudaFree(p); }
+  };
+
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(std::size_t n) : size_(n) {
+    if (n == 0) return;
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, n * sizeof(T)), "cudaMalloc");
+    data_.reset(static_cast<T*>(p));
+    // cudaMemset runs on the legacy default stream, which the backend's non-blocking stream does
+    // not wait for: finish it here, or it could land after the first write through the stream.
+    cuda_check(cudaMemset(p, 0, n * sizeof(T)), "cudaMemset");
+    cuda_check(cudaStreamSynchronize(cudaStreamLegacy), "cudaMemset (synchronize)");
+  }
+  T* data() { return data_.get(); }
+  const T* data() const { return data_.get(); }
+  std::size_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<T, Free> data_;
+  std::size_t size_ = 0;
+};
+
+class CudaBackend {
+ public:
+  using Exec = kvsift::cuda::Exec;
+  using KvType = kvsift::bfloat16_t;
+  template <class T>
+  using Buffer = DeviceBuffer<T>;
+  // A weight matrix [rows, cols] in bf16 (nn.Linear layout: rows = out_features).
+  struct Matrix {
+    DeviceBuffer<__nv_bfloat16> data;
+    int rows = 0, cols = 0;
+  };
+
+  explicit CudaBackend(int device = 0);
+
+  const char* name() const { return name_.c_str(); }
+  // The stream and the device facts kvsift plans its launches with, read once at construction.
+  const Exec& exec() const { return exec_; }
+  cudaStream_t stream() const { return stream_.get(); }
+
+  template <class T>
+  Buffer<T> alloc(std::size_t n) const {
+    return Buffer<T>(n);
+  }
+  // Host -> device, queued on the stream. From pageable memory the call returns once the source has
+  // been staged, so the caller may reuse it at once.
+  template <class T>
+  void upload(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyHostToDevice, stream()), "upload");
+  }
+  // Device -> host after the stream's pending work: the step's one synchronization (logits, lengths).
+  template <class T>
+  void download(T* dst, const T* src, std::size_t n) const {
+    if (n == 0) return;
+    cuda_check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToHost, stream()), "download");
+    cuda_check(cudaStreamSynchronize(stream()), "download (stream synchronize)");
+  }
+  Matrix make_matrix(const std::vector<float>& w, int rows, int cols) const;
+  // A [rows, cols] matrix of N(0, scale^2) bf16 values generated on the device from `seed`: random
+  // weights of shapes (llama3-8b) whose host generation would take minutes and 32 GB.
+  Matrix random_matrix(int rows, int cols, float scale, std::uint64_t seed) const;
+  // out[i] = N(0, scale^2) (T: float, kvsift::bfloat16_t or __nv_bfloat16; cuda_backend.cu).
+  template <class T>
+  void fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const;
+  void synchronize() const { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
+
+  // A decode step recorded once into a CUDA graph and replayed from then on: one launch per step
+  // instead of ~20 per layer, so the GPU never waits for the host between kernels.
+  class StepGraph {
+   public:
+    StepGraph() = default;
+    StepGraph(const StepGraph&) = delete;
+    StepGraph& operator=(const StepGraph&) = delete;
+    ~StepGraph() { reset(); }
+    // Forget the recording (the batch or the buffers it captured changed).
+    void reset() {
+      if (exec_) cudaGraphExecDestroy(exec_);
+      exec_ = nullptr;
+    }
+
+   private:
+    friend class CudaBackend;
+    cudaGraphExec_t exec_ = nullptr;
+  };
+  // The first call captures `record` (everything it queues on the stream) into `graph` and launches
+  // it; later calls only launch. Returns true when `record` ran, i.e. when its host-side effects
+  // happened. Capture is thread-local and strict: an allocation or synchronisation inside `record`
+  // fails loudly instead of being recorded wrongly.
+  template <class F>
+  bool replay(StepGraph& graph, F&& record) const {
+    const bool recording = graph.exec_ == nullptr;
+    if (recording) {
+      cuda_check(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      cudaGraph_t g = nullptr;
+      try {
+        record();
+      } catch (...) {
+        if (cudaStreamEndCapture(stream(), &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();  // the capture's error is the exception's, not the next call's
+        throw;
+      }
+      cuda_check(cudaStreamEndCapture(stream(), &g), "cudaStreamEndCapture");
+      const cudaError_t err = cudaGraphInstantiate(&graph.exec_, g, 0);
+      cudaGraphDestroy(g);
+      cuda_check(err, "cudaGraphInstantiate");
+    }
+    cuda_check(cudaGraphLaunch(graph.exec_, stream()), "cudaGraphLaunch");
+    return recording;
+  }
+  double now_ms() const {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  // The members of HostBackend, as kernels on the stream (cuda_backend.cu).
+  void embed(const std::int32_t* tokens, int n, const Matrix& table, float* out) const;
+  void rms_norm(const float* x, std::int64_t rows, int dim, const float* w, float eps, float* y) const;
+  // y[n, rows] = x[n, cols] W^T: the GEMV for a few rows, cuBLAS otherwise.
+  void linear(const float* x, int n, const Matrix& w, float* y) const;
+  // Several projections of the same input (q/k/v, gate/up): one GEMV launch when it applies.
+  void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
+  void silu_mul(float* gate, const float* up, std::int64_t n) const;
+  void add(float* x, const float* y, std::int64_t n) const;
+  void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const;
+  void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
+  void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const;
+  // View: kvsift::ContiguousKV or PagedKV of KvType (instantiated for both in cuda_backend.cu).
+  template <class View>
+  void store_kv(const float* k, const float* v, int n, const std::int32_t* seq, const std::int32_t* slot,
+                const View& cache) const;
+  void scatter_rows(const float* src, int n, std::int64_t row_elems, const std::int32_t* dst_row, float* dst) const;
+
+ private:
+  static constexpr std::size_t kCublasWorkspaceBytes = std::size_t(32) << 20;  // cuBLAS' own recommendation for Hopper
+
+  struct DestroyStream {
+    void operator()(cudaStream_t s) const { cudaStreamDestroy(s); }
+  };
+  struct DestroyCublas {
+    void operator()(cublasHandle_t h) const { cublasDestroy(h); }
+  };
+
+  std::string name_;
+  Exec exec_;
+  // Destruction runs bottom-up: the cuBLAS handle goes before the stream it was bound to.
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
+  DeviceBuffer<unsigned char> cublas_ws_;
+  std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, DestroyCublas> cublas_;
+  mutable DeviceBuffer<__nv_bfloat16> gemm_input_;  // the bf16 copy of a GEMM's float input
+};
+
+}  // namespace minimal_decoder

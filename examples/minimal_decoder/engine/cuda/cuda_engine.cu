@@ -1,0 +1,15 @@
+// The decoder and the decode loop compiled for the CUDA backend: with kvsift.cuh included, the
+// decoder's kvsift calls on a cuda::Exec resolve to the CUDA launchers. The one place the engine's
+// templates meet nvcc; everything else links to these instantiations (cuda_engine.hpp).
+
+#include <kvsift/kvsift.cuh>
+
+#include "engine/cuda/cuda_engine.hpp"
+
+namespace minimal_decoder {
+
+template class Decoder<CudaBackend>;
+template GenerationReport generate<CudaBackend>(CudaBackend&, const ModelConfig&, const BackendWeights<CudaBackend>&,
+                                                const GenerationRequest&);
+
+}  // namespace minimal_decoder

@@ -1,0 +1,178 @@
+#pragma once
+// The decoder's own CUDA kernels: everything in a Llama layer that is neither a GEMM (cuBLAS) nor
+// attention (kvsift). Each mirrors one HostBackend member, with the same float arithmetic where it
+// matters for agreement (RoPE angles, RMSNorm epsilon placement), so the CPU and GPU paths differ
+// only by the bf16 rounding of weights, GEMM inputs and the KV cache.
+//
+// Kernels are templates (over the activation type, always float here) so that this header can be
+// included by several translation units without duplicate symbols. None allocates or synchronizes;
+// every launch takes the backend's stream, so a decode step can be captured into a CUDA graph.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include <kvsift/kvsift.cuh>
+
+namespace minimal_decoder {
+namespace kernels {
+
+constexpr int kThreads = 256;
+
+inline unsigned blocks_for(std::int64_t n, int threads = kThreads) {
+  const std::int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);  // grid-stride loops cover the rest
+}
+
+// out[i, :] = float(table[tokens[i], :])
+template <class T>
+__global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* table, int cols, T* out) {
+  const int row = blockIdx.x;
+  if (row >= n) return;
+  const __nv_bfloat16* src = table + std::int64_t(tokens[row]) * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) out[std::int64_t(row) * cols + i] = T(__bfloat162float(src[i]));
+}
+
+// 1 / sqrt(mean(x^2) + eps) of a row, from each thread's partial sum of squares (one block per row,
+// at most kThreads threads), the same in every thread.
+__device__ inline float block_inverse_rms(float ss, int dim, float eps) {
+  __shared__ float warp_sums[kThreads / 32];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_sums[i];
+  return 1.f / sqrtf(total / float(dim) + eps);
+}
+
+// One block per row: y = x * rsqrt(mean(x^2) + eps) * w. Each thread writes only the elements it
+// read, after the block-wide sum, so y may alias x (the q/k norms run in place).
+template <class T>
+__global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
+  const T* xr = x + std::int64_t(blockIdx.x) * dim;
+  T* yr = y + std::int64_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += float(xr[i]) * float(xr[i]);
+  const float inv = block_inverse_rms(ss, dim, eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = T(float(xr[i]) * inv * w[i]);
+}
+
+// One block per row: x += y, then out = rms_norm(x) as above (the residual add fused into the next
+// norm). Each thread writes out only where it read y, after the block-wide sum, so out may alias y.
+template <class T>
+__global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float eps, T* out) {
+  T* xr = x + std::int64_t(blockIdx.x) * dim;
+  const T* yr = y + std::int64_t(blockIdx.x) * dim;
+  T* outr = out + std::int64_t(blockIdx.x) * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+    const float v = float(xr[i]) + float(yr[i]);
+    xr[i] = T(v);
+    ss += v * v;
+  }
+  const float inv = block_inverse_rms(ss, dim, eps);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xr[i]) * inv * w[i]);
+}
+
+// RoPE "rotate half" in place on x [n, heads, head_dim]; one thread per (row, pair), looping over
+// heads. The angle is the host's (rope_angle in host_backend.cpp): float32 inverse frequency and
+// product, as Hugging Face computes them. The power is taken in double and rounded, which matches a
+// correctly rounded powf better than CUDA's powf (2 ulp); cos/sin of that float angle are taken in
+// double like the host, which also keeps positions near 128K exact.
+template <class T>
+__global__ void rope(T* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) {
+  const int half = head_dim / 2;
+  const std::int64_t total = std::int64_t(n) * half;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int t = int(idx / half), i = int(idx % half);
+    const float freq_pow = float(pow(double(theta), double(float(2 * i) / float(head_dim))));
+    const float inv_freq = 1.f / freq_pow;
+    const float angle = float(positions[t]) * inv_freq;
+    double s, c;
+    sincos(double(angle), &s, &c);
+    const float cf = float(c), sf = float(s);
+    for (int h = 0; h < heads; ++h) {
+      T* r = x + (std::int64_t(t) * heads + h) * head_dim;
+      const float x1 = float(r[i]), x2 = float(r[i + half]);
+      r[i] = T(x1 * cf - x2 * sf);
+      r[i + half] = T(x2 * cf + x1 * sf);
+    }
+  }
+}
+
+// gate = silu(gate) * up, the host's expression
+template <class T>
+__global__ void silu_mul(T* gate, const T* up, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    const float g = float(gate[i]);
+    gate[i] = T(g / (1.f + expf(-g)) * float(up[i]));
+  }
+}
+
+// x += y
+template <class T>
+__global__ void add(T* x, const T* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    x[i] = T(float(x[i]) + float(y[i]));
+}
+
+// The GEMM input: float activations rounded to bf16 (round to nearest even).
+template <class T>
+__global__ void to_bf16(const T* x, std::int64_t n, __nv_bfloat16* y) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(float(x[i]));
+}
+
+// K/V rows of token i ([n, kv_heads * head_dim], float) to cache slot slot[i] of sequence seq[i],
+// rounded to the cache's type. One thread per element; the view's own addressing (k_row/v_row)
+// places it, so any kvsift view works: ContiguousKV in any layout, PagedKV through its block table.
+template <class T, class View>
+__global__ void store_kv(const T* k, const T* v, int n, const std::int32_t* seq, const std::int32_t* slot, View cache) {
+  using KV = typename View::value_type;
+  const int D = cache.head_dim, row = cache.num_kv_heads * D;
+  const std::int64_t total = std::int64_t(n) * row;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int i = int(idx / row), h = int(idx % row) / D, d = int(idx % D);
+    cache.k_row(seq[i], h, slot[i])[d] = kvsift::dtype_traits<KV>::from_float(float(k[idx]));
+    cache.v_row(seq[i], h, slot[i])[d] = kvsift::dtype_traits<KV>::from_float(float(v[idx]));
+  }
+}
+
+// dst row dst_row[i] = src row i, for rows with dst_row[i] >= 0
+template <class T>
+__global__ void scatter_rows(const T* src, int n, std::int64_t row_elems, const std::int32_t* dst_row, T* dst) {
+  const std::int64_t total = std::int64_t(n) * row_elems;
+  for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
+       idx += std::int64_t(gridDim.x) * blockDim.x) {
+    const int i = int(idx / row_elems);
+    const int d = dst_row[i];
+    if (d >= 0) dst[std::int64_t(d) * row_elems + idx % row_elems] = src[idx];
+  }
+}
+
+// A standard normal draw per element from a counter-based hash (SplitMix64 + Box-Muller), times
+// `scale`: random weights and synthetic K/V generated where they are used, reproducible from the
+// seed and independent of the launch shape, with no host-side generation of gigabytes.
+__device__ inline std::uint64_t splitmix64(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+template <class Out>
+__global__ void fill_normal(Out* out, std::int64_t n, std::uint64_t seed, float scale) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t r = splitmix64(seed ^ splitmix64(std::uint64_t(i)));
+    const float u1 = (float(r >> 40) + 1.f) * (1.f / 16777217.f);  // (0, 1]
+    const float u2 = float((r >> 16) & 0xffffffu) * (1.f / 16777216.f);
+    const float z = sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    out[i] = kvsift::dtype_traits<Out>::from_float(z * scale);
+  }
+}
+
+}  // namespace kernels
+}  // namespace minimal_decoder

@@ -1,0 +1,705 @@
+#pragma once
+// A Llama-architecture decoder whose attention runs through kvsift, written once for any backend
+// (host_backend.hpp: the CPU reference; cuda/cuda_backend.hpp: one CUDA stream, same members). This
+// is the file an engine author reads: every place where kvsift enters is marked "kvsift:". It is
+// compiled once per backend (host_engine.cpp by the host compiler, cuda/cuda_engine.cu by nvcc,
+// where kvsift's unqualified calls find the CUDA launchers).
+//
+//   prefill(prompts)     chunk-major: each chunk of query positions goes through every layer; its
+//                        K/V are written to the layer's cache and attention is kvsift's
+//                        decode_attention with q_len = chunk (causal inside the chunk). After the
+//                        last chunk, a compressing policy calls kvsift::compress_prompt once per
+//                        layer and the full prompt caches are freed.
+//   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
+//                        position[b] (the original position, also after compression), and attend
+//                        with decode_attention (q_len = 1) over the layer's cache, or with
+//                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lychee.
+//                        LycheeDecode's cache correction re-runs the last N positions densely
+//                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
+//                        ordinary step is recorded into a CUDA graph once and replayed.
+//
+// KV layout (kv_cache.hpp): contiguous, one [batch, kv_heads, capacity, head_dim] tensor each for K
+// and V per layer (kvsift::ContiguousKV), or paged, a page pool and a block table per layer
+// (kvsift::PagedKV); every kvsift call below is written once for both through LayerKvCache::with_view.
+// Ragged batches: every sequence has its own length.
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <kvsift/kvsift.hpp>
+
+#include "engine/checkpoint.hpp"
+#include "engine/errors.hpp"
+#include "engine/kv_cache.hpp"
+#include "engine/model_config.hpp"
+#include "engine/policy.hpp"
+
+namespace minimal_decoder {
+
+// The model's weights in the backend's memory and precision.
+template <class Backend>
+struct BackendWeights {
+  using Matrix = typename Backend::Matrix;
+  using Vector = typename Backend::template Buffer<float>;
+  struct Layer {
+    Vector attn_norm, mlp_norm, q_norm, k_norm;
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  Matrix embed, lm_head;
+  Vector final_norm;
+  std::vector<Layer> layers;
+
+  BackendWeights() = default;  // filled member by member, e.g. by random_device_weights (cuda/cuda_engine.hpp)
+  BackendWeights(const Backend& be, const ModelConfig& c, const HostWeights& w) {
+    const int H = c.hidden_size, I = c.intermediate_size, Q = int(c.q_dim()), K = int(c.kv_dim());
+    auto vec = [&](const std::vector<float>& v) {
+      Vector out = be.template alloc<float>(v.size());
+      be.upload(out.data(), v.data(), v.size());
+      return out;
+    };
+    embed = be.make_matrix(w.embed, c.vocab_size, H);
+    lm_head = be.make_matrix(w.lm_head, c.vocab_size, H);
+    final_norm = vec(w.final_norm);
+    for (const LayerWeights& lw : w.layers) {
+      Layer l;
+      l.attn_norm = vec(lw.attn_norm);
+      l.mlp_norm = vec(lw.mlp_norm);
+      l.q_norm = vec(lw.q_norm);
+      l.k_norm = vec(lw.k_norm);
+      l.wq = be.make_matrix(lw.wq, Q, H);
+      l.wk = be.make_matrix(lw.wk, K, H);
+      l.wv = be.make_matrix(lw.wv, K, H);
+      l.wo = be.make_matrix(lw.wo, H, Q);
+      l.w_gate = be.make_matrix(lw.w_gate, I, H);
+      l.w_up = be.make_matrix(lw.w_up, I, H);
+      l.w_down = be.make_matrix(lw.w_down, H, I);
+      layers.push_back(std::move(l));
+    }
+  }
+};
+
+// Sizes fixed for the life of a Decoder: every buffer is allocated from them up front.
+struct DecoderLimits {
+  int max_batch = 1;
+  int max_prompt_len = 0;
+  int max_new_tokens = 0;
+  int prefill_chunk = 256;  // query positions per prefill chunk
+  // A non-compressing decoder also keeps the post-RoPE queries of each prompt's last N positions, so
+  // that compressing decoders can start from its prefill (prefill_from) instead of repeating it.
+  int keep_window_queries = 0;
+  KvLayout kv_layout = KvLayout::kContiguous;
+  int page_size = 16;  // tokens per page of the paged layout
+};
+
+// Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
+struct StepTiming {
+  double total_ms = 0, attention_ms = 0;
+};
+
+template <class Backend>
+class Decoder {
+ public:
+  using KV = typename Backend::KvType;
+  template <class T>
+  using Buffer = typename Backend::template Buffer<T>;
+  using LayerCache = LayerKvCache<Backend>;
+  // Called with (tokens done, tokens total) after each prefill chunk.
+  using Progress = std::function<void(long long, long long)>;
+  // Sees every layer's post-RoPE queries, rows [n, q_heads * head_dim] in backend memory (prefill
+  // chunks and decode steps alike); offline tools (calibration, head probes) read them.
+  using QueryTap = std::function<void(int layer, const float* q, int rows)>;
+
+  Decoder(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights, const PolicyOptions& policy,
+          const DecoderLimits& limits)
+      : be_(be), c_(config), w_(weights), policy_(policy), lim_(limits) {
+    const long long context = (long long)lim_.max_prompt_len + lim_.max_new_tokens;
+    if (context > c_.max_positions)
+      throw DecoderError("context of " + std::to_string(context) + " tokens (prompt " + std::to_string(lim_.max_prompt_len) +
+                         " + " + std::to_string(lim_.max_new_tokens) + " new) exceeds max_position_embeddings = " +
+                         std::to_string(c_.max_positions));
+    if (lim_.max_batch < 1 || lim_.max_prompt_len < 1 || lim_.prefill_chunk < 1)
+      throw DecoderError("batch, prompt length and prefill chunk must be >= 1");
+    validate_policy(policy_, c_.num_layers, c_.num_q_heads, c_.num_kv_heads, c_.head_dim, lim_.max_prompt_len);
+    window_ = policy_.compresses_prompt() ? policy_.compression.window : std::max(0, lim_.keep_window_queries);
+    const int B = lim_.max_batch;
+    // Dense decodes in the prompt cache itself; a compressing policy decodes in a cache of Cp slots
+    // (plus the new tokens) and holds the full prompt cache only until compression.
+    decode_capacity_ = policy_.compresses_prompt() ? policy_.compression.capacity + lim_.max_new_tokens
+                                                   : lim_.max_prompt_len + lim_.max_new_tokens;
+    decode_caches_.resize(std::size_t(c_.num_layers));
+    for (auto& cache : decode_caches_) cache = allocate_cache(decode_capacity_);
+    if (policy_.kind == PolicyKind::kLychee) {
+      // kvsift: the LycheeDecode policy object, its index-table state and its workspace, sized once
+      // from the capacities; the decode loop below never allocates.
+      check(kvsift::LycheeDecodePolicy::create(lychee_config(policy_.lychee, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
+                                                        c_.head_dim, B, decode_capacity_),
+                                          &lychee_),
+            "--policy lychee");
+      lychee_state_mem_ = be_.template alloc<unsigned char>(lychee_.state_bytes());
+      check(lychee_.make_state(lychee_state_mem_.data(), lychee_state_mem_.size(), &lychee_state_), "LycheeDecode state");
+      decode_steps_ = 0;
+      std::size_t lychee_bytes = 0;
+      check(lychee_.template workspace_bytes<KV>(be_.exec(), &lychee_bytes), "LycheeDecode workspace");
+      lychee_ws_ = be_.template alloc<unsigned char>(lychee_bytes);
+    }
+    const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLychee ? policy_.lychee.correction_interval : 0);
+    const int rows = std::max({lim_.prefill_chunk * B, B, correction_rows});
+    const std::int64_t H = c_.hidden_size;
+    x_ = be_.template alloc<float>(std::size_t(rows * H));
+    h_ = be_.template alloc<float>(std::size_t(rows * H));
+    q_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
+    k_ = be_.template alloc<float>(std::size_t(rows * c_.kv_dim()));
+    v_ = be_.template alloc<float>(std::size_t(rows * c_.kv_dim()));
+    attn_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
+    gate_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
+    up_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
+    logits_ = be_.template alloc<float>(std::size_t(B) * c_.vocab_size);
+    tokens_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    positions_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    seq_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    slots_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    window_rows_ = be_.template alloc<std::int32_t>(std::size_t(rows));
+    lengths_ = be_.template alloc<std::int32_t>(std::size_t(B));
+    // kvsift: the decode steps' attention workspace, sized now from host values only (the whole
+    // batch, q_len 1, the cache capacity), so that no decode step allocates; prefill's launches
+    // (one sequence, q_len = chunk) grow it if they need more.
+    auto p = kvsift::make_decode_attention_params(static_cast<const float*>(q_.data()), attn_.data(), 1, c_.num_q_heads,
+                                                  c_.head_dim);
+    std::size_t attn_bytes = 0;
+    decode_caches_[0].with_view(B, lengths_.data(), [&](const auto& kv) {
+      check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &attn_bytes), "decode attention workspace");
+    });
+    attn_ws_ = be_.template alloc<unsigned char>(attn_bytes);
+  }
+
+  // Dense prefill of a ragged batch; returns the logits of each prompt's last token, [B, vocab].
+  std::vector<float> prefill(const std::vector<std::vector<std::int32_t>>& prompts, const Progress& progress = {}) {
+    const int B = int(prompts.size());
+    if (B < 1 || B > lim_.max_batch) throw DecoderError("batch of " + std::to_string(B) + " prompts exceeds the decoder's " + std::to_string(lim_.max_batch));
+    batch_ = B;
+    prompts_ = &prompts;
+    prompt_len_.assign(std::size_t(B), 0);
+    long long total = 0;
+    int longest = 0;
+    for (int b = 0; b < B; ++b) {
+      const int L = int(prompts[std::size_t(b)].size());
+      if (L < 1 || L > lim_.max_prompt_len)
+        throw DecoderError("prompt " + std::to_string(b) + " has " + std::to_string(L) + " tokens (allowed: 1.." +
+                           std::to_string(lim_.max_prompt_len) + ")");
+      for (std::int32_t t : prompts[std::size_t(b)])
+        if (t < 0 || t >= c_.vocab_size)
+          throw DecoderError("prompt " + std::to_string(b) + ": token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(c_.vocab_size) + ")");
+      prompt_len_[std::size_t(b)] = L;
+      total += L;
+      longest = std::max(longest, L);
+    }
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    const bool compress = policy_.compresses_prompt();
+    std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
+    std::vector<LayerCache>& target = compress ? prompt_caches : decode_caches_;
+
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    const int C = lim_.prefill_chunk;
+    long long done = 0;
+    for (int start = 0; start < longest; start += C) {
+      ChunkPlan plan = plan_chunk(start, C);
+      const int n = int(plan.tokens.size());
+      upload_rows(plan.tokens, plan.positions, plan.seq, plan.slots);
+      be_.upload(window_rows_.data(), plan.window_rows.data(), std::size_t(n));
+      be_.upload(lengths_.data(), plan.ends.data(), std::size_t(B));
+      be_.embed(tokens_.data(), n, w_.embed, x_.data());
+      for (int l = 0; l < c_.num_layers; ++l) {
+        LayerCache& cache = target[std::size_t(l)];
+        layer_forward(l, n, cache, [&](const float* q, float* out) {
+          if (window_ > 0)  // keep the window's post-RoPE queries: compression scores with them
+            be_.scatter_rows(q, n, c_.q_dim(), window_rows_.data(), window_q_[std::size_t(l)].data());
+          for (int b = 0; b < B; ++b) {
+            if (plan.count[std::size_t(b)] == 0) continue;
+            // kvsift: causal multi-query attention of this chunk's q_len queries over tokens
+            // [0, end) of sequence b, through a one-sequence view of the batch cache.
+            const std::int64_t row = plan.offset[std::size_t(b)] * c_.q_dim();
+            cache.with_sequence_view(b, lengths_.data() + b, [&](const auto& one) {
+              attend(l, one, q + row, out + row, plan.count[std::size_t(b)]);
+            });
+          }
+        });
+      }
+      // Logits of the rows that hold a prompt's last token.
+      for (int b = 0; b < B; ++b)
+        if (plan.last_row[std::size_t(b)] >= 0)
+          lm_head(x_.data() + std::int64_t(plan.last_row[std::size_t(b)]) * c_.hidden_size, 1,
+                  logits.data() + std::int64_t(b) * c_.vocab_size);
+      done += n;
+      if (progress) progress(done, total);
+    }
+
+    history_ = prompts;
+    prompts_ = nullptr;
+    finish_prefill(prompt_caches, compress, t0);
+    return logits;
+  }
+
+  // --synthetic-prefill, for speed benchmarks with random weights: the caches are filled with random
+  // K/V (N(0, 1)) as if lengths[b] prompt tokens had been prefilled, without running the model; a
+  // compressing policy then compresses them, scoring with random window queries. The decode steps
+  // that follow cost what they cost after a real prefill. Returns all-zero logits [B, vocab].
+  std::vector<float> synthetic_prefill(const std::vector<int>& lengths, std::uint64_t seed) {
+    const int B = int(lengths.size());
+    if (B < 1 || B > lim_.max_batch)
+      throw DecoderError("batch of " + std::to_string(B) + " prompts exceeds the decoder's " + std::to_string(lim_.max_batch));
+    for (int L : lengths)
+      if (L < 1 || L > lim_.max_prompt_len)
+        throw DecoderError("synthetic prompt length " + std::to_string(L) + " outside 1.." + std::to_string(lim_.max_prompt_len));
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    batch_ = B;
+    prompts_ = nullptr;
+    prompt_len_ = lengths;
+    const bool compress = policy_.compresses_prompt();
+    std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
+    std::uint64_t stream = seed;
+    for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
+      be_.fill_normal(cache.k_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
+      be_.fill_normal(cache.v_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
+    }
+    for (auto& q : window_q_) be_.fill_normal(q.data(), std::int64_t(q.size()), ++stream, 1.f);
+    history_.assign(std::size_t(B), {});
+    for (int b = 0; b < B; ++b) history_[std::size_t(b)].assign(std::size_t(lengths[std::size_t(b)]), 0);  // token 0 stands in
+    finish_prefill(prompt_caches, compress, t0);
+    return std::vector<float>(std::size_t(B) * c_.vocab_size, 0.f);
+  }
+
+  // One decode step for every sequence of the batch; returns logits [B, vocab].
+  std::vector<float> decode(const std::vector<std::int32_t>& next) {
+    const int B = batch_;
+    if (int(next.size()) != B) throw DecoderError("decode needs one token per sequence");
+    for (int b = 0; b < B; ++b)
+      if (cache_len_[std::size_t(b)] >= decode_capacity_)
+        throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
+    timing_ = StepTiming();
+    const double t0 = be_.now_ms();
+    for (int b = 0; b < B; ++b) history_[std::size_t(b)].push_back(next[std::size_t(b)]);
+    std::vector<float> logits;
+    // The engine counts its decode steps; LycheeDecode asks it which ones are correction steps.
+    if (policy_.kind == PolicyKind::kLychee && lychee_.correction_due(decode_steps_))
+      logits = correction_step();
+    else
+      logits = single_token_step(next);
+    ++decode_steps_;
+    for (int b = 0; b < B; ++b) ++position_[std::size_t(b)];
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+    return logits;
+  }
+
+  // Starts this decoder from `src`'s finished dense prefill of the same prompts instead of running
+  // the prefill again (evaluating several policies on one prefill): a non-compressing policy copies
+  // the prompt caches, a compressing one runs kvsift::compress_prompt on them with the window queries
+  // `src` kept (DecoderLimits::keep_window_queries >= this policy's W). The prefill logits are src's.
+  void prefill_from(const Decoder& src) {
+    if (src.policy_.kind != PolicyKind::kDense || src.history_.empty() || src.cache_len_ != src.prompt_len_)
+      throw DecoderError("prefill_from: the source must be a dense decoder right after its prefill");
+    const int B = src.batch_;
+    if (B > lim_.max_batch) throw DecoderError("prefill_from: batch of " + std::to_string(B) + " exceeds the decoder's " + std::to_string(lim_.max_batch));
+    for (int L : src.prompt_len_)
+      if (L > lim_.max_prompt_len) throw DecoderError("prefill_from: a prompt of " + std::to_string(L) + " tokens exceeds the decoder's limit");
+    batch_ = B;
+    step_graph_.reset();
+    prompt_len_ = src.prompt_len_;
+    history_ = src.history_;
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    timing_ = StepTiming();
+    if (policy_.compresses_prompt()) {
+      const int W = policy_.compression.window;
+      if (src.window_ < W) throw DecoderError("prefill_from: the source kept " + std::to_string(src.window_) + " window queries, this policy needs " + std::to_string(W));
+      for (int L : prompt_len_)
+        if (L < src.window_) throw DecoderError("prefill_from: a prompt shorter than the kept window");
+      window_q_.clear();
+      for (int l = 0; l < c_.num_layers; ++l) {  // the last W of the source's kept rows
+        std::vector<float> rows(std::size_t(B) * src.window_ * c_.q_dim());
+        be_.download(rows.data(), src.window_q_[std::size_t(l)].data(), rows.size());
+        std::vector<float> mine;
+        for (int b = 0; b < B; ++b) {
+          const auto first = rows.begin() + (std::int64_t(b) * src.window_ + (src.window_ - W)) * c_.q_dim();
+          mine.insert(mine.end(), first, first + std::int64_t(W) * c_.q_dim());
+        }
+        window_q_.push_back(be_.template alloc<float>(mine.size()));
+        be_.upload(window_q_.back().data(), mine.data(), mine.size());
+      }
+      std::vector<LayerCache> none;
+      compress_prompt_caches(none, &src.decode_caches_);  // reads src's caches, frees nothing of them
+      window_q_.clear();
+      return;
+    }
+    // Copy slots [0, L_b) of every (sequence, KV head) row through the host: generic over backends
+    // and cheap next to a prefill. Both decoders are contiguous (the evaluation tools' layout).
+    const int D = c_.head_dim;
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const auto from = src.decode_caches_[std::size_t(l)].contiguous(B, nullptr);
+      const auto to = decode_caches_[std::size_t(l)].contiguous(B, nullptr);
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < c_.num_kv_heads; ++h) {
+          const std::size_t n = std::size_t(prompt_len_[std::size_t(b)]) * D;
+          std::vector<KV> tmp(n);
+          be_.download(tmp.data(), from.k_row(b, h, 0), n);
+          be_.upload(to.k_row(b, h, 0), tmp.data(), n);
+          be_.download(tmp.data(), from.v_row(b, h, 0), n);
+          be_.upload(to.v_row(b, h, 0), tmp.data(), n);
+        }
+    }
+  }
+
+  void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
+  // Layer l's decode cache, seen with the caller's lengths (backend memory, one per sequence); the
+  // offline tools that read it need the contiguous layout (the default).
+  kvsift::ContiguousKV<KV> cache_view(int layer, const std::int32_t* lengths) const {
+    return decode_caches_[std::size_t(layer)].contiguous(batch_, lengths);
+  }
+  // The last W kept window queries of layer l (DecoderLimits::keep_window_queries >= W), as kvsift QueryRows.
+  kvsift::QueryRows<float> window_queries(int layer, int W) const {
+    if (W > window_ || window_q_.empty()) throw DecoderError("window_queries: this decoder kept " + std::to_string(window_) + " window queries");
+    kvsift::QueryRows<float> q = kvsift::make_query_rows<float>(window_q_[std::size_t(layer)].data(), window_, c_.num_q_heads, c_.head_dim);
+    q.data += std::int64_t(window_ - W) * q.position_stride;
+    q.capacity = W;
+    return q;
+  }
+  const StepTiming& timing() const { return timing_; }
+  // On: with the attention timing off and no query tap, decode steps (not LycheeDecode's correction
+  // steps) are recorded into a CUDA graph once per prefill and replayed (CUDA backend; no effect on the host).
+  void set_graph_steps(bool on) { graph_steps_ = on; }
+  // Off: no synchronisation around kvsift's calls and an attention share of 0 (speed benchmarks).
+  void set_attention_timing(bool on) { time_attention_ = on; }
+  const std::vector<int>& cache_lengths() const { return cache_len_; }
+  int batch() const { return batch_; }
+  // Bytes of K and V the decode caches hold now, and the bytes allocated for them.
+  std::int64_t kv_bytes_used() const {
+    std::int64_t tokens = 0;
+    for (int n : cache_len_) tokens += n;
+    return tokens * kv_bytes_per_token();
+  }
+  std::int64_t kv_bytes_allocated() const { return std::int64_t(lim_.max_batch) * decode_capacity_ * kv_bytes_per_token(); }
+  // The HBM bytes the last decode step had to read at the least, for the roofline: every projection
+  // matrix and the LM head once (the batch shares them), plus the K/V the policy attends to: the whole
+  // (possibly compressed) cache for dense and prompt compression; for LycheeDecode, the whole cache of
+  // retrieval heads and min(length, budget) tokens of sparse heads (ratio mode: the kept fraction).
+  // Norm weights, embedding rows, activations and index tables are left out (< 0.1% at 8B).
+  std::int64_t step_bytes() const {
+    const std::int64_t H = c_.hidden_size, I = c_.intermediate_size;
+    const std::int64_t weights = c_.num_layers * (H * (c_.q_dim() + 2 * c_.kv_dim()) + c_.q_dim() * H + 3 * H * I) +
+                                 std::int64_t(c_.vocab_size) * H;
+    const std::int64_t weight_bytes = weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
+    const std::int64_t row_bytes = 2 * std::int64_t(c_.head_dim) * std::int64_t(sizeof(KV));  // one token of one KV head, K and V
+    std::int64_t kv_rows = 0;  // (token, layer, KV head) triples read
+    for (int n : cache_len_) {
+      if (policy_.kind != PolicyKind::kLychee) {
+        kv_rows += std::int64_t(n) * c_.num_layers * c_.num_kv_heads;
+        continue;
+      }
+      const kvsift::LycheeDecodeConfig& lc = lychee_.config();
+      const LycheeOptions& o = policy_.lychee;
+      const std::int64_t kept = o.mode == "ratio"   ? std::int64_t(double(n) * (1.0 - o.rho))
+                                : o.mode == "block" ? std::int64_t(o.budget) * o.block_size
+                                                    : std::int64_t(o.budget);
+      for (int l = 0; l < c_.num_layers; ++l)
+        for (int h = 0; h < c_.num_kv_heads; ++h) kv_rows += lc.roles.is_retrieval(l, h) ? n : std::min<std::int64_t>(n, kept);
+    }
+    return weight_bytes + kv_rows * row_bytes;
+  }
+
+ private:
+  // The packed rows of one prefill chunk: positions [start, start + C) of every sequence that has them.
+  struct ChunkPlan {
+    std::vector<std::int32_t> tokens, positions, seq, slots, window_rows;
+    std::vector<std::int32_t> offset, count, ends, last_row;  // per sequence
+  };
+
+  // The ordinary decode step: the new token's K/V appended at slot cache_len[b], one query per sequence.
+  std::vector<float> single_token_step(const std::vector<std::int32_t>& next) {
+    const int B = batch_;
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
+    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
+    upload_rows(next, position_, seq, slots);
+    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    // Everything from here to the logits reads only device buffers filled above, so on the GPU it is
+    // captured into a graph once and replayed (kvsift's launchers never allocate or synchronise and
+    // size their grids from capacities, never from device lengths: that is what makes this legal).
+    // Not with the attention timing on (it synchronises) or a query tap (it reads on the host).
+    const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
+    if (graph)
+      be_.replay(step_graph_, [&] { single_token_forward(); });
+    else
+      single_token_forward();
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    be_.download(logits.data(), logits_.data(), logits.size());
+    return logits;
+  }
+
+  // The device part of single_token_step: embedding, every layer, final norm and LM head into logits_.
+  void single_token_forward() {
+    const int B = batch_;
+    be_.embed(tokens_.data(), B, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l) {
+      LayerCache& cache = decode_caches_[std::size_t(l)];
+      layer_forward(l, B, cache, [&](const float* q, float* out) {
+        cache.with_view(B, lengths_.data(), [&](const auto& kv) {
+          if (policy_.kind == PolicyKind::kLychee) {
+            // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
+            // to the table rows of the latest retrieval head with their index.
+            timed([&] {
+              check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv,
+                                         kvsift::make_query_io(q, out, 1, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
+                    "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+            });
+          } else {
+            // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
+            attend(l, kv, q, out, 1);
+          }
+        });
+      });
+    }
+    lm_head_to_device(x_.data(), B);
+  }
+
+  // LycheeDecode cache correction: the last N positions (the new token included) run through every
+  // layer again with dense causal attention (correct_layer, q_len = N), overwriting their K/V, which
+  // sparse steps computed from approximate attention. The next token comes from the last row.
+  std::vector<float> correction_step() {
+    const int B = batch_, N = policy_.lychee.correction_interval;
+    std::vector<std::int32_t> tokens, positions, seq, slots;
+    for (int b = 0; b < B; ++b) {
+      const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
+      for (int pos = last - N + 1; pos <= last; ++pos) {
+        tokens.push_back(history_[std::size_t(b)][std::size_t(pos)]);
+        positions.push_back(pos);
+        seq.push_back(b);
+        slots.push_back(pos);
+      }
+      ++cache_len_[std::size_t(b)];
+    }
+    upload_rows(tokens, positions, seq, slots);
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    be_.embed(tokens_.data(), B * N, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l) {
+      LayerCache& cache = decode_caches_[std::size_t(l)];
+      layer_forward(l, B * N, cache, [&](const float* q, float* out) {
+        cache.with_view(B, lengths_.data(), [&](const auto& kv) {
+          timed([&] {
+            check(lychee_.correct_layer(be_.exec(), lychee_state_, l, kv,
+                                        kvsift::make_query_io(q, out, N, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
+                  "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+          });
+        });
+      });
+    }
+    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    for (int b = 0; b < B; ++b)
+      lm_head(x_.data() + (std::int64_t(b) * N + N - 1) * c_.hidden_size, 1, logits.data() + std::int64_t(b) * c_.vocab_size);
+    return logits;
+  }
+
+  // Runs `f` and adds its wall time to the step's attention share. The synchronisations around it
+  // keep a GPU from running ahead of the host, so speed runs turn the measurement off.
+  template <class F>
+  void timed(F&& f) {
+    if (!time_attention_) {
+      f();
+      return;
+    }
+    be_.synchronize();
+    const double t0 = be_.now_ms();
+    f();
+    be_.synchronize();
+    timing_.attention_ms += be_.now_ms() - t0;
+  }
+
+  std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
+
+  // What a prefill of batch_ sequences writes besides the decode caches: the kept window queries of
+  // every layer, and for a compressing policy full-length prompt caches (returned; compression reads
+  // them once and frees them). A dense prefill writes the decode caches directly and gets none.
+  std::vector<LayerCache> allocate_prefill_buffers() {
+    window_q_.clear();
+    if (window_ > 0)
+      for (int l = 0; l < c_.num_layers; ++l)
+        window_q_.push_back(be_.template alloc<float>(std::size_t(batch_) * window_ * c_.q_dim()));
+    std::vector<LayerCache> prompt_caches;
+    if (policy_.compresses_prompt())
+      for (int l = 0; l < c_.num_layers; ++l) prompt_caches.push_back(allocate_cache(lim_.max_prompt_len));
+    return prompt_caches;
+  }
+
+  LayerCache allocate_cache(int capacity) {
+    KvCacheShape shape;
+    shape.layout = lim_.kv_layout;
+    shape.max_batch = lim_.max_batch;
+    shape.capacity = capacity;
+    shape.num_kv_heads = c_.num_kv_heads;
+    shape.head_dim = c_.head_dim;
+    shape.page_size = lim_.page_size;
+    return LayerCache(be_, shape);
+  }
+
+  ChunkPlan plan_chunk(int start, int C) const {
+    ChunkPlan p;
+    const int B = batch_, W = window_;
+    for (int b = 0; b < B; ++b) {
+      const int L = prompt_len_[std::size_t(b)], end = std::min(L, start + C);
+      p.offset.push_back(std::int32_t(p.tokens.size()));
+      p.count.push_back(std::max(0, end - start));
+      p.ends.push_back(std::max(0, end));
+      p.last_row.push_back(-1);
+      // Window row i of sequence b holds position L - min(W, L) + i (kvsift::QueryRows layout).
+      const int first_window_pos = L - std::min(W, L);
+      for (int pos = start; pos < end; ++pos) {
+        if (pos == L - 1) p.last_row.back() = std::int32_t(p.tokens.size());
+        p.tokens.push_back(prompt_tokens_at(b, pos));
+        p.positions.push_back(pos);
+        p.seq.push_back(b);
+        p.slots.push_back(pos);
+        p.window_rows.push_back(pos >= first_window_pos ? b * W + (pos - first_window_pos) : -1);
+      }
+    }
+    return p;
+  }
+
+  std::int32_t prompt_tokens_at(int b, int pos) const { return (*prompts_)[std::size_t(b)][std::size_t(pos)]; }
+
+  void upload_rows(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& positions,
+                   const std::vector<std::int32_t>& seq, const std::vector<std::int32_t>& slots) {
+    const std::size_t n = tokens.size();
+    be_.upload(tokens_.data(), tokens.data(), n);
+    be_.upload(positions_.data(), positions.data(), n);
+    be_.upload(seq_.data(), seq.data(), n);
+    be_.upload(slots_.data(), slots.data(), n);
+  }
+
+  // One transformer block over the n rows in x_, pre-norm residual:
+  //   x += o_proj(attention(rope(q), rope(k), v));  x += down(silu(gate(x)) * up(x))
+  // `attention(q, out)` is the policy's part; K/V of the rows are stored before it runs.
+  // Each residual add is fused into the norm that follows it (add_rms_norm), so the MLP's output
+  // (h_) reaches x_ at the start of the next layer; the last layer adds it itself.
+  template <class Attention>
+  void layer_forward(int l, int n, LayerCache& cache, Attention&& attention) {
+    const auto& lw = w_.layers[std::size_t(l)];
+    const int H = c_.hidden_size, D = c_.head_dim;
+    if (l == 0)
+      be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
+    else
+      be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear_shared_input(h_.data(), n, {{&lw.wq, q_.data()}, {&lw.wk, k_.data()}, {&lw.wv, v_.data()}});
+    if (c_.qk_norm) {
+      be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
+      be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
+    }
+    be_.rope(q_.data(), positions_.data(), n, c_.num_q_heads, D, c_.rope_theta);
+    be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
+    if (query_tap_) query_tap_(l, q_.data(), n);
+    // kvsift reads the cache only through the view, so writing it is the engine's job.
+    cache.with_view(lim_.max_batch, lengths_.data(),
+                    [&](const auto& kv) { be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), kv); });
+    attention(q_.data(), attn_.data());
+    be_.linear(attn_.data(), n, lw.wo, h_.data());
+    be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear_shared_input(h_.data(), n, {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
+    be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
+    if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
+  }
+
+  // kvsift: decode_attention (dense heads, causal for q_len > 1), timed as the step's attention share.
+  template <class View>
+  void attend(int /*layer*/, const View& kv, const float* q, float* out, int q_len) {
+    auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
+    std::size_t bytes = 0;
+    check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &bytes), "decode attention workspace");
+    if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
+    timed([&] { check(decode_attention(be_.exec(), kv, p, kvsift::Workspace{attn_ws_.data(), attn_ws_.size()}), "decode attention"); });
+  }
+
+  // x [n, hidden] -> final norm -> LM head -> logits_ [n, vocab] (backend memory)
+  void lm_head_to_device(const float* x, int n) {
+    be_.rms_norm(x, n, c_.hidden_size, w_.final_norm.data(), c_.rms_norm_eps, h_.data());
+    be_.linear(h_.data(), n, w_.lm_head, logits_.data());
+  }
+  // ... and on to host logits [n, vocab]
+  void lm_head(const float* x, int n, float* host_logits) {
+    lm_head_to_device(x, n);
+    be_.download(host_logits, logits_.data(), std::size_t(n) * c_.vocab_size);
+  }
+
+  // The end of every prefill: the cache now holds the prompt; a compressing policy shrinks it (kvsift's
+  // compress_prompt per layer) and decode positions continue at the prompt length either way.
+  void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
+    step_graph_.reset();  // a recorded step is for the previous batch
+    cache_len_ = prompt_len_;
+    position_ = prompt_len_;
+    if (compress) {
+      compress_prompt_caches(prompt_caches);  // frees them when it returns
+      window_q_.clear();
+    }
+    be_.synchronize();
+    timing_.total_ms = be_.now_ms() - t0;
+  }
+
+  // kvsift: compress_prompt once per layer, from the full prompt cache into the decode cache.
+  // Every KV head of a sequence keeps the same number of tokens, so the result is an ordinary cache
+  // whose lengths replace the prompt lengths; positions keep counting from the prompt length.
+  // `borrowed`, when given, replaces the decoder's own prompt caches as the source (prefill_from).
+  void compress_prompt_caches(std::vector<LayerCache>& prompt_caches, const std::vector<LayerCache>* borrowed = nullptr) {
+    const int B = batch_;
+    const kvsift::PromptCompressionConfig config = policy_.compression_config();
+    const kvsift::PromptCompressionShape shape{B, c_.num_kv_heads, c_.num_q_heads, lim_.max_prompt_len};
+    Buffer<unsigned char> ws = be_.template alloc<unsigned char>(kvsift::compress_prompt_workspace_bytes(config, shape));
+    Buffer<std::int32_t> new_lengths = be_.template alloc<std::int32_t>(std::size_t(B));
+    be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const LayerCache& from = borrowed ? (*borrowed)[std::size_t(l)] : prompt_caches[std::size_t(l)];
+      const auto window = kvsift::make_query_rows<float>(window_q_[std::size_t(l)].data(), config.window,
+                                                         c_.num_q_heads, c_.head_dim);
+      kvsift::CompactOutputs out;
+      out.new_lengths = new_lengths.data();
+      from.with_view(B, lengths_.data(), [&](const auto& src) {
+        decode_caches_[std::size_t(l)].with_view(B, new_lengths.data(), [&](const auto& dst) {
+          check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
+                "compress_prompt (layer " + std::to_string(l) + ")");
+        });
+      });
+      if (!borrowed) prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
+    }
+    be_.download(cache_len_.data(), new_lengths.data(), std::size_t(B));
+  }
+
+  Backend& be_;
+  const ModelConfig& c_;
+  const BackendWeights<Backend>& w_;
+  PolicyOptions policy_;
+  DecoderLimits lim_;
+  int decode_capacity_ = 0;
+  int batch_ = 0;
+  const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;
+  std::vector<int> prompt_len_, cache_len_, position_;
+  std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
+  kvsift::LycheeDecodePolicy lychee_;
+  kvsift::LycheeDecodeState lychee_state_;
+  std::int64_t decode_steps_ = 0;  // decode steps since the last prefill: decides correction steps
+  Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
+  std::vector<LayerCache> decode_caches_;
+  std::vector<Buffer<float>> window_q_;
+  int window_ = 0;  // window queries kept per sequence: the policy's W, or keep_window_queries
+  QueryTap query_tap_;
+  Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+  Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
+  Buffer<unsigned char> attn_ws_;
+  StepTiming timing_;
+  bool time_attention_ = true;
+  bool graph_steps_ = false;
+  typename Backend::StepGraph step_graph_;
+};
+
+}  // namespace minimal_decoder
