@@ -51,7 +51,7 @@ namespace host {
 /// The host reference backend. Its facts describe one sequential "SM" so that code which sizes work
 /// from them stays meaningful; the reference ops need no workspace.
 struct Exec {
-  DeviceFacts device{1, std::size_t(1) << 30, false, 0, 0};  ///< one "SM", 1 GiB of "shared memory", no clusters
+  DeviceFacts device{1, std::size_t(1) << 30, false, 0, 0};  ///< one "SM", 1 GiB "shared memory", no clusters
 
   /// A host Exec; the same name as cuda::Exec::for_current_device, so engine code reads alike.
   static Exec for_current_device() { return Exec{}; }

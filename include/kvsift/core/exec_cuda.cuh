@@ -32,7 +32,7 @@ inline Status query_device_facts(int device, DeviceFacts* facts) {
 /// The CUDA backend: pass it first to any op to run that op's kernels, asynchronously, on `stream`.
 /// Pointers passed with it are device memory. Make it once with for_current_device.
 struct Exec {
-  cudaStream_t stream = nullptr;  ///< where every launch of the op is queued (nullptr: the legacy default stream)
+  cudaStream_t stream = nullptr;  ///< where the op's launches are queued (nullptr: the legacy default stream)
   DeviceFacts device;             ///< the facts plans are made from; zero until for_current_device fills them
 
   /// The current device's facts and `stream`. Without a usable device the facts stay zero, and every op

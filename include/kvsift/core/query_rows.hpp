@@ -28,7 +28,7 @@ struct QueryRows {
 
   /// Elements between consecutive sequences. The three strides may describe any layout: [B, S, H, D],
   /// [B, H, S, D], a slice of a fused QKV buffer, padded rows.
-  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< elements (head_stride: between heads)
+  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< head_stride: between heads
 
   /// The head_dim elements of sequence `b`, position `i`, head `h`; no bounds check.
   KVSIFT_HD const T* row(int b, int i, int h) const {
@@ -45,7 +45,7 @@ struct OutputRows {
   /// Elements between consecutive positions of a sequence.
 
   /// Elements between consecutive sequences.
-  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< elements (head_stride: between heads)
+  std::int64_t batch_stride = 0, position_stride = 0, head_stride = 0;  ///< head_stride: between heads
 
   /// The head_dim elements of sequence `b`, position `i`, head `h`; no bounds check.
   KVSIFT_HD T* row(int b, int i, int h) const { return data + b * batch_stride + i * position_stride + h * head_stride; }

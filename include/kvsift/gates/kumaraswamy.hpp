@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// \brief The Kumaraswamy distribution K ~ Kuma(a, b) on (0, 1), a, b > 0 (docs/algorithms/hardkuma.md §1, §5):
+/// \brief The Kumaraswamy distribution K ~ Kuma(a, b) on (0, 1), a, b > 0
+/// (docs/algorithms/hardkuma.md §1, §5):
 ///
 ///   f(k) = a b k^(a-1) (1 - k^a)^(b-1),   F(k) = 1 - (1 - k^a)^b,   F^-1(u) = (1 - (1 - u)^(1/b))^(1/a)
 ///

@@ -9,9 +9,10 @@
 ///   SSRSSSSS
 ///   ...
 ///
-/// 'R' = retrieval head (dense attention, selects its index row's entries), 'S' = sparse head. The header must come
-/// before the rows; exactly `layers` rows of exactly `kv_heads` characters follow. Trailing spaces,
-/// tabs and '\r' are ignored; anything else is an error that names the line and column. Host only.
+/// 'R' = retrieval head (dense attention, selects its index row's entries), 'S' = sparse head. The
+/// header must come before the rows; exactly `layers` rows of exactly `kv_heads` characters follow.
+/// Trailing spaces, tabs and '\r' are ignored; anything else is an error that names the line and
+/// column. Host only.
 
 #include <cstdint>
 #include <fstream>

@@ -7,9 +7,9 @@
 ///   kTopN       exactly total_retrieval_heads retrieval heads: the forced ones plus the highest scores
 ///
 /// Layer 0 is forced to retrieval by default (LycheeDecode sets p_full[0, :] = 1; its layer 0 must be
-/// all retrieval heads because it seeds every index row). In kTopN, total_retrieval_heads counts the forced heads
-/// too: LycheeDecode's 32 = 8 (layer 0) + 24 learned. Ties rank the lower gate index first; a NaN
-/// score ranks lowest and never passes the threshold.
+/// all retrieval heads because it seeds every index row). In kTopN, total_retrieval_heads counts the
+/// forced heads too: LycheeDecode's 32 = 8 (layer 0) + 24 learned. Ties rank the lower gate index
+/// first; a NaN score ranks lowest and never passes the threshold.
 ///
 /// Gates are layer-major (gate = layer * kv_heads + head); roles[gate] = 1 for retrieval, 0 for sparse
 /// (the byte layout make_head_roles turns into a HeadRoles table).

@@ -1,7 +1,7 @@
 #pragma once
 /// \file
-/// \brief CUDA backend of decode_attention (contract in decode_attention.hpp, plan in decode_attention_plan.hpp;
-/// guide in docs/ops/decode_attention.md).
+/// \brief CUDA backend of decode_attention (contract in decode_attention.hpp, plan in
+/// decode_attention_plan.hpp; guide in docs/ops/decode_attention.md).
 ///
 /// Two launches on exec.stream: a split kernel (one block per batch x KV head x split x row tile;
 /// tensor cores for 16-bit K/V, CUDA cores for float K/V) writes normalised partial outputs and their

@@ -48,7 +48,7 @@ struct RecentBlocksFirstKey {
   static constexpr int kBits = kScoreBits + 1;               ///< the forced bit on top of the score bits
   using key_type = detail::order_key_t<kBits>;               ///< uint64_t (33 bits)
 
-  const std::int32_t* recent_from = nullptr;  ///< [rows] first forced block per row (plan_selection_rows); required
+  const std::int32_t* recent_from = nullptr;  ///< [rows] first forced block per row, from plan_selection_rows
 
   /// forced << kScoreBits | the ScoreKey of `score`, forced = position >= recent_from[row].
   KVSIFT_HD key_type operator()(float score, std::int64_t row, std::int32_t position) const {
