@@ -1,22 +1,24 @@
 #pragma once
-// Check macros for host code. They return a Status from the enclosing function; nothing throws.
+/// \file
+/// \brief Check macros for host code. They return a Status from the enclosing function; nothing throws.
 
 #include "kvsift/core/status.hpp"
 
-// Propagate a non-ok Status.
+/// Evaluates `expr` (a Status) once and returns it from the enclosing function when it is not ok.
 #define KVSIFT_TRY(expr)                                     \
   do {                                                       \
     ::kvsift::Status kvsift_try_status_ = (expr);            \
     if (!kvsift_try_status_.ok()) return kvsift_try_status_; \
   } while (0)
 
-// Return an error naming the parameter when a condition fails:
-//   KVSIFT_REQUIRE(k >= 0, kInvalidArgument, "k = ", k, " must be >= 0");
+/// Returns a Status of `StatusCode::code` whose message is the remaining arguments streamed together,
+/// when `cond` is false; name the parameter and its value:
+/// `KVSIFT_REQUIRE(k >= 0, kInvalidArgument, "k = ", k, " must be >= 0");`
 #define KVSIFT_REQUIRE(cond, code, ...)                                        \
   do {                                                                         \
     if (!(cond)) return ::kvsift::make_status(::kvsift::StatusCode::code, __VA_ARGS__); \
   } while (0)
 
-// A required pointer: the message is "<name> is null".
+/// Returns `StatusCode::kNullPointer` with the message "<name> is null" when `ptr` is null.
 #define KVSIFT_REQUIRE_NOT_NULL(ptr, name) \
   KVSIFT_REQUIRE((ptr) != nullptr, kNullPointer, name, " is null")

@@ -1,11 +1,12 @@
 #pragma once
-// Element types and their traits, usable on host and device.
-//
-// kvsift::half_t and kvsift::bfloat16_t are 16-bit storage types with the bit layout of CUDA's
-// __half and __nv_bfloat16, so an engine reinterprets its buffers without a copy, and host-only code
-// (compiled by g++ without the CUDA toolkit) still has them. The .cuh side adds traits for __half
-// and __nv_bfloat16 themselves (core/dtype_cuda.cuh), so views can also be instantiated over those.
-// Arithmetic always happens in the accumulator type, float.
+/// \file
+/// \brief Element types and their traits, usable on host and device.
+///
+/// kvsift::half_t and kvsift::bfloat16_t are 16-bit storage types with the bit layout of CUDA's
+/// __half and __nv_bfloat16, so an engine reinterprets its buffers without a copy, and host-only code
+/// (compiled by g++ without the CUDA toolkit) still has them. The .cuh side adds traits for __half
+/// and __nv_bfloat16 themselves (core/dtype_cuda.cuh), so views can also be instantiated over those.
+/// Arithmetic always happens in the accumulator type, float.
 
 #include <cstdint>
 #include <cstring>
@@ -15,15 +16,19 @@
 
 namespace kvsift {
 
+/// IEEE binary16 storage with the bit layout of CUDA's `__half`; convert with to_float / from_float.
 struct alignas(2) half_t {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< the raw binary16 bit pattern
 };
+/// bfloat16 storage (the top 16 bits of a float) with the bit layout of CUDA's `__nv_bfloat16`.
 struct alignas(2) bfloat16_t {
-  std::uint16_t bits;
+  std::uint16_t bits;  ///< the raw bfloat16 bit pattern
 };
 
+/// Run-time tag of an element type (dtype_traits<T>::dtype), for messages and type-erased callers.
 enum class DType : int { kFloat32, kFloat16, kBFloat16 };
 
+/// The type's name: "float32", "float16" or "bfloat16" ("unknown" outside the enumeration).
 inline const char* to_string(DType d) {
   switch (d) {
     case DType::kFloat32: return "float32";
@@ -124,29 +129,39 @@ template <class T, class Enable = void>
 struct dtype_traits;  ///< not defined: an unsupported element type fails at compile time
 
 template <>
+/// float: the identity conversions.
 struct dtype_traits<float> {
-  using accum_type = float;
-  static constexpr DType dtype = DType::kFloat32;
-  static constexpr const char* name = "float32";
+  using accum_type = float;                        ///< the type arithmetic happens in
+  static constexpr DType dtype = DType::kFloat32;  ///< the run-time tag
+  static constexpr const char* name = "float32";  ///< the name used in messages and benchmark labels
+  /// Widens to float (here: unchanged).
   KVSIFT_HD static float to_float(float x) { return x; }
+  /// Narrows from float (here: unchanged).
   KVSIFT_HD static float from_float(float x) { return x; }
 };
 
 template <>
+/// half_t: software binary16 conversions on the host, the hardware `cvt` instructions on the device
+/// (bit-identical, round to nearest even).
 struct dtype_traits<half_t> {
-  using accum_type = float;
-  static constexpr DType dtype = DType::kFloat16;
-  static constexpr const char* name = "float16";
+  using accum_type = float;                        ///< the type arithmetic happens in
+  static constexpr DType dtype = DType::kFloat16;  ///< the run-time tag
+  static constexpr const char* name = "float16";  ///< the name used in messages and benchmark labels
+  /// Widens to float (exact).
   KVSIFT_HD static float to_float(half_t x) { return detail::half_bits_to_float(x.bits); }
+  /// Narrows from float, rounding to nearest even (overflow gives infinity, NaN stays NaN).
   KVSIFT_HD static half_t from_float(float x) { return half_t{detail::float_to_half_bits(x)}; }
 };
 
 template <>
+/// bfloat16_t: widening is a shift, narrowing rounds to nearest even, on host and device alike.
 struct dtype_traits<bfloat16_t> {
-  using accum_type = float;
-  static constexpr DType dtype = DType::kBFloat16;
-  static constexpr const char* name = "bfloat16";
+  using accum_type = float;                         ///< the type arithmetic happens in
+  static constexpr DType dtype = DType::kBFloat16;  ///< the run-time tag
+  static constexpr const char* name = "bfloat16";  ///< the name used in messages and benchmark labels
+  /// Widens to float (exact).
   KVSIFT_HD static float to_float(bfloat16_t x) { return detail::bf16_bits_to_float(x.bits); }
+  /// Narrows from float, rounding to nearest even (NaN stays a quiet NaN).
   KVSIFT_HD static bfloat16_t from_float(float x) { return bfloat16_t{detail::float_to_bf16_bits(x)}; }
 };
 
@@ -154,15 +169,19 @@ struct dtype_traits<bfloat16_t> {
 template <class T>
 struct dtype_traits<const T> : dtype_traits<T> {};
 
+/// Widens an element of any supported type to float: `dtype_traits<T>::to_float(x)`.
 template <class T>
 KVSIFT_HD inline float to_float(T x) {
   return dtype_traits<T>::to_float(x);
 }
+/// Narrows a float to element type T (round to nearest even): `dtype_traits<T>::from_float(x)`.
 template <class T>
 KVSIFT_HD inline T from_float(float x) {
   return dtype_traits<T>::from_float(x);
 }
 
+/// True for the element types that have dtype_traits (float, half_t, bfloat16_t, and with
+/// core/dtype_cuda.cuh `__half` and `__nv_bfloat16`), also through const.
 template <class T, class = void>
 struct is_supported_dtype : std::false_type {};
 template <class T>

@@ -1,8 +1,9 @@
 #pragma once
-// The CUDA backend's execution object: the stream every launch of an op is queued on, and the facts
-// about the device that launch plans need (core/exec.hpp). Launchers never synchronize the stream,
-// never allocate, never read device memory from the host, and never query the driver: the facts are
-// read once, when the engine makes its Exec.
+/// \file
+/// \brief The CUDA backend's execution object: the stream every launch of an op is queued on, and the facts
+/// about the device that launch plans need (core/exec.hpp). Launchers never synchronize the stream,
+/// never allocate, never read device memory from the host, and never query the driver: the facts are
+/// read once, when the engine makes its Exec.
 
 #include <cuda_runtime_api.h>
 
@@ -28,9 +29,11 @@ inline Status query_device_facts(int device, DeviceFacts* facts) {
   return Status();
 }
 
+/// The CUDA backend: pass it first to any op to run that op's kernels, asynchronously, on `stream`.
+/// Pointers passed with it are device memory. Make it once with for_current_device.
 struct Exec {
-  cudaStream_t stream = nullptr;
-  DeviceFacts device;
+  cudaStream_t stream = nullptr;  ///< where the op's launches are queued (nullptr: the legacy default stream)
+  DeviceFacts device;             ///< the facts plans are made from; zero until for_current_device fills them
 
   /// The current device's facts and `stream`. Without a usable device the facts stay zero, and every op
   /// whose plan needs them returns a Status saying so (an Exec is made once, outside the hot path).

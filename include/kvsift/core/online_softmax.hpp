@@ -1,11 +1,12 @@
 #pragma once
-// Online softmax state and the log-sum-exp merge of partial attention results (Flash-Decoding).
-//
-// A partial result over a set of keys is (m, d, o): running max of the logits, sum of exp(logit - m),
-// and the unnormalised output sum of exp(logit - m) * v. Partials over disjoint key sets merge
-// exactly; the final output is o / d and the log-sum-exp is m + log(d). An empty set is
-// m = -inf, d = 0, and merging with it is the identity. Logits are in natural-log units; kernels that
-// work in base 2 (exp2f) scale by log2(e) and convert the LSE back with lse_from_log2.
+/// \file
+/// \brief Online softmax state and the log-sum-exp merge of partial attention results (Flash-Decoding).
+///
+/// A partial result over a set of keys is (m, d, o): running max of the logits, sum of exp(logit - m),
+/// and the unnormalised output sum of exp(logit - m) * v. Partials over disjoint key sets merge
+/// exactly; the final output is o / d and the log-sum-exp is m + log(d). An empty set is
+/// m = -inf, d = 0, and merging with it is the identity. Logits are in natural-log units; kernels that
+/// work in base 2 (exp2f) scale by log2(e) (kLog2e) and convert the LSE back by multiplying with kLn2.
 
 #include <cmath>
 
@@ -13,9 +14,13 @@
 
 namespace kvsift {
 
+/// log2(e): multiplies natural-log logits into base 2 for exp2f.
 inline constexpr float kLog2e = 1.4426950408889634f;
+/// ln(2): multiplies a base-2 log-sum-exp back into natural-log units.
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+/// The (m, d) part of a partial softmax over a set of keys; the caller keeps the output sum o and
+/// rescales it by the factors push and merge return. Default-constructed, it is the empty set.
 struct SoftmaxState {
   float m = -INFINITY;  ///< running max
   float d = 0.f;        ///< sum of exp(x - m)

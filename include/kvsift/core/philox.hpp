@@ -1,17 +1,18 @@
 #pragma once
-// Philox4x32-10, the counter-based generator of Salmon et al. (SC'11, "Parallel random numbers: as
-// easy as 1, 2, 3"), usable on host and device.
-//
-// A counter-based generator has no sequential state: the output is a pure function of a 128-bit
-// counter and a 64-bit key. That is what makes sampling reproducible across backends and under CUDA
-// graph replay: host and device compute the same bits for the same (seed, offset, index), and a
-// replayed graph that is handed a new offset draws new numbers without any state living on the device.
-//
-// kvsift's stream convention (PhiloxStream): key = seed; counter = (index, offset) with the element
-// index in words 0-1 and the caller's offset (for example the training step) in words 2-3. One
-// counter yields four 32-bit words; kvsift uses word 0 for a float uniform and words 0-1 for a double.
-//
-// Checked against the Random123 known-answer vectors (tests/host/test_hardkuma.cpp).
+/// \file
+/// \brief Philox4x32-10, the counter-based generator of Salmon et al. (SC'11, "Parallel random numbers: as
+/// easy as 1, 2, 3"), usable on host and device.
+///
+/// A counter-based generator has no sequential state: the output is a pure function of a 128-bit
+/// counter and a 64-bit key. That is what makes sampling reproducible across backends and under CUDA
+/// graph replay: host and device compute the same bits for the same (seed, offset, index), and a
+/// replayed graph that is handed a new offset draws new numbers without any state living on the device.
+///
+/// kvsift's stream convention (PhiloxStream): key = seed; counter = (index, offset) with the element
+/// index in words 0-1 and the caller's offset (for example the training step) in words 2-3. One
+/// counter yields four 32-bit words; kvsift uses word 0 for a float uniform and words 0-1 for a double.
+///
+/// Checked against the Random123 known-answer vectors (tests/host/test_hardkuma.cpp).
 
 #include <cstdint>
 
@@ -19,11 +20,13 @@
 
 namespace kvsift {
 
+/// A 128-bit Philox counter, or one output block of four 32-bit words.
 struct PhiloxBlock {
-  std::uint32_t w[4];
+  std::uint32_t w[4];  ///< the four words, word 0 first
 };
+/// A 64-bit Philox key (kvsift: the stream's seed, low word first).
 struct PhiloxKey {
-  std::uint32_t w[2];
+  std::uint32_t w[2];  ///< the two words, low word first
 };
 
 namespace detail {
@@ -75,6 +78,7 @@ KVSIFT_HD inline PhiloxBlock philox4x32_10(PhiloxBlock counter, PhiloxKey key) {
 KVSIFT_HD inline float uniform_float_from_bits(std::uint32_t bits) {
   return (float(bits >> 9) + 0.5f) * (1.0f / 8388608.0f);  // 2^-23
 }
+/// The double uniform from 52 bits: the top 32 of `hi` and the top 20 of `lo`, as described above.
 KVSIFT_HD inline double uniform_double_from_bits(std::uint32_t hi, std::uint32_t lo) {
   const std::uint64_t m = (std::uint64_t(hi) << 20) | (lo >> 12);  // 52 bits
   return (double(m) + 0.5) * (1.0 / 4503599627370496.0);          // 2^-52
@@ -83,9 +87,10 @@ KVSIFT_HD inline double uniform_double_from_bits(std::uint32_t hi, std::uint32_t
 /// A named stream of random numbers: `seed` selects the stream, `offset` the draw within it (use the
 /// training step), and the element index is supplied per call.
 struct PhiloxStream {
-  std::uint64_t seed = 0;
-  std::uint64_t offset = 0;
+  std::uint64_t seed = 0;    ///< the key: which stream
+  std::uint64_t offset = 0;  ///< counter words 2-3: which draw of the stream (e.g. the training step)
 
+  /// The four random words of element `index` (counter words 0-1) of this draw.
   KVSIFT_HD PhiloxBlock bits(std::uint64_t index) const {
     const PhiloxBlock counter{{std::uint32_t(index), std::uint32_t(index >> 32), std::uint32_t(offset),
                                std::uint32_t(offset >> 32)}};
@@ -97,10 +102,12 @@ struct PhiloxStream {
 /// Uniform in (0, 1) for element `index` of the stream, in float or double.
 template <class T>
 KVSIFT_HD inline T philox_uniform(const PhiloxStream& stream, std::uint64_t index);
+/// The float uniform: uniform_float_from_bits of word 0.
 template <>
 KVSIFT_HD inline float philox_uniform<float>(const PhiloxStream& stream, std::uint64_t index) {
   return uniform_float_from_bits(stream.bits(index).w[0]);
 }
+/// The double uniform: uniform_double_from_bits of words 0 and 1.
 template <>
 KVSIFT_HD inline double philox_uniform<double>(const PhiloxStream& stream, std::uint64_t index) {
   const PhiloxBlock b = stream.bits(index);

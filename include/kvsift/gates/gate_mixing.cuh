@@ -1,7 +1,8 @@
 #pragma once
-// CUDA backend of gate output mixing (contract in gate_mixing.hpp). Asynchronous on exec.stream; the
-// grids are sized from the element count alone, so the ops need neither the Exec's device facts nor a
-// workspace (one passed is ignored).
+/// \file
+/// \brief CUDA backend of gate output mixing (contract in gate_mixing.hpp). Asynchronous on exec.stream; the
+/// grids are sized from the element count alone, so the ops need neither the Exec's device facts nor a
+/// workspace (one passed is ignored).
 
 #include <cstdint>
 

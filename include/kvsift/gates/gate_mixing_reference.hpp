@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of gate output mixing (contract in gate_mixing.hpp): loops over host memory with
-// the same mix formula as the CUDA kernels. Needs no workspace and no device facts.
+/// \file
+/// \brief Host reference of gate output mixing (contract in gate_mixing.hpp): loops over host memory with
+/// the same mix formula as the CUDA kernels. Needs no workspace and no device facts.
 
 #include <cstdint>
 
@@ -13,6 +14,8 @@
 namespace kvsift {
 namespace host {
 
+/// O = z o_dense + (1 - z) o_sparse, per KV head's gate z[h / G] (see the file comment); host memory.
+/// kInvalidArgument for a bad shape, kNullPointer for a missing pointer when there are tokens.
 template <class T>
 Status gate_mix_forward(const Exec&, const GateMixShape& shape, const float* z, const T* o_dense, const T* o_sparse,
                         T* o, Workspace /*workspace: none needed*/ = {}) {

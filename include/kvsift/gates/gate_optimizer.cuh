@@ -1,7 +1,8 @@
 #pragma once
-// CUDA backend of the gate optimizer step (contract in gate_optimizer.hpp). Asynchronous on
-// exec.stream; the grid is sized from n alone, so the op needs neither the Exec's device facts nor a
-// workspace (one passed is ignored).
+/// \file
+/// \brief CUDA backend of the gate optimizer step (contract in gate_optimizer.hpp). Asynchronous on
+/// exec.stream; the grid is sized from n alone, so the op needs neither the Exec's device facts nor a
+/// workspace (one passed is ignored).
 
 #include <cstdint>
 

@@ -1,23 +1,24 @@
 #pragma once
-// The optimizer LycheeDecode trains its gate parameters with (docs/algorithms/hardkuma.md §10.4), so
-// a C++ training loop needs nothing else: AdamW with torch's update rule, and the warm-up/decay
-// schedule
-//
-//   factor(s) = min(1, max((s + 1) / (N * f), floor), max((N - s) / (N * f), floor))
-//
-// with N total steps, f = 0.2 (ramp fraction) and floor = 0.1: a linear warm-up over the first 20%
-// of the steps and a linear decay over the last 20%, never below 0.1x. s is the 0-based index of the
-// update (torch's LambdaLR before its first scheduler.step()), so the first update uses factor(0).
-//
-// adamw_step (torch.optim.AdamW, amsgrad off), for update number t = s + 1:
-//   p <- p (1 - lr wd);  m <- m + (1 - b1)(g - m);  v <- b2 v + (1 - b2) g^2
-//   p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
-// The scalar factors are computed in double on the host; per element the update uses explicit fma,
-// so the host and CUDA backends agree bitwise.
-//
-// This header is the contract: the config, the schedule, the update rule and the workspace query. The
-// host reference is in gate_optimizer_reference.hpp, the CUDA op in gate_optimizer.cuh; adamw_step
-// has the one shape (const Exec& first, a trailing Workspace) and needs no workspace and no device facts.
+/// \file
+/// \brief The optimizer LycheeDecode trains its gate parameters with (docs/algorithms/hardkuma.md §10.4), so
+/// a C++ training loop needs nothing else: AdamW with torch's update rule, and the warm-up/decay
+/// schedule
+///
+///   factor(s) = min(1, max((s + 1) / (N * f), floor), max((N - s) / (N * f), floor))
+///
+/// with N total steps, f = 0.2 (ramp fraction) and floor = 0.1: a linear warm-up over the first 20%
+/// of the steps and a linear decay over the last 20%, never below 0.1x. s is the 0-based index of the
+/// update (torch's LambdaLR before its first scheduler.step()), so the first update uses factor(0).
+///
+/// adamw_step (torch.optim.AdamW, amsgrad off), for update number t = s + 1:
+///   p <- p (1 - lr wd);  m <- m + (1 - b1)(g - m);  v <- b2 v + (1 - b2) g^2
+///   p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+/// The scalar factors are computed in double on the host; per element the update uses explicit fma,
+/// so the host and CUDA backends agree bitwise.
+///
+/// This header is the contract: the config, the schedule, the update rule and the workspace query. The
+/// host reference is in gate_optimizer_reference.hpp, the CUDA op in gate_optimizer.cuh; adamw_step
+/// has the one shape (const Exec& first, a trailing Workspace) and needs no workspace and no device facts.
 
 #include <cstddef>
 #include <cstdint>
@@ -29,12 +30,13 @@
 
 namespace kvsift {
 
+/// AdamW's hyperparameters, with torch's names and LycheeDecode's defaults; validated by adamw_step.
 struct AdamWConfig {
   double lr = 0.01;  ///< LycheeDecode's gate learning rate
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.0;
+  double beta1 = 0.9;         ///< first-moment decay, in [0, 1)
+  double beta2 = 0.999;       ///< second-moment decay, in [0, 1)
+  double eps = 1e-8;          ///< added to the denominator, > 0
+  double weight_decay = 0.0;  ///< decoupled weight decay (p <- p (1 - lr wd)), >= 0
 };
 
 /// The learning-rate multiplier for update `step` (0-based) of `total_steps`.
@@ -52,12 +54,12 @@ inline double warmup_decay_lr_factor(std::int64_t step, std::int64_t total_steps
 /// The per-step scalars of one update; built on the host, passed by value to kernels.
 struct AdamWCoefficients {
   double decay;       ///< 1 - lr wd
-  double one_minus_beta1;
-  double beta2;
-  double one_minus_beta2;
+  double one_minus_beta1;  ///< 1 - b1
+  double beta2;            ///< b2
+  double one_minus_beta2;  ///< 1 - b2
   double step_size;   ///< lr / (1 - b1^t)
   double bias2_sqrt;  ///< sqrt(1 - b2^t)
-  double eps;
+  double eps;         ///< eps, added after the bias correction
 };
 
 namespace detail {
@@ -119,6 +121,8 @@ Status validate_adamw_step(const AdamWConfig& c, double lr, std::int64_t step, T
 
 // ---- Workspace query (both backends; reports 0) ----
 
+/// Workspace of adamw_step, for either backend's Exec and with the op's arguments: always 0.
+/// kNullPointer when `bytes` is null.
 template <class T, class Exec>
 Status adamw_step_workspace_bytes(const Exec&, const AdamWConfig&, double /*lr*/, std::int64_t /*step*/, T* /*params*/,
                                   const T* /*grads*/, T* /*m*/, T* /*v*/, std::int64_t /*n*/, std::size_t* bytes) {

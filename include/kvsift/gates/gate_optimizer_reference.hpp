@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of the gate optimizer step (contract in gate_optimizer.hpp): the same per-element
-// update as the CUDA kernel, on host memory. Needs no workspace and no device facts.
+/// \file
+/// \brief Host reference of the gate optimizer step (contract in gate_optimizer.hpp): the same per-element
+/// update as the CUDA kernel, on host memory. Needs no workspace and no device facts.
 
 #include <cstdint>
 

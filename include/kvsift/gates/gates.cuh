@@ -1,5 +1,6 @@
 #pragma once
-// HardKuma head gates: the host API (gates.hpp) plus the CUDA backends (kvsift::cuda).
+/// \file
+/// \brief HardKuma head gates: the host API (gates.hpp) plus the CUDA backends (kvsift::cuda).
 
 #include "kvsift/gates/gates.hpp"
 

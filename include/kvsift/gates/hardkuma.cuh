@@ -1,12 +1,13 @@
 #pragma once
-// CUDA backend of the batched HardKuma gate ops (contract and numerics in hardkuma.hpp). Every kernel
-// runs the same per-gate function as the host reference (gates/detail/hardkuma_gate.hpp); a draw is a
-// pure function of (seed, offset, gate index), so host and device sample the same uniforms and a CUDA
-// graph replayed with a new offset draws fresh gates without device-side RNG state.
-//
-// Asynchronous on exec.stream; no allocation, no synchronization, no read of device data by the host.
-// The grids are sized from the gate count alone, so the ops need neither the Exec's device facts (a
-// default-constructed cuda::Exec on the legacy stream works) nor a workspace (one passed is ignored).
+/// \file
+/// \brief CUDA backend of the batched HardKuma gate ops (contract and numerics in hardkuma.hpp). Every kernel
+/// runs the same per-gate function as the host reference (gates/detail/hardkuma_gate.hpp); a draw is a
+/// pure function of (seed, offset, gate index), so host and device sample the same uniforms and a CUDA
+/// graph replayed with a new offset draws fresh gates without device-side RNG state.
+///
+/// Asynchronous on exec.stream; no allocation, no synchronization, no read of device data by the host.
+/// The grids are sized from the gate count alone, so the ops need neither the Exec's device facts (a
+/// default-constructed cuda::Exec on the legacy stream works) nor a workspace (one passed is ignored).
 
 #include <cstdint>
 
@@ -74,6 +75,8 @@ Status hardkuma_stats(const Exec& exec, const HardKumaOptions& options, const T*
   return Status();
 }
 
+/// As host::hardkuma_sample; a, b, h and the optional k and u are device memory. The same (stream, gate
+/// index) draws the same uniform as the host.
 template <class T>
 Status hardkuma_sample(const Exec& exec, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                        PhiloxStream stream, T* h, detail::non_deduced<T>* k = nullptr,
@@ -86,6 +89,7 @@ Status hardkuma_sample(const Exec& exec, const HardKumaOptions& options, const T
   return Status();
 }
 
+/// As host::hardkuma_sample_backward; a, b, grad_h and the optional grad_a and grad_b are device memory.
 template <class T>
 Status hardkuma_sample_backward(const Exec& exec, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                                 PhiloxStream stream, const T* grad_h, detail::non_deduced<T>* grad_a,

@@ -1,36 +1,37 @@
 #pragma once
-// HardKuma gates, batched: one gate per (layer, KV head), parameters a[n], b[n] (flattened
-// layer-major, gate i = layer * kv_heads + head). This header is the contract: options, outputs,
-// validation and the workspace queries. The host reference is in hardkuma_reference.hpp
-// (kvsift::host), the CUDA ops in hardkuma.cuh (kvsift::cuda); both run the per-gate code of
-// gates/detail/hardkuma_gate.hpp, so they differ only by the ulps of the platform's libm.
-//
-//   hardkuma_stats            P(h=0), P(h=1), P(0<h<1), P(h!=0), E[K], E[h], dP(h=0)/da, dP(h=0)/db
-//   hardkuma_sample           h = clip(l + (r-l) F_K^-1(u)), u from Philox(seed, offset, gate index)
-//   hardkuma_sample_backward  dL/da, dL/db from dL/dh at the same draw (zero where h is clipped)
-//   hardkuma_expected_l0      sum and density (mean) of P(h!=0) and the density's gradient
-//
-// Every op has the one shape of kvsift's ops, on both backends:
-//
-//   Status hardkuma_stats(const Exec& exec, options, a, b, n, out, Workspace workspace = {});
-//   Status hardkuma_stats_workspace_bytes(const Exec& exec, options, a, b, n, out, std::size_t* bytes);
-//
-// None needs scratch or the Exec's device facts: the queries report 0 (gates/detail/no_workspace_bytes.hpp
-// says why they exist), a workspace passed anyway is ignored, and a default-constructed Exec works.
-//
-// Reference numerics (docs/algorithms/hardkuma.md §6), on by default and each switchable off:
-//   - clamp_shape: a and b are clamped to [1e-6, 100] before use, as LycheeDecode clamps its raw
-//     parameters every step; the gradient w.r.t. a raw value outside that range is 0 (torch.clamp).
-//   - clamp_prob_zero: P(h=0) is clamped to [1e-6, 1 - 1e-6] wherever it is reported or enters the
-//     expected L0, with zero gradient when clamped. (The reference also adds 1e-6 inside the log
-//     before clamping; that 1e-6 bias is deliberately not reproduced.)
-//   - sample_eps: u = eps + (1 - 2 eps) v with v uniform in (0, 1), i.e. u ~ U(1e-3, 1 - 1e-3) as
-//     Kuma.sample draws it.
-//
-// Bad input: options are validated on every call (l < 0, r > 1, finite; 0 <= sample_eps < 0.5).
-// Host ops also check the data: NaN a or b is an error; with clamp_shape off, so is any a or b that
-// is <= 0 or infinite (with clamp_shape on, those are clamped, the documented behaviour). CUDA ops
-// cannot read device data on the host; there such a gate yields NaN outputs instead.
+/// \file
+/// \brief HardKuma gates, batched: one gate per (layer, KV head), parameters a[n], b[n] (flattened
+/// layer-major, gate i = layer * kv_heads + head). This header is the contract: options, outputs,
+/// validation and the workspace queries. The host reference is in hardkuma_reference.hpp
+/// (kvsift::host), the CUDA ops in hardkuma.cuh (kvsift::cuda); both run the per-gate code of
+/// gates/detail/hardkuma_gate.hpp, so they differ only by the ulps of the platform's libm.
+///
+///   hardkuma_stats            P(h=0), P(h=1), P(0<h<1), P(h!=0), E[K], E[h], dP(h=0)/da, dP(h=0)/db
+///   hardkuma_sample           h = clip(l + (r-l) F_K^-1(u)), u from Philox(seed, offset, gate index)
+///   hardkuma_sample_backward  dL/da, dL/db from dL/dh at the same draw (zero where h is clipped)
+///   hardkuma_expected_l0      sum and density (mean) of P(h!=0) and the density's gradient
+///
+/// Every op has the one shape of kvsift's ops, on both backends:
+///
+///   Status hardkuma_stats(const Exec& exec, options, a, b, n, out, Workspace workspace = {});
+///   Status hardkuma_stats_workspace_bytes(const Exec& exec, options, a, b, n, out, std::size_t* bytes);
+///
+/// None needs scratch or the Exec's device facts: the queries report 0 (gates/detail/no_workspace_bytes.hpp
+/// says why they exist), a workspace passed anyway is ignored, and a default-constructed Exec works.
+///
+/// Reference numerics (docs/algorithms/hardkuma.md §6), on by default and each switchable off:
+///   - clamp_shape: a and b are clamped to [1e-6, 100] before use, as LycheeDecode clamps its raw
+///     parameters every step; the gradient w.r.t. a raw value outside that range is 0 (torch.clamp).
+///   - clamp_prob_zero: P(h=0) is clamped to [1e-6, 1 - 1e-6] wherever it is reported or enters the
+///     expected L0, with zero gradient when clamped. (The reference also adds 1e-6 inside the log
+///     before clamping; that 1e-6 bias is deliberately not reproduced.)
+///   - sample_eps: u = eps + (1 - 2 eps) v with v uniform in (0, 1), i.e. u ~ U(1e-3, 1 - 1e-3) as
+///     Kuma.sample draws it.
+///
+/// Bad input: options are validated on every call (l < 0, r > 1, finite; 0 <= sample_eps < 0.5).
+/// Host ops also check the data: NaN a or b is an error; with clamp_shape off, so is any a or b that
+/// is <= 0 or infinite (with clamp_shape on, those are clamped, the documented behaviour). CUDA ops
+/// cannot read device data on the host; there such a gate yields NaN outputs instead.
 
 #include <cstddef>
 #include <cstdint>
@@ -45,18 +46,24 @@
 
 namespace kvsift {
 
+/// Lower bound of the shape clamp (options.clamp_shape): a and b are clamped to [1e-6, 100].
 inline constexpr double kHardKumaShapeMin = 1e-6;
+/// Upper bound of the shape clamp.
 inline constexpr double kHardKumaShapeMax = 100.0;
+/// Lower bound of the P(h=0) clamp (options.clamp_prob_zero).
 inline constexpr double kHardKumaProbZeroMin = 1e-6;
+/// Upper bound of the P(h=0) clamp.
 inline constexpr double kHardKumaProbZeroMax = 1.0 - 1e-6;
 
+/// The stretch and the reference numerics every HardKuma op takes; validate() checks them on every call.
 struct HardKumaOptions {
   double l = -0.1;              ///< stretched support (l, r), l < 0 < 1 < r
-  double r = 1.1;
+  double r = 1.1;               ///< upper end of the stretched support, finite and > 1
   bool clamp_shape = true;      ///< a, b -> [1e-6, 100]
   bool clamp_prob_zero = true;  ///< P(h=0) -> [1e-6, 1 - 1e-6]
   double sample_eps = 1e-3;     ///< u ~ U(eps, 1 - eps)
 
+  /// The support (l, r) in the gate's real type.
   template <class T>
   KVSIFT_HD HardKumaSupport<T> support() const {
     return HardKumaSupport<T>{T(l), T(r)};
@@ -66,6 +73,7 @@ struct HardKumaOptions {
 /// Where a backward op puts its result.
 enum class GradientWrite { kOverwrite, kAccumulate };
 
+/// kInvalidArgument unless l is finite and < 0, r finite and > 1, and 0 <= sample_eps < 0.5.
 inline Status validate(const HardKumaOptions& o) {
   KVSIFT_REQUIRE(o.l < 0.0 && o.l > -1e300, kInvalidArgument, "options.l = ", o.l, " must be finite and < 0");
   KVSIFT_REQUIRE(o.r > 1.0 && o.r < 1e300, kInvalidArgument, "options.r = ", o.r, " must be finite and > 1");
@@ -84,7 +92,7 @@ struct GateStatsOutputs {
   T* kuma_mean = nullptr;       ///< E[K], LycheeDecode's role score
   T* mean = nullptr;            ///< E[h], the true gate mean
   T* d_prob_zero_da = nullptr;  ///< w.r.t. the raw a (0 where a or P(h=0) is clamped)
-  T* d_prob_zero_db = nullptr;
+  T* d_prob_zero_db = nullptr;  ///< w.r.t. the raw b (0 where b or P(h=0) is clamped)
 };
 
 /// Outputs of hardkuma_expected_l0. sum and density are single values; grad_* are [n] and optional.
@@ -93,9 +101,9 @@ struct ExpectedL0Outputs {
   T* sum = nullptr;               ///< sum_i P(h_i != 0)
   T* density = nullptr;           ///< sum / n, LycheeDecode's constrained quantity
   T* grad_a = nullptr;            ///< grad_scale * d density / d a_i
-  T* grad_b = nullptr;
+  T* grad_b = nullptr;            ///< grad_scale * d density / d b_i
   const T* grad_scale = nullptr;  ///< one value in the backend's memory (e.g. the Lagrangian's multiplier); null = 1
-  GradientWrite write = GradientWrite::kOverwrite;
+  GradientWrite write = GradientWrite::kOverwrite;  ///< overwrite grad_a and grad_b, or add to them
 };
 
 namespace detail {
@@ -166,6 +174,8 @@ Status validate_gate_values(const HardKumaOptions& o, const T* a, const T* b, st
 
 // ---- Workspace queries (both backends; every one reports 0) ----
 
+/// Workspace of hardkuma_stats, for either backend's Exec and with the op's arguments: always 0.
+/// kNullPointer when `bytes` is null.
 template <class T, class Exec>
 Status hardkuma_stats_workspace_bytes(const Exec&, const HardKumaOptions&, const T* /*a*/, const T* /*b*/,
                                       std::int64_t /*n*/, const GateStatsOutputs<T>&, std::size_t* bytes) {
@@ -180,6 +190,7 @@ Status hardkuma_sample_workspace_bytes(const Exec&, const HardKumaOptions&, cons
   return detail::no_workspace_bytes(bytes);
 }
 
+/// Workspace of hardkuma_sample_backward: always 0 (kNullPointer when `bytes` is null).
 template <class T, class Exec>
 Status hardkuma_sample_backward_workspace_bytes(const Exec&, const HardKumaOptions&, const T* /*a*/, const T* /*b*/,
                                                 std::int64_t /*n*/, PhiloxStream, const T* /*grad_h*/,
@@ -188,6 +199,7 @@ Status hardkuma_sample_backward_workspace_bytes(const Exec&, const HardKumaOptio
   return detail::no_workspace_bytes(bytes);
 }
 
+/// Workspace of hardkuma_expected_l0: always 0 (kNullPointer when `bytes` is null).
 template <class T, class Exec>
 Status hardkuma_expected_l0_workspace_bytes(const Exec&, const HardKumaOptions&, const T* /*a*/, const T* /*b*/,
                                             std::int64_t /*n*/, const ExpectedL0Outputs<T>&, std::size_t* bytes) {

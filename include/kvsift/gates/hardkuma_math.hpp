@@ -1,15 +1,16 @@
 #pragma once
-// Scalar math of the stretched-and-rectified Kumaraswamy, HardKuma (Bastings et al. 2019; exact
-// formulas in docs/algorithms/hardkuma.md §2-§5):
-//
-//   k ~ Kuma(a, b),   t = l + (r - l) k,   h = min(1, max(0, t)),   l < 0 < 1 < r
-//
-// h has a point mass at 0, a point mass at 1 and a density on (0, 1). With c0 = -l / (r - l) and
-// c1 = (1 - l) / (r - l):  P(h=0) = F_K(c0),  P(h=1) = 1 - F_K(c1),  P(0<h<1) = F_K(c1) - F_K(c0).
-//
-// Functions here are unclamped, on host and device, in float or double; the reference clamps and the
-// batched ops are in hardkuma.hpp (and gates/detail/hardkuma_gate.hpp). Reverse-mode gradients are
-// closed forms, no autodiff.
+/// \file
+/// \brief Scalar math of the stretched-and-rectified Kumaraswamy, HardKuma (Bastings et al. 2019; exact
+/// formulas in docs/algorithms/hardkuma.md §2-§5):
+///
+///   k ~ Kuma(a, b),   t = l + (r - l) k,   h = min(1, max(0, t)),   l < 0 < 1 < r
+///
+/// h has a point mass at 0, a point mass at 1 and a density on (0, 1). With c0 = -l / (r - l) and
+/// c1 = (1 - l) / (r - l):  P(h=0) = F_K(c0),  P(h=1) = 1 - F_K(c1),  P(0<h<1) = F_K(c1) - F_K(c0).
+///
+/// Functions here are unclamped, on host and device, in float or double; the reference clamps and the
+/// batched ops are in hardkuma.hpp (and gates/detail/hardkuma_gate.hpp). Reverse-mode gradients are
+/// closed forms, no autodiff.
 
 #include "kvsift/core/config.hpp"
 #include "kvsift/gates/detail/incomplete_beta.hpp"
@@ -21,12 +22,12 @@ namespace kvsift {
 /// The stretched support (l, r). LycheeDecode and the reference use (-0.1, 1.1).
 template <class T>
 struct HardKumaSupport {
-  T l = T(-0.1);
-  T r = T(1.1);
+  T l = T(-0.1);  ///< lower end, < 0
+  T r = T(1.1);   ///< upper end, > 1
 
-  KVSIFT_HD T width() const { return r - l; }
-  KVSIFT_HD T c0() const { return -l / (r - l); }          // Kuma quantile that maps to h = 0
-  KVSIFT_HD T c1() const { return (T(1) - l) / (r - l); }  // Kuma quantile that maps to h = 1
+  KVSIFT_HD T width() const { return r - l; }              ///< r - l, the stretch factor
+  KVSIFT_HD T c0() const { return -l / (r - l); }          ///< Kuma quantile that maps to h = 0
+  KVSIFT_HD T c1() const { return (T(1) - l) / (r - l); }  ///< Kuma quantile that maps to h = 1
 };
 
 // ---- Probabilities of the three parts of the support ----
@@ -57,10 +58,11 @@ KVSIFT_HD inline T hardkuma_prob_interior(T a, T b, HardKumaSupport<T> s) {
   return detail::gm::exp(b * log_s0) * -detail::gm::expm1(b * (log_s1 - log_s0));
 }
 
+/// A gradient with respect to the two shape parameters (a, b) of one gate.
 template <class T>
 struct ShapeGradient {
-  T da;
-  T db;
+  T da;  ///< d/da
+  T db;  ///< d/db
 };
 
 /// Gradient of P(h = 0) (docs/algorithms/hardkuma.md §3):
@@ -127,6 +129,7 @@ KVSIFT_HD inline T hardkuma_mean(T a, T b, HardKumaSupport<T> s) {
 
 // ---- Reparameterised sampling (docs/algorithms/hardkuma.md §4) ----
 
+/// One reparameterised draw and its intermediate values (what the backward pass needs).
 template <class T>
 struct HardKumaDraw {
   T u;  ///< the uniform used
@@ -135,6 +138,7 @@ struct HardKumaDraw {
   T h;  ///< the gate: t clipped to [0, 1]
 };
 
+/// The draw for uniform `u` in (0, 1): k = F_K^-1(u), t = l + (r - l) k, h = clip(t, 0, 1).
 template <class T>
 KVSIFT_HD inline HardKumaDraw<T> hardkuma_reparameterize(T u, T a, T b, HardKumaSupport<T> s) {
   const T k = kumaraswamy_inv_cdf(u, a, b);

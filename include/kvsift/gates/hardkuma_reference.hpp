@@ -1,7 +1,8 @@
 #pragma once
-// Host reference of the batched HardKuma gate ops (contract and numerics in hardkuma.hpp): plain
-// loops over the per-gate code the CUDA kernels run, on host memory. Needs no workspace (the queries
-// in hardkuma.hpp report 0) and no device facts.
+/// \file
+/// \brief Host reference of the batched HardKuma gate ops (contract and numerics in hardkuma.hpp): plain
+/// loops over the per-gate code the CUDA kernels run, on host memory. Needs no workspace (the queries
+/// in hardkuma.hpp report 0) and no device facts.
 
 #include <cstdint>
 
@@ -15,6 +16,8 @@
 namespace kvsift {
 namespace host {
 
+/// Fills each non-null output of `out` for gates [0, n) (see GateStatsOutputs); host memory. Errors:
+/// bad options, n < 0, null a or b, and bad gate values (see the contract in hardkuma.hpp).
 template <class T>
 Status hardkuma_stats(const Exec&, const HardKumaOptions& options, const T* a, const T* b, std::int64_t n,
                       GateStatsOutputs<T> out, Workspace /*workspace: none needed*/ = {}) {

@@ -1,18 +1,20 @@
 #pragma once
-// The Kumaraswamy distribution K ~ Kuma(a, b) on (0, 1), a, b > 0 (docs/algorithms/hardkuma.md §1, §5):
-//
-//   f(k) = a b k^(a-1) (1 - k^a)^(b-1),   F(k) = 1 - (1 - k^a)^b,   F^-1(u) = (1 - (1 - u)^(1/b))^(1/a)
-//
-// Every power is taken as exp(. * log) and every 1 - exp(.) as -expm1(.), so nothing cancels for
-// a or b near the clamp bounds 1e-6 and 100. Scalar functions on host and device, float or double.
-// Validation of a and b is the caller's (see hardkuma.hpp); invalid inputs propagate NaN.
+/// \file
+/// \brief The Kumaraswamy distribution K ~ Kuma(a, b) on (0, 1), a, b > 0
+/// (docs/algorithms/hardkuma.md §1, §5):
+///
+///   f(k) = a b k^(a-1) (1 - k^a)^(b-1),   F(k) = 1 - (1 - k^a)^b,   F^-1(u) = (1 - (1 - u)^(1/b))^(1/a)
+///
+/// Every power is taken as exp(. * log) and every 1 - exp(.) as -expm1(.), so nothing cancels for
+/// a or b near the clamp bounds 1e-6 and 100. Scalar functions on host and device, float or double.
+/// Validation of a and b is the caller's (see hardkuma.hpp); invalid inputs propagate NaN.
 
 #include "kvsift/core/config.hpp"
 #include "kvsift/gates/detail/scalar_math.hpp"
 
 namespace kvsift {
 
-/// log(1 - k^a), k in (0, 1): the building block of the cdf and the density.
+/// log(1 - k^a) from `log_k` = log k, k in (0, 1): the building block of the cdf and the density.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_log1m_pow(T log_k, T a) {
   // log(1 - e^y), y = a log k <= 0. Near y = 0 (small a), e^y is close to 1 and 1 - e^y cancels:
@@ -29,6 +31,7 @@ KVSIFT_HD inline T kumaraswamy_survival(T k, T a, T b) {
   return detail::gm::exp(b * kumaraswamy_log1m_pow(detail::gm::log(k), a));
 }
 
+/// F(k) = 1 - (1 - k^a)^b; 0 for k <= 0, 1 for k >= 1.
 template <class T>
 KVSIFT_HD inline T kumaraswamy_cdf(T k, T a, T b) {
   if (k <= T(0)) return T(0);

@@ -1,8 +1,9 @@
 #pragma once
-// CUDA form of the Lagrangian update op (contract and update rule in lagrangian.hpp): one thread,
-// state and density in device memory, so a training step that keeps everything on the GPU needs no
-// host read and can be captured in a CUDA graph. Needs no workspace (one passed is ignored) and no
-// device facts.
+/// \file
+/// \brief CUDA form of the Lagrangian update op (contract and update rule in lagrangian.hpp): one thread,
+/// state and density in device memory, so a training step that keeps everything on the GPU needs no
+/// host read and can be captured in a CUDA graph. Needs no workspace (one passed is ignored) and no
+/// device facts.
 
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/exec_cuda.cuh"

@@ -1,8 +1,9 @@
 #pragma once
-// LycheeDecode's head roles from trained HardKuma gates, as the HeadRoles table the policy reads
-// (kv/head_roles.hpp): extract_head_roles on the host (gates/roles_from_gates.hpp: threshold or
-// top-N), with layer 0 forced to retrieval, packed into one mask per layer. A host procedure on host
-// memory, for the step between training and inference (like writing the roles file), not a backend op.
+/// \file
+/// \brief LycheeDecode's head roles from trained HardKuma gates, as the HeadRoles table the policy reads
+/// (kv/head_roles.hpp): extract_head_roles on the host (gates/roles_from_gates.hpp: threshold or
+/// top-N), with layer 0 forced to retrieval, packed into one mask per layer. A host procedure on host
+/// memory, for the step between training and inference (like writing the roles file), not a backend op.
 
 #include <cstddef>
 #include <cstdint>

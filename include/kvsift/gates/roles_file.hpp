@@ -1,16 +1,18 @@
 #pragma once
-// The head-roles file: what gate training hands to the LycheeDecode policy. Plain text, one row per
-// layer, one character per KV head in the model's original head order:
-//
-//   # anything after '#' at the start of a line is a comment; blank lines are ignored
-//   kvsift-head-roles v1 layers=32 kv_heads=8
-//   RRRRRRRR
-//   SSRSSSSS
-//   ...
-//
-// 'R' = retrieval head (dense attention, selects tokens), 'S' = sparse head. The header must come
-// before the rows; exactly `layers` rows of exactly `kv_heads` characters follow. Trailing spaces,
-// tabs and '\r' are ignored; anything else is an error that names the line and column. Host only.
+/// \file
+/// \brief The head-roles file: what gate training hands to the LycheeDecode policy. Plain text, one row per
+/// layer, one character per KV head in the model's original head order:
+///
+///   # anything after '#' at the start of a line is a comment; blank lines are ignored
+///   kvsift-head-roles v1 layers=32 kv_heads=8
+///   RRRRRRRR
+///   SSRSSSSS
+///   ...
+///
+/// 'R' = retrieval head (dense attention, selects its index row's entries), 'S' = sparse head. The
+/// header must come before the rows; exactly `layers` rows of exactly `kv_heads` characters follow.
+/// Trailing spaces, tabs and '\r' are ignored; anything else is an error that names the line and
+/// column. Host only.
 
 #include <cstdint>
 #include <fstream>
@@ -23,8 +25,11 @@
 
 namespace kvsift {
 
+/// The first word of a roles file's header line (followed by " v1 layers=<n> kv_heads=<n>").
 inline constexpr const char* kHeadRolesMagic = "kvsift-head-roles";
 
+/// The roles file text for `roles`: two '#' comment lines (with the retrieval-head count), the header
+/// line, then one R/S row per layer. parse_head_roles reads it back unchanged.
 inline std::string format_head_roles(const HeadRoles& roles) {
   std::ostringstream os;
   os << "# LycheeDecode head roles: one row per layer, one character per KV head (original order).\n"
@@ -116,6 +121,8 @@ inline Status parse_head_roles(const std::string& text, HeadRoles* out, int expe
   return Status();
 }
 
+/// Writes format_head_roles(roles) to `path`, replacing the file. kInvalidArgument when the table's
+/// shape is inconsistent or the file cannot be opened or written.
 inline Status write_head_roles_file(const std::string& path, const HeadRoles& roles) {
   KVSIFT_REQUIRE(roles.layers > 0 && roles.kv_heads > 0 && roles.masks.size() == std::size_t(roles.layers),
                  kInvalidArgument, "roles: layers = ", roles.layers, ", kv_heads = ", roles.kv_heads, " and ",
@@ -128,6 +135,8 @@ inline Status write_head_roles_file(const std::string& path, const HeadRoles& ro
   return Status();
 }
 
+/// Reads and parses the roles file at `path` (see parse_head_roles for the expected_* checks);
+/// kInvalidArgument when it cannot be opened or does not parse, the message prefixed with the path.
 inline Status read_head_roles_file(const std::string& path, HeadRoles* out, int expected_layers = -1,
                                    int expected_kv_heads = -1) {
   std::ifstream f(path, std::ios::binary);

@@ -1,8 +1,9 @@
 #pragma once
-// CUDA backend of head-role extraction (contract in roles_from_gates.hpp): one thread per gate, same
-// code as the host (gates/detail/role_ranking.hpp), so roles agree unless a score sits within an ulp
-// of the threshold or of another score. Asynchronous on exec.stream; needs no workspace (one passed is
-// ignored) and no device facts.
+/// \file
+/// \brief CUDA backend of head-role extraction (contract in roles_from_gates.hpp): one thread per gate, same
+/// code as the host (gates/detail/role_ranking.hpp), so roles agree unless a score sits within an ulp
+/// of the threshold or of another score. Asynchronous on exec.stream; needs no workspace (one passed is
+/// ignored) and no device facts.
 
 #include <cstdint>
 

@@ -1,24 +1,25 @@
 #pragma once
-// Head-role extraction after gate training (docs/algorithms/hardkuma.md §8): each KV head j of layer
-// l gets the score E[K(a, b)] (kumaraswamy_mean, the reference's HardKuma.mean()), and
-//
-//   kThreshold  retrieval iff score > threshold (0.5), the paper's "E[z] > 0.5"
-//   kTopN       exactly total_retrieval_heads retrieval heads: the forced ones plus the highest scores
-//
-// Layer 0 is forced to retrieval by default (LycheeDecode sets p_full[0, :] = 1; its layer 0 must be
-// dense because it seeds every index row). In kTopN, total_retrieval_heads counts the forced heads
-// too: LycheeDecode's 32 = 8 (layer 0) + 24 learned. Ties rank the lower gate index first; a NaN
-// score ranks lowest and never passes the threshold.
-//
-// Gates are layer-major (gate = layer * kv_heads + head); roles[gate] = 1 for retrieval, 0 for sparse
-// (the byte layout make_head_roles turns into a HeadRoles table).
-// a and b go through the same clamp as training (HardKumaOptions::clamp_shape).
-//
-// This header is the contract of extract_head_roles: options, validation and the workspace query.
-// The host reference is in roles_from_gates_reference.hpp, the CUDA op in roles_from_gates.cuh (both
-// run gates/detail/role_ranking.hpp); the op has the one shape (const Exec& first, a trailing
-// Workspace) and needs no workspace and no device facts. lycheedecode_roles_from_hardkuma
-// (gates/lycheedecode_roles.hpp) turns host gates straight into the HeadRoles table the policy reads.
+/// \file
+/// \brief Head-role extraction after gate training (docs/algorithms/hardkuma.md §8): each KV head j of layer
+/// l gets the score E[K(a, b)] (kumaraswamy_mean, the reference's HardKuma.mean()), and
+///
+///   kThreshold  retrieval iff score > threshold (0.5), the paper's "E[z] > 0.5"
+///   kTopN       exactly total_retrieval_heads retrieval heads: the forced ones plus the highest scores
+///
+/// Layer 0 is forced to retrieval by default (LycheeDecode sets p_full[0, :] = 1; its layer 0 must be
+/// all retrieval heads because it seeds every index row). In kTopN, total_retrieval_heads counts the
+/// forced heads too: LycheeDecode's 32 = 8 (layer 0) + 24 learned. Ties rank the lower gate index
+/// first; a NaN score ranks lowest and never passes the threshold.
+///
+/// Gates are layer-major (gate = layer * kv_heads + head); roles[gate] = 1 for retrieval, 0 for sparse
+/// (the byte layout make_head_roles turns into a HeadRoles table).
+/// a and b go through the same clamp as training (HardKumaOptions::clamp_shape).
+///
+/// This header is the contract of extract_head_roles: options, validation and the workspace query.
+/// The host reference is in roles_from_gates_reference.hpp, the CUDA op in roles_from_gates.cuh (both
+/// run gates/detail/role_ranking.hpp); the op has the one shape (const Exec& first, a trailing
+/// Workspace) and needs no workspace and no device facts. lycheedecode_roles_from_hardkuma
+/// (gates/lycheedecode_roles.hpp) turns host gates straight into the HeadRoles table the policy reads.
 
 #include <cstddef>
 #include <cstdint>
@@ -29,13 +30,15 @@
 
 namespace kvsift {
 
+/// How retrieval heads are chosen from the scores: by threshold, or a fixed number of the best.
 enum class RoleSelection { kThreshold, kTopN };
 
+/// What extract_head_roles does; validated on every call.
 struct RoleExtractionOptions {
-  RoleSelection selection = RoleSelection::kThreshold;
+  RoleSelection selection = RoleSelection::kThreshold;  ///< threshold or top-N
   double threshold = 0.5;         ///< kThreshold: retrieval iff E[K] > threshold
   int total_retrieval_heads = 0;  ///< kTopN: retrieval heads in all, forced ones included
-  bool force_layer0 = true;
+  bool force_layer0 = true;       ///< make every layer-0 head a retrieval head (LycheeDecode needs it)
   HardKumaOptions gate;           ///< shape clamp applied to a and b
 };
 

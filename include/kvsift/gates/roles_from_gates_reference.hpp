@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of head-role extraction (contract in roles_from_gates.hpp): one pass over the gates
-// with the ranking code the CUDA kernel runs, on host memory. Needs no workspace and no device facts.
+/// \file
+/// \brief Host reference of head-role extraction (contract in roles_from_gates.hpp): one pass over the gates
+/// with the ranking code the CUDA kernel runs, on host memory. Needs no workspace and no device facts.
 
 #include <cstdint>
 

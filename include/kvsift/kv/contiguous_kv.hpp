@@ -1,10 +1,11 @@
 #pragma once
-// ContiguousKV<T>: a KV cache whose K and V live in strided dense tensors.
-//
-// Element (b, h, t, :) of K is at k + b*k_batch_stride + h*k_head_stride + t*k_token_stride, and the
-// head_dim elements of a row are contiguous. Strides are in elements and independent for K and V, so
-// the one type covers BHSD ([batch, heads, seq, dim]), BSHD ([batch, seq, heads, dim]), K and V halves
-// of one fused tensor, and caches with spare capacity per sequence.
+/// \file
+/// \brief ContiguousKV<T>: a KV cache whose K and V live in strided dense tensors.
+///
+/// Element (b, h, t, :) of K is at k + b*k_batch_stride + h*k_head_stride + t*k_token_stride, and the
+/// head_dim elements of a row are contiguous. Strides are in elements and independent for K and V, so
+/// the one type covers BHSD ([batch, heads, seq, dim]), BSHD ([batch, seq, heads, dim]), K and V halves
+/// of one fused tensor, and caches with spare capacity per sequence.
 
 #include <cstdint>
 
@@ -14,23 +15,35 @@
 
 namespace kvsift {
 
+/// A KV view over strided dense K and V tensors (see the file comment); trivially copyable, passed to
+/// kernels by value. Pointers are in the Exec's memory space.
 template <class T>
 struct ContiguousKV {
-  using value_type = T;
+  using value_type = T;  ///< the element type (float, half_t, bfloat16_t, __half, __nv_bfloat16)
 
-  T* k = nullptr;
-  T* v = nullptr;
-  int batch = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
+  T* k = nullptr;         ///< K element (0, 0, 0, 0)
+  T* v = nullptr;         ///< V element (0, 0, 0, 0)
+  int batch = 0;          ///< sequences, >= 0
+  int num_kv_heads = 0;   ///< KV heads per sequence, > 0
+  int head_dim = 0;       ///< elements per K or V row, > 0
   int capacity = 0;  ///< tokens addressable per sequence; lengths are clamped to it
-  std::int64_t k_batch_stride = 0, k_head_stride = 0, k_token_stride = 0;
-  std::int64_t v_batch_stride = 0, v_head_stride = 0, v_token_stride = 0;
+  /// \var k_head_stride
+  /// Elements between the K rows of consecutive KV heads (>= head_dim when num_kv_heads > 1).
+
+  /// \var v_head_stride
+  /// Elements between the V rows of consecutive KV heads (>= head_dim when num_kv_heads > 1).
+
+  /// Elements between the K rows of consecutive sequences; every stride is in elements and >= 0.
+  std::int64_t k_batch_stride = 0, k_head_stride = 0, k_token_stride = 0;  ///< k_token_stride: between tokens
+  /// Elements between the V rows of consecutive sequences.
+  std::int64_t v_batch_stride = 0, v_head_stride = 0, v_token_stride = 0;  ///< v_token_stride: between tokens
   const std::int32_t* lengths = nullptr;  ///< [batch], host or device memory as the backend needs
 
+  /// The head_dim contiguous K elements of sequence `b`, KV head `h`, token `t`; no bounds check.
   KVSIFT_HD T* k_row(int b, int h, int t) const {
     return k + b * k_batch_stride + h * k_head_stride + t * k_token_stride;
   }
+  /// The head_dim contiguous V elements of sequence `b`, KV head `h`, token `t`; no bounds check.
   KVSIFT_HD T* v_row(int b, int h, int t) const {
     return v + b * v_batch_stride + h * v_head_stride + t * v_token_stride;
   }
@@ -40,6 +53,8 @@ struct ContiguousKV {
     return n < 0 ? 0 : (n > capacity ? capacity : n);
   }
 
+  /// Host-side check of the shape, the pointers (needed when batch > 0) and the strides (>= 0; token
+  /// and head rows must not overlap); kInvalidArgument or kNullPointer naming the field. Reads no lengths.
   Status validate() const;
 };
 

@@ -1,15 +1,17 @@
 #pragma once
-// Head roles: which KV heads attend to every token and which only to their index-set row.
-//
-//   retrieval head  dense attention over the whole sequence; in LycheeDecode it also selects the
-//                   tokens that the sparse heads of the same index read in later layers
-//   sparse head     attention over the entries of its index-set row only
-//
-// HeadRoleMask is one layer's roles, a bit per KV head, SET = SPARSE: the empty mask is plain dense
-// attention, the natural default of an attention op. HeadRoles is a model's table, one mask per
-// layer, in the model's original KV-head order. The same type serves the op (decode_attention reads
-// one layer's mask), the policy (LycheeDecode holds the table) and the roles file (gates/roles_file.hpp).
-// A host value: the launcher needs roles to balance work before launch.
+/// \file
+/// \brief Head roles: which KV heads attend to every token and which only to their index-set row.
+///
+///   retrieval head  dense attention over the whole sequence; in LycheeDecode it also selects the
+///                   entries of its index-set row, which the sparse heads of the same KV-head index
+///                   read in later layers
+///   sparse head     attention over the entries of its index-set row only
+///
+/// HeadRoleMask is one layer's roles, a bit per KV head, SET = SPARSE: the empty mask is plain dense
+/// attention, the natural default of an attention op. HeadRoles is a model's table, one mask per
+/// layer, in the model's original KV-head order. The same type serves the op (decode_attention reads
+/// one layer's mask), the policy (LycheeDecode holds the table) and the roles file (gates/roles_file.hpp).
+/// A host value: the launcher needs roles to balance work before launch.
 
 #include <cstdint>
 #include <vector>
@@ -22,49 +24,66 @@ namespace kvsift {
 /// Largest number of KV heads per layer a role mask (and so an attention call) can describe.
 inline constexpr int kMaxKvHeads = 256;
 
+/// One layer's roles: a bit per KV head (up to kMaxKvHeads), set bit = sparse head. Default-constructed,
+/// every head is a retrieval head (plain dense attention). A host value, compared bit for bit.
 class HeadRoleMask {
  public:
+  /// Every head a retrieval head: the empty mask.
   static HeadRoleMask all_retrieval() { return HeadRoleMask(); }
+  /// Heads [0, num_kv_heads) sparse (clamped to kMaxKvHeads); any further head a retrieval head.
   static HeadRoleMask all_sparse(int num_kv_heads) {
     HeadRoleMask m;
     for (int h = 0; h < num_kv_heads && h < kMaxKvHeads; ++h) m.set_sparse(h, true);
     return m;
   }
+  /// Makes head `h` (in [0, kMaxKvHeads), unchecked) a sparse head (`sparse`) or a retrieval head.
   void set_sparse(int h, bool sparse) {
     const std::uint64_t bit = std::uint64_t(1) << (h % 64);
     bits_[h / 64] = sparse ? (bits_[h / 64] | bit) : (bits_[h / 64] & ~bit);
   }
+  /// Whether head `h` (in [0, kMaxKvHeads), unchecked) is a sparse head.
   KVSIFT_HD bool is_sparse(int h) const { return (bits_[h / 64] >> (h % 64)) & 1u; }
+  /// Whether head `h` is a retrieval head: !is_sparse(h).
   KVSIFT_HD bool is_retrieval(int h) const { return !is_sparse(h); }
+  /// Sparse heads among [0, num_kv_heads): the heads that need an index-set row.
   int count_sparse(int num_kv_heads) const {
     int n = 0;
     for (int h = 0; h < num_kv_heads; ++h) n += is_sparse(h);
     return n;
   }
+  /// Retrieval heads among [0, num_kv_heads).
   int count_retrieval(int num_kv_heads) const { return num_kv_heads - count_sparse(num_kv_heads); }
+  /// Same role for every head slot, including slots beyond the layer's head count.
   bool operator==(const HeadRoleMask& o) const {
     for (int i = 0; i < kMaxKvHeads / 64; ++i)
       if (bits_[i] != o.bits_[i]) return false;
     return true;
   }
+  /// !(*this == o).
   bool operator!=(const HeadRoleMask& o) const { return !(*this == o); }
 
  private:
   std::uint64_t bits_[kMaxKvHeads / 64] = {};
 };
 
+/// A model's role table: one HeadRoleMask per layer, in the model's original KV-head order. What the
+/// roles file stores and LycheeDecodeConfig::roles holds; build it with make_head_roles or by hand.
 struct HeadRoles {
-  int layers = 0;
-  int kv_heads = 0;
+  int layers = 0;    ///< transformer layers (masks.size())
+  int kv_heads = 0;  ///< KV heads per layer, in [1, kMaxKvHeads]
   std::vector<HeadRoleMask> masks;  ///< [layers]
 
+  /// Layer `l`'s mask (l in [0, layers), unchecked).
   const HeadRoleMask& layer(int l) const { return masks[std::size_t(l)]; }
+  /// Whether KV head `h` of layer `l` is a retrieval head.
   bool is_retrieval(int l, int h) const { return layer(l).is_retrieval(h); }
+  /// Retrieval heads over all layers (each layer's first kv_heads heads).
   int retrieval_count() const {
     int c = 0;
     for (const HeadRoleMask& m : masks) c += m.count_retrieval(kv_heads);
     return c;
   }
+  /// Same shape and the same masks.
   bool operator==(const HeadRoles& o) const { return layers == o.layers && kv_heads == o.kv_heads && masks == o.masks; }
 };
 

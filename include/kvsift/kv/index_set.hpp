@@ -1,11 +1,12 @@
 #pragma once
-// IndexSet: selected positions, one row per (batch, kv_head) or whatever the producer's rows are.
-//
-// Row r holds counts[r] int32 entries at indices + r * row_stride, in ascending order unless the
-// producer documents otherwise. Entries are token positions (Granularity::kToken) or block numbers
-// (kBlock; block j covers tokens [j * block_size, (j + 1) * block_size)). Consumers skip entries
-// outside the sequence, so a stale or padded row never reads out of bounds. The same type feeds
-// gather attention, cache compaction and the LycheeDecode handoff between layers.
+/// \file
+/// \brief IndexSet: selected positions, one row per (batch, kv_head) or whatever the producer's rows are.
+///
+/// Row r holds counts[r] int32 entries at indices + r * row_stride, in ascending order unless the
+/// producer documents otherwise. Entries are token positions (Granularity::kToken) or block numbers
+/// (kBlock; block j covers tokens [j * block_size, (j + 1) * block_size)). Consumers skip entries
+/// outside the sequence, so a stale or padded row never reads out of bounds. The same type feeds
+/// decode attention (its sparse heads), cache compaction and the LycheeDecode handoff between layers.
 
 #include <cstdint>
 
@@ -14,20 +15,25 @@
 
 namespace kvsift {
 
+/// What an index-set entry counts: a token position, or a block of `block_size` tokens.
 enum class Granularity : int { kToken, kBlock };
 
+/// "token" or "block".
 inline const char* to_string(Granularity g) { return g == Granularity::kToken ? "token" : "block"; }
 
+/// An index set (see the file comment): rows of `Index` entries plus a count per row, in the Exec's
+/// memory space. A view, passed to kernels by value; use the IndexSet and ConstIndexSet aliases.
 template <class Index = std::int32_t>
 struct IndexSetT {
   Index* indices = nullptr;           ///< [rows, row_stride]
   Index* counts = nullptr;            ///< [rows]
-  int rows = 0;
+  int rows = 0;                       ///< index rows, >= 0
   int capacity = 0;                   ///< entries a row can hold
   std::int64_t row_stride = 0;        ///< in entries; >= capacity
-  Granularity granularity = Granularity::kToken;
+  Granularity granularity = Granularity::kToken;  ///< what the entries count: tokens or blocks
   int block_size = 1;                 ///< tokens per entry; 1 for token granularity
 
+  /// The first entry of row `r`; no bounds check.
   KVSIFT_HD Index* row(int r) const { return indices + r * row_stride; }
   /// Entries in row r, clamped to [0, capacity].
   KVSIFT_HD int count(int r) const {
@@ -35,6 +41,9 @@ struct IndexSetT {
     return n < 0 ? 0 : (n > capacity ? capacity : n);
   }
 
+  /// Host-side check: rows, capacity >= 0, row_stride >= capacity, block_size 1 for tokens or a power
+  /// of two for blocks, non-null indices and counts when rows > 0; kInvalidArgument or kNullPointer,
+  /// the message prefixed with `name`. Reads no entries.
   Status validate(const char* name = "index_set") const {
     KVSIFT_REQUIRE(rows >= 0, kInvalidArgument, name, ".rows = ", rows, " must be >= 0");
     KVSIFT_REQUIRE(capacity >= 0, kInvalidArgument, name, ".capacity = ", capacity, " must be >= 0");
@@ -56,9 +65,13 @@ struct IndexSetT {
   }
 };
 
+/// A writable index set of int32 entries: what top-k writes.
 using IndexSet = IndexSetT<std::int32_t>;
+/// A read-only index set: what decode attention, compaction and the handoff read.
 using ConstIndexSet = IndexSetT<const std::int32_t>;
 
+/// An index set with densely packed rows (row_stride = capacity); `block_size` is forced to 1 for
+/// token granularity.
 inline IndexSet make_index_set(std::int32_t* indices, std::int32_t* counts, int rows, int capacity,
                                Granularity granularity = Granularity::kToken, int block_size = 1) {
   IndexSet s;
@@ -72,6 +85,7 @@ inline IndexSet make_index_set(std::int32_t* indices, std::int32_t* counts, int 
   return s;
 }
 
+/// The same rows, read-only.
 inline ConstIndexSet as_const(const IndexSet& s) {
   ConstIndexSet c;
   c.indices = s.indices;

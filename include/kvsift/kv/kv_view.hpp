@@ -1,23 +1,24 @@
 #pragma once
-// The KV-view concept: what a kernel needs from an engine's KV cache.
-//
-// A view is a small trivially-copyable struct passed to kernels by value. For batch index b, KV head h
-// and token t < length(b), it yields pointers to the head_dim contiguous elements of that token's K
-// and V rows. That is all: kernels never assume how rows are arranged, so ContiguousKV, PagedKV and
-// any engine-specific layout run through the same kernels. Required members:
-//
-//   using value_type = T;                       // float, half_t, bfloat16_t, __half or __nv_bfloat16
-//   int batch, num_kv_heads, head_dim;          // data members
-//   KVSIFT_HD T* k_row(int b, int h, int t) const;
-//   KVSIFT_HD T* v_row(int b, int h, int t) const;
-//   KVSIFT_HD int length(int b) const;          // tokens of sequence b; never beyond what is addressable
-//   Status validate() const;                    // host-side parameter check
-//
-// Optional: `int capacity` or `int capacity() const`, the tokens a sequence can hold; ops that write
-// through a view (cache compaction) check their output size against it.
-//
-// check_kv_view<View>() turns a mismatch into one readable static_assert instead of a template error
-// deep inside a kernel. docs/integration.md walks through writing a view for a custom layout.
+/// \file
+/// \brief The KV-view concept: what a kernel needs from an engine's KV cache.
+///
+/// A view is a small trivially-copyable struct passed to kernels by value. For batch index b, KV head h
+/// and token t < length(b), it yields pointers to the head_dim contiguous elements of that token's K
+/// and V rows. That is all: kernels never assume how rows are arranged, so ContiguousKV, PagedKV and
+/// any engine-specific layout run through the same kernels. Required members:
+///
+///   using value_type = T;                       // float, half_t, bfloat16_t, __half or __nv_bfloat16
+///   int batch, num_kv_heads, head_dim;          // data members
+///   KVSIFT_HD T* k_row(int b, int h, int t) const;
+///   KVSIFT_HD T* v_row(int b, int h, int t) const;
+///   KVSIFT_HD int length(int b) const;          // tokens of sequence b; never beyond what is addressable
+///   Status validate() const;                    // host-side parameter check
+///
+/// Optional: `int capacity` or `int capacity() const`, the tokens a sequence can hold; ops that write
+/// through a view (cache compaction) check their output size against it.
+///
+/// check_kv_view<View>() turns a mismatch into one readable static_assert instead of a template error
+/// deep inside a kernel. docs/integration.md walks through writing a view for a custom layout.
 
 #include <type_traits>
 #include <utility>
@@ -82,6 +83,8 @@ struct value_type_supported<V, true> : is_supported_dtype<std::remove_const_t<ty
 
 }  // namespace detail
 
+/// True when V has every required member of a KV view (above) and is trivially copyable; the
+/// readable form of the check is check_kv_view<V>().
 template <class V>
 inline constexpr bool is_kv_view_v = detail::has_value_type<V>::value && detail::has_shape_members<V>::value &&
                                      detail::has_k_row<V>::value && detail::has_v_row<V>::value &&

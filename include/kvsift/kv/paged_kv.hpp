@@ -1,11 +1,12 @@
 #pragma once
-// PagedKV<T>: a paged KV cache as vLLM and FlashInfer keep it.
-//
-// K and V each live in a pool of fixed-size pages; page p starts at k_pages + p * page_stride. A
-// block table [batch, max_pages] (row stride block_table_stride) maps a sequence's logical page
-// t / page_size to a physical page. Inside a page the layout is NHD ([page_size, heads, head_dim])
-// or HND ([heads, page_size, head_dim]). page_stride defaults to page_size * heads * head_dim; set it
-// larger when K and V pages interleave in one allocation ([pages, 2, ...]).
+/// \file
+/// \brief PagedKV<T>: a paged KV cache as vLLM and FlashInfer keep it.
+///
+/// K and V each live in a pool of fixed-size pages; page p starts at k_pages + p * page_stride. A
+/// block table [batch, max_pages] (row stride block_table_stride) maps a sequence's logical page
+/// t / page_size to a physical page. Inside a page the layout is NHD ([page_size, heads, head_dim])
+/// or HND ([heads, page_size, head_dim]). page_stride defaults to page_size * heads * head_dim; set it
+/// larger when K and V pages interleave in one allocation ([pages, 2, ...]).
 
 #include <cstdint>
 
@@ -15,30 +16,37 @@
 
 namespace kvsift {
 
+/// The layout inside one page: NHD [page_size, heads, head_dim] or HND [heads, page_size, head_dim].
 enum class PageLayout : int { kNHD, kHND };
 
+/// "NHD" or "HND".
 inline const char* to_string(PageLayout l) { return l == PageLayout::kNHD ? "NHD" : "HND"; }
 
+/// A KV view over a paged cache (see the file comment); trivially copyable, passed to kernels by value.
+/// Pointers are in the Exec's memory space.
 template <class T>
 struct PagedKV {
-  using value_type = T;
+  using value_type = T;  ///< the element type (float, half_t, bfloat16_t, __half, __nv_bfloat16)
 
-  T* k_pages = nullptr;
-  T* v_pages = nullptr;
+  T* k_pages = nullptr;  ///< the K page pool: page p at k_pages + p * page_stride
+  T* v_pages = nullptr;  ///< the V page pool, the same page ids and layout as K
   const std::int32_t* block_table = nullptr;  ///< [batch, block_table_stride], physical page ids
   std::int64_t block_table_stride = 0;        ///< in entries; >= max_pages
-  int batch = 0;
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int page_size = 0;
+  int batch = 0;         ///< sequences, >= 0
+  int num_kv_heads = 0;  ///< KV heads per sequence, > 0
+  int head_dim = 0;      ///< elements per K or V row, > 0
+  int page_size = 0;     ///< tokens per page, > 0
   int max_pages = 0;   ///< pages per sequence the table holds; capacity = max_pages * page_size
   int num_pages = 0;   ///< pages in the pool, for validating block tables on the host
   std::int64_t page_stride = 0;  ///< elements between consecutive pages in the pool
-  PageLayout layout = PageLayout::kNHD;
+  PageLayout layout = PageLayout::kNHD;  ///< NHD or HND inside each page
   const std::int32_t* lengths = nullptr;  ///< [batch]
 
+  /// Tokens a sequence can address: max_pages * page_size.
   KVSIFT_HD int capacity() const { return max_pages * page_size; }
 
+  /// Element offset of token `t`'s row of sequence `b`, KV head `h`, into either pool; reads the block
+  /// table, no bounds check.
   KVSIFT_HD std::int64_t row_offset(int b, int h, int t) const {
     const int page = block_table[b * block_table_stride + t / page_size];
     const int slot = t % page_size;
@@ -46,20 +54,28 @@ struct PagedKV {
                                                             : std::int64_t(h) * page_size + slot;
     return std::int64_t(page) * page_stride + in_page * head_dim;
   }
+  /// The head_dim contiguous K elements of sequence `b`, KV head `h`, token `t`.
   KVSIFT_HD T* k_row(int b, int h, int t) const { return k_pages + row_offset(b, h, t); }
+  /// The head_dim contiguous V elements of sequence `b`, KV head `h`, token `t`.
   KVSIFT_HD T* v_row(int b, int h, int t) const { return v_pages + row_offset(b, h, t); }
+  /// Length of sequence b, clamped to [0, capacity()] so a bad length can never address out of bounds.
   KVSIFT_HD int length(int b) const {
     const int n = lengths[b];
     const int cap = capacity();
     return n < 0 ? 0 : (n > cap ? cap : n);
   }
 
+  /// Host-side check of the shape (capacity within int32), block_table_stride >= max_pages,
+  /// page_stride >= page_size * num_kv_heads * head_dim, the layout, and the pointers (needed when
+  /// batch > 0); kInvalidArgument or kNullPointer naming the field. Reads no device memory.
   Status validate() const;
   /// Host-only deep check: every page id a sequence uses (its first ceil(len / page_size) entries) is
   /// in [0, num_pages). Reads block_table and lengths, so both must be host memory.
   Status validate_block_table_host() const;
 };
 
+/// A paged view with the default strides: block_table_stride = max_pages, page_stride = page_size *
+/// num_kv_heads * head_dim (set page_stride afterwards for interleaved K/V pools).
 template <class T>
 PagedKV<T> make_paged(T* k_pages, T* v_pages, const std::int32_t* block_table, int batch, int max_pages,
                       int num_pages, int num_kv_heads, int page_size, int head_dim, PageLayout layout,

@@ -1,7 +1,8 @@
 #pragma once
-// Whether a view's K/V rows start on 16-byte boundaries, which kernels that move rows with 16-byte
-// vector loads need. The shipped views are checked from their pointers and strides; a custom view
-// promises it (docs/integration.md: keep rows 16-byte aligned to use the vectorised kernels).
+/// \file
+/// \brief Whether a view's K/V rows start on 16-byte boundaries, which kernels that move rows with 16-byte
+/// vector loads need. The shipped views are checked from their pointers and strides; a custom view
+/// promises it (docs/integration.md: keep rows 16-byte aligned to use the vectorised kernels).
 
 #include <cstdint>
 
@@ -16,11 +17,13 @@ inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p
 
 }  // namespace detail
 
+/// A custom view: always ok, because the view promises 16-byte aligned rows (see the file comment).
 template <class V>
 Status check_rows_16byte_aligned(const V&) {
   return Status();
 }
 
+/// kMisaligned unless k and v are 16-byte aligned and every stride is a multiple of 16 bytes.
 template <class T>
 Status check_rows_16byte_aligned(const ContiguousKV<T>& kv) {
   constexpr std::int64_t e = 16 / sizeof(T);
@@ -32,6 +35,8 @@ Status check_rows_16byte_aligned(const ContiguousKV<T>& kv) {
   return Status();
 }
 
+/// kMisaligned unless both pools are 16-byte aligned and page_stride and head_dim are multiples of
+/// 16 bytes.
 template <class T>
 Status check_rows_16byte_aligned(const PagedKV<T>& kv) {
   constexpr std::int64_t e = 16 / sizeof(T);

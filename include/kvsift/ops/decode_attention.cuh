@@ -1,13 +1,14 @@
 #pragma once
-// CUDA backend of decode_attention (contract in decode_attention.hpp, plan in decode_attention_plan.hpp;
-// guide in docs/ops/decode_attention.md).
-//
-// Two launches on exec.stream: a split kernel (one block per batch x KV head x split x row tile;
-// tensor cores for 16-bit K/V, CUDA cores for float K/V) writes normalised partial outputs and their
-// log-sum-exp to the workspace, and a merge kernel combines them into `out` and `lse`. Nothing is
-// allocated, nothing waits on the host, and the grid comes from host values only.
-//
-// Every K and V row must be 16-byte aligned (checked for ContiguousKV and PagedKV).
+/// \file
+/// \brief CUDA backend of decode_attention (contract in decode_attention.hpp, plan in
+/// decode_attention_plan.hpp; guide in docs/ops/decode_attention.md).
+///
+/// Two launches on exec.stream: a split kernel (one block per batch x KV head x split x row tile;
+/// tensor cores for 16-bit K/V, CUDA cores for float K/V) writes normalised partial outputs and their
+/// log-sum-exp to the workspace, and a merge kernel combines them into `out` and `lse`. Nothing is
+/// allocated, nothing waits on the host, and the grid comes from host values only.
+///
+/// Every K and V row must be 16-byte aligned (checked for ContiguousKV and PagedKV).
 
 #include <cstdint>
 #include <type_traits>
@@ -48,6 +49,10 @@ Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, 
 
 namespace cuda {
 
+/// decode_attention on `exec.stream` (see decode_attention.hpp); every pointer is device memory, and
+/// `workspace` must hold decode_attention_workspace_bytes(exec, kv, p) bytes, 256-byte aligned. Errors:
+/// those of the contract, a zero exec.device.num_sms, misaligned K/V rows (kMisaligned), a null or
+/// too small workspace (kNullPointer, kInsufficientSpace), batch > 65535, or a launch error.
 template <class View, class T>
 Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionParams<T>& p,
                         Workspace workspace = {}) {

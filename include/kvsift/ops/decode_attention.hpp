@@ -1,43 +1,44 @@
 #pragma once
-// decode_attention: attention of the newest q_len query positions over a KV view, for decoding.
-// This header is the contract (params and their validation). The split plan and the workspace query
-// are in decode_attention_plan.hpp, the host reference in decode_attention_reference.hpp, the CUDA
-// launcher in decode_attention.cuh. Guide: docs/ops/decode_attention.md.
-//
-// Per (batch b, KV head h) the keys are either
-//   retrieval head: tokens [0, len), len = min(kv.length(b), max_kv_length), or
-//   sparse head:    the entries of index-set row b * num_kv_heads + h (tokens, or blocks of
-//                   block_size tokens), with entries outside the sequence skipped;
-// the layer's HeadRoleMask chooses, so retrieval and sparse heads run in one launch (LycheeDecode's
-// hybrid layer); the default mask (every head retrieval) is plain dense attention. The
-// G = num_q_heads / num_kv_heads query heads of a KV head share its keys (GQA): query head hq reads
-// KV head hq / G.
-//
-// Queries are the last q_len positions of the sequence: query position i (0-based) sits at token
-// len - q_len + i and sees tokens t <= len - q_len + i (causal); an index entry obeys the same mask.
-//
-//   io.q    QueryRows [batch, q_len, num_q_heads, head_dim] (head_dim contiguous, any strides)
-//   io.out  OutputRows of the same shape and dtype, own strides; every element of every row is written
-//   io.lse  optional float [batch, q_len, num_q_heads], natural log of sum_t exp(sm_scale * q.k_t)
-//
-// Rows with no visible key (length 0, an empty or fully out-of-range index row, a query position
-// before the start of the sequence) give out = 0 and lse = -inf, never NaN.
-//
-// Duplicate entries in an index row are separate keys: a token listed twice is attended twice (its
-// weight doubles), exactly as if the cache held two copies. The kernels never deduplicate, so an
-// index row costs what it lists; producers such as top-k never emit duplicates.
-//
-// Score emission (retrieval heads only, for LycheeDecode's top-k): with `scores` set, the raw score
-// of the group-mean query of the last position, s_t = (1/G) sum_g q_g . k_t (no sm_scale, no
-// softmax), is written to row b * num_kv_heads + h of `scores`, fused into the same pass over K:
-//   score_block_size == 1:   entry t = s_t for t < len, -inf for len <= t < max_kv_length
-//   score_block_size >= 16:  entry j = max of s_t over block j's tokens below len, -inf if none;
-//                            j < ceil(max_kv_length / score_block_size)
-// Rows of sparse heads are not touched.
-//
-// Launch geometry and the workspace depend only on host values (shapes, max_kv_length, the index
-// set's capacity, the role mask, the Exec's device facts), never on device lengths, so a call can be
-// captured in a CUDA graph and replayed for any lengths up to max_kv_length.
+/// \file
+/// \brief decode_attention: attention of the newest q_len query positions over a KV view, for decoding.
+/// This header is the contract (params and their validation). The split plan and the workspace query
+/// are in decode_attention_plan.hpp, the host reference in decode_attention_reference.hpp, the CUDA
+/// launcher in decode_attention.cuh. Guide: docs/ops/decode_attention.md.
+///
+/// Per (batch b, KV head h) the keys are either
+///   retrieval head: tokens [0, len), len = min(kv.length(b), max_kv_length), or
+///   sparse head:    the entries of index-set row b * num_kv_heads + h (tokens, or blocks of
+///                   block_size tokens), with entries outside the sequence skipped;
+/// the layer's HeadRoleMask chooses, so retrieval and sparse heads run in one launch (LycheeDecode's
+/// hybrid layer); the default mask (every head retrieval) is plain dense attention. The
+/// G = num_q_heads / num_kv_heads query heads of a KV head share its keys (GQA): query head hq reads
+/// KV head hq / G.
+///
+/// Queries are the last q_len positions of the sequence: query position i (0-based) sits at token
+/// len - q_len + i and sees tokens t <= len - q_len + i (causal); an index entry obeys the same mask.
+///
+///   io.q    QueryRows [batch, q_len, num_q_heads, head_dim] (head_dim contiguous, any strides)
+///   io.out  OutputRows of the same shape and dtype, own strides; every element of every row is written
+///   io.lse  optional float [batch, q_len, num_q_heads], natural log of sum_t exp(sm_scale * q.k_t)
+///
+/// Rows with no visible key (length 0, an empty or fully out-of-range index row, a query position
+/// before the start of the sequence) give out = 0 and lse = -inf, never NaN.
+///
+/// Duplicate entries in an index row are separate keys: a token listed twice is attended twice (its
+/// weight doubles), exactly as if the cache held two copies. The kernels never deduplicate, so an
+/// index row costs what it lists; producers such as top-k never emit duplicates.
+///
+/// Score emission (retrieval heads only, for LycheeDecode's top-k): with `scores` set, the raw score
+/// of the group-mean query of the last position, s_t = (1/G) sum_g q_g . k_t (no sm_scale, no
+/// softmax), is written to row b * num_kv_heads + h of `scores`, fused into the same pass over K:
+///   score_block_size == 1:   entry t = s_t for t < len, -inf for len <= t < max_kv_length
+///   score_block_size >= 16:  entry j = max of s_t over block j's tokens below len, -inf if none;
+///                            j < ceil(max_kv_length / score_block_size)
+/// Rows of sparse heads are not touched.
+///
+/// Launch geometry and the workspace depend only on host values (shapes, max_kv_length, the index
+/// set's capacity, the role mask, the Exec's device facts), never on device lengths, so a call can be
+/// captured in a CUDA graph and replayed for any lengths up to max_kv_length.
 
 #include <cmath>
 #include <cstdint>
@@ -50,14 +51,16 @@
 
 namespace kvsift {
 
+/// Everything of one decode_attention call but the KV view and the Exec (see the file comment for the
+/// semantics). Build it with make_decode_attention_params, then set roles, index_set and scores.
 template <class T>
 struct DecodeAttentionParams {
-  using value_type = T;
+  using value_type = T;  ///< the element type of queries and outputs (that of the KV view)
   QueryIO<T> io;     ///< queries in, outputs (and optional LSE) out
-  int num_q_heads = 0;
+  int num_q_heads = 0;   ///< query heads, a positive multiple of kv.num_kv_heads
   int head_dim = 0;  ///< must equal kv.head_dim; 64, 128 or 256
-  int q_len = 1;
-  float sm_scale = 0.f;
+  int q_len = 1;         ///< newest query positions per sequence, >= 1 (q_len * G <= 4095)
+  float sm_scale = 0.f;  ///< logit scale, finite (usually 1/sqrt(head_dim))
   /// Upper bound on the lengths of this call: sizes the grid. 0 takes the view's capacity
   /// (ContiguousKV, PagedKV); a custom view must set it. Keys at or past it are ignored.
   int max_kv_length = 0;
@@ -66,7 +69,7 @@ struct DecodeAttentionParams {
   /// of two >= 16). Unused, and may be empty, when no head is sparse.
   ConstIndexSet index_set;
   float* scores = nullptr;  ///< optional, see the header comment
-  std::int64_t score_row_stride = 0;
+  std::int64_t score_row_stride = 0;  ///< entries between score rows, >= ceil(max_kv_length / score_block_size)
   int score_block_size = 1;  ///< 1: per token; a power of two >= 16: max per block
 };
 

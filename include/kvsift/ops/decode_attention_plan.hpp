@@ -1,12 +1,13 @@
 #pragma once
-// The split-KV plan of decode_attention and its workspace query (contract in decode_attention.hpp).
-//
-// The CUDA launcher runs one block per (batch, KV head, split, row tile): every head's keys are cut
-// into splits of `chunk` tokens so that about one wave of kDecodeCtasPerSm blocks per SM covers the
-// whole call, and a merge kernel combines the splits' partial softmax states by log-sum-exp. The
-// plan is a pure function of host values (shapes, capacities, roles, the Exec's SM count), so the
-// workspace query, the launcher and the merge agree by construction, and a captured graph replays for
-// any device lengths.
+/// \file
+/// \brief The split-KV plan of decode_attention and its workspace query (contract in decode_attention.hpp).
+///
+/// The CUDA launcher runs one block per (batch, KV head, split, row tile): every head's keys are cut
+/// into splits of `chunk` tokens so that about one wave of kDecodeCtasPerSm blocks per SM covers the
+/// whole call, and a merge kernel combines the splits' partial softmax states by log-sum-exp. The
+/// plan is a pure function of host values (shapes, capacities, roles, the Exec's SM count), so the
+/// workspace query, the launcher and the merge agree by construction, and a captured graph replays for
+/// any device lengths.
 
 #include <algorithm>
 #include <cstddef>

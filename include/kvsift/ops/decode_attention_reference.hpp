@@ -1,7 +1,8 @@
 #pragma once
-// Host reference of decode_attention (contract in decode_attention.hpp): double accumulation, the
-// semantics of the contract written out directly, no splits. The oracle every GPU test compares
-// with; it also checks what only host memory allows (q_len against each sequence's length).
+/// \file
+/// \brief Host reference of decode_attention (contract in decode_attention.hpp): double accumulation, the
+/// semantics of the contract written out directly, no splits. The oracle every GPU test compares
+/// with; it also checks what only host memory allows (q_len against each sequence's length).
 
 #include <algorithm>
 #include <cmath>

@@ -1,8 +1,9 @@
 #pragma once
-// CUDA backend of topk (contract in topk.hpp, plan in topk_plan.hpp, design notes in docs/ops/topk.md).
-//
-// One launch of the radix select (ops/detail/topk_radix_select.cuh). The launch shape comes from the
-// plan, never from lengths or k in device memory, so a call can be captured in a CUDA graph.
+/// \file
+/// \brief CUDA backend of topk (contract in topk.hpp, plan in topk_plan.hpp, design notes in docs/ops/topk.md).
+///
+/// One launch of the radix select (ops/detail/topk_radix_select.cuh). The launch shape comes from the
+/// plan, never from lengths or k in device memory, so a call can be captured in a CUDA graph.
 
 #include <cuda_runtime_api.h>
 

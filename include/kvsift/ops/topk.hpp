@@ -1,26 +1,27 @@
 #pragma once
-// topk: batched per-row top-k selection with ragged lengths, forced sink/recent ranges and key
-// transforms. This header is the contract: parameters, key policies, the per-row plan every backend
-// computes the same way, and validation. The launch plan and workspace query are in topk_plan.hpp,
-// the host reference in topk_reference.hpp, the CUDA radix select in topk.cuh. Guide: docs/ops/topk.md.
-//
-// Row r of `scores` uses positions [0, len_r), len_r = lengths[r] clamped to [0, scores.cols]
-// (scores.cols when `lengths` is null). Its budget is k_r = per_row_k[r] (or params.k) clamped to
-// [0, out.capacity]. The first `sink` and the last `recent` positions are always selected and count
-// inside the budget; the rest of the budget goes to the best keys of the positions in between. The
-// row's output is written to out.row(r) in ascending position order, its size to out.counts[r]:
-//
-//   forced = |[0, sink) ∪ [len - recent, len)| (clipped to the row)
-//   count  = forced + clamp(k_r - forced, 0, len - forced)      == max(forced, min(k_r, len))
-//
-// Row filter: with num_kv_heads > 0, row r belongs to KV head r % num_kv_heads, and the rows of the
-// heads `roles` marks sparse are left untouched (no index, no count written): LycheeDecode's retrieval
-// heads write their rows of the index table in place while the sparse heads' rows keep what an
-// earlier layer selected. With num_kv_heads = 0 (the default) every row is written.
-//
-// Order: a larger key is better; equal keys go to the lower position, so the result is unique and
-// every backend returns the same bits. With the default ScoreKey, NaN ranks below every number,
-// -inf < finite < +inf, and -0 equals +0.
+/// \file
+/// \brief topk: batched per-row top-k selection with ragged lengths, forced sink/recent ranges and key
+/// transforms. This header is the contract: parameters, key policies, the per-row plan every backend
+/// computes the same way, and validation. The launch plan and workspace query are in topk_plan.hpp,
+/// the host reference in topk_reference.hpp, the CUDA radix select in topk.cuh. Guide: docs/ops/topk.md.
+///
+/// Row r of `scores` uses positions [0, len_r), len_r = lengths[r] clamped to [0, scores.cols]
+/// (scores.cols when `lengths` is null). Its budget is k_r = per_row_k[r] (or params.k) clamped to
+/// [0, out.capacity]. The first `sink` and the last `recent` positions are always selected and count
+/// inside the budget; the rest of the budget goes to the best keys of the positions in between. The
+/// row's output is written to out.row(r) in ascending position order, its size to out.counts[r]:
+///
+///   forced = |[0, sink) ∪ [len - recent, len)| (clipped to the row)
+///   count  = forced + clamp(k_r - forced, 0, len - forced)      == max(forced, min(k_r, len))
+///
+/// Row filter: with num_kv_heads > 0, row r belongs to KV head r % num_kv_heads, and the rows of the
+/// heads `roles` marks sparse are left untouched (no index, no count written): LycheeDecode's retrieval
+/// heads write their rows of the index table in place while the sparse heads' rows keep what an
+/// earlier layer selected. With num_kv_heads = 0 (the default) every row is written.
+///
+/// Order: a larger key is better; equal keys go to the lower position, so the result is unique and
+/// every backend returns the same bits. With the default ScoreKey, NaN ranks below every number,
+/// -inf < finite < +inf, and -0 equals +0.
 
 #include <cstddef>
 #include <cstdint>
@@ -79,32 +80,37 @@ using order_key_t = std::conditional_t<(Bits > 32), std::uint64_t, std::uint32_t
 /// saves a radix pass; the order is the same as for the widened float.
 template <class T>
 struct ScoreKey {
+  /// Significant key bits: 32 for float, 19 for fp16, 16 for bf16.
   static constexpr int kBits = dtype_traits<T>::dtype == DType::kFloat32   ? 32
                                : dtype_traits<T>::dtype == DType::kFloat16 ? 19
                                                                            : 16;
-  using key_type = detail::order_key_t<kBits>;
+  using key_type = detail::order_key_t<kBits>;  ///< uint32_t (kBits <= 32)
+  /// The order-preserving key of `score`, reduced to its top kBits bits; row and position are unused.
   KVSIFT_HD key_type operator()(T score, std::int64_t /*row*/, std::int32_t /*position*/) const {
     return key_type(detail::float_order_key(dtype_traits<T>::to_float(score)) >> (32 - kBits));
   }
+  /// Always ok: the plain score key has no pointers.
   Status validate() const { return Status(); }
 };
 
-/// Flagged positions first, then by score: ClusterAttn keeps every token inside a cluster ahead of
+/// Flagged positions first, then by score: ClusterAttn keeps every token inside a density cluster ahead of
 /// all others (key = flag << score_bits | score key). flags[row * row_stride + position] != 0 marks
 /// a flagged position; the pointer lives in the backend's memory space.
 template <class T>
 struct FlagFirstKey {
-  static constexpr int kScoreBits = ScoreKey<T>::kBits;
-  static constexpr int kBits = kScoreBits + 1;
-  using key_type = detail::order_key_t<kBits>;
+  static constexpr int kScoreBits = ScoreKey<T>::kBits;  ///< bits of the score part (ScoreKey's)
+  static constexpr int kBits = kScoreBits + 1;           ///< the flag bit on top of the score bits
+  using key_type = detail::order_key_t<kBits>;           ///< uint32_t or uint64_t, wide enough for kBits
 
-  const std::uint8_t* flags = nullptr;
-  std::int64_t row_stride = 0;
+  const std::uint8_t* flags = nullptr;  ///< [rows, row_stride] bytes, nonzero = flagged; required
+  std::int64_t row_stride = 0;          ///< bytes between flag rows, >= 0
 
+  /// flag << kScoreBits | the ScoreKey of `score`.
   KVSIFT_HD key_type operator()(T score, std::int64_t row, std::int32_t position) const {
     const key_type flag = flags[row * row_stride + position] != 0 ? 1u : 0u;
     return (flag << kScoreBits) | key_type(ScoreKey<T>{}(score, row, position));
   }
+  /// kNullPointer for null flags, kInvalidArgument for a negative row_stride.
   Status validate() const {
     KVSIFT_REQUIRE_NOT_NULL(flags, "key.flags");
     KVSIFT_REQUIRE(row_stride >= 0, kInvalidArgument, "key.row_stride = ", row_stride, " must be >= 0");
@@ -119,11 +125,13 @@ struct TopKRowPlan {
   int recent_begin = 0;  ///< forced recent: [recent_begin, len); scored region: [sink_end, recent_begin)
   int budget = 0;        ///< positions chosen by key from the scored region
 
-  KVSIFT_HD int region() const { return recent_begin - sink_end; }
-  KVSIFT_HD int forced() const { return len - region(); }
-  KVSIFT_HD int count() const { return forced() + budget; }
+  KVSIFT_HD int region() const { return recent_begin - sink_end; }  ///< positions in the scored region
+  KVSIFT_HD int forced() const { return len - region(); }           ///< sink and recent positions, always kept
+  KVSIFT_HD int count() const { return forced() + budget; }          ///< entries the row's output gets
 };
 
+/// The plan of one row with `cols` score columns, length `len` (clamped to [0, cols]), budget `k`
+/// (clamped to [0, capacity]) and `sink` / `recent` forced positions, as the file comment defines it.
 KVSIFT_HD inline TopKRowPlan plan_topk_row(int cols, int len, int k, int capacity, int sink, int recent) {
   TopKRowPlan p;
   p.len = len < 0 ? 0 : (len > cols ? cols : len);

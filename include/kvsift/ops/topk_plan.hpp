@@ -1,10 +1,11 @@
 #pragma once
-// The launch plan of topk and its workspace query (contract in topk.hpp).
-//
-// The CUDA radix select gives each row a group of CTAs (a hardware thread-block cluster on sm_90+)
-// that split the row into slices; the plan picks the group size and the slice from the shape of the
-// score matrix, the key width and the device facts in the Exec, never from lengths or k in device
-// memory, so a call can be captured in a CUDA graph.
+/// \file
+/// \brief The launch plan of topk and its workspace query (contract in topk.hpp).
+///
+/// The CUDA radix select gives each row a group of CTAs (a hardware thread-block cluster on sm_90+)
+/// that split the row into slices; the plan picks the group size and the slice from the shape of the
+/// score matrix, the key width and the device facts in the Exec, never from lengths or k in device
+/// memory, so a call can be captured in a CUDA graph.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,7 +1,8 @@
 #pragma once
-// Host reference of topk (contract in topk.hpp): per row, sort the scored region by (key descending,
-// position ascending), keep the first `budget`, add the forced ranges, write ascending positions.
-// Plain and obviously correct: the oracle the CUDA radix select is tested against.
+/// \file
+/// \brief Host reference of topk (contract in topk.hpp): per row, sort the scored region by (key descending,
+/// position ascending), keep the first `budget`, add the forced ranges, write ascending positions.
+/// Plain and obviously correct: the oracle the CUDA radix select is tested against.
 
 #include <algorithm>
 #include <cstddef>

@@ -1,29 +1,30 @@
 #pragma once
-// LycheeDecode: hybrid-head sparse decoding, written once for both backends (host::Exec, cuda::Exec).
-// Guide: docs/ops/lycheedecode.md; the method: docs/algorithms/lycheedecode.md.
-//
-// Per decode step the engine calls decode_layer for layers 0 .. num_layers-1, in order, after
-// appending the new token's K/V to that layer's cache. One call:
-//
-//   1. decode_attention   one launch for the whole layer: retrieval KV heads attend densely over the
-//                         sequence and emit the raw group-mean-query score of every token (or the max
-//                         per block) in the same pass; sparse KV heads attend only to the entries of
-//                         their index-table row; splits balanced across both kinds;
-//   2. handoff            (layers with retrieval heads) top-k of each retrieval head's scores, forced
-//                         sink/recent inside the budget, written in place to that head's table row
-//                         (indices and count) for the sparse heads of later layers; the sparse heads'
-//                         rows are left as they are (lycheedecode_handoff.hpp).
-//
-// Every pointer (view, io, state, workspace) is in the backend's memory space; nothing is allocated,
-// nothing waits on the host, and launch shapes come from the configuration's capacities and the
-// Exec's device facts: a whole multi-layer step captures into one CUDA graph and replays as lengths
-// change, with no host bookkeeping between replays.
-//
-// Cache correction (off by default): at a step where correction_due(step) holds (step = the engine's
-// count of decode steps since the prompt), the engine runs
-// correct_layer for every layer instead: dense causal attention of the last correction_interval
-// positions (q_len = interval) over the whole cache, after recomputing those positions' K/V from a
-// dense forward; the last row's output yields the next token. See the guide for the engine's side.
+/// \file
+/// \brief LycheeDecode: hybrid-head sparse decoding, written once for both backends (host::Exec, cuda::Exec).
+/// Guide: docs/ops/lycheedecode.md; the method: docs/algorithms/lycheedecode.md.
+///
+/// Per decode step the engine calls decode_layer for layers 0 .. num_layers-1, in order, after
+/// appending the new token's K/V to that layer's cache. One call:
+///
+///   1. decode_attention   one launch for the whole layer: retrieval KV heads attend densely over the
+///                         sequence and emit the raw group-mean-query score of every token (or the max
+///                         per block) in the same pass; sparse KV heads attend only to the entries of
+///                         their index-table row; splits balanced across both kinds;
+///   2. handoff            (layers with retrieval heads) top-k of each retrieval head's scores, forced
+///                         sink/recent inside the budget, written in place to that head's table row
+///                         (indices and count) for the sparse heads of later layers; the sparse heads'
+///                         rows are left as they are (lycheedecode_handoff.hpp).
+///
+/// Every pointer (view, io, state, workspace) is in the backend's memory space; nothing is allocated,
+/// nothing waits on the host, and launch shapes come from the configuration's capacities and the
+/// Exec's device facts: a whole multi-layer step captures into one CUDA graph and replays as lengths
+/// change, with no host bookkeeping between replays.
+///
+/// Cache correction (off by default): at a step where correction_due(step) holds (step = the engine's
+/// count of decode steps since the prompt), the engine runs
+/// correct_layer for every layer instead: dense causal attention of the last correction_interval
+/// positions (q_len = interval) over the whole cache, after recomputing those positions' K/V from a
+/// dense forward; the last row's output yields the next token. See the guide for the engine's side.
 
 #include <algorithm>
 #include <cmath>
@@ -109,6 +110,9 @@ struct LycheeDecodeScratch {
 
 }  // namespace detail
 
+/// The LycheeDecode policy: a validated configuration plus the per-layer calls of a decode step
+/// (decode_layer) and of a cache-correction step (correct_layer), templated on the Exec (see the file
+/// comment). Holds no device memory: the state and the workspace are the caller's.
 class LycheeDecodePolicy {
  public:
   /// Validates the configuration (messages name the parameter). Nothing device-specific happens here:
@@ -122,13 +126,19 @@ class LycheeDecodePolicy {
     return Status();
   }
 
+  /// The configuration it was created with.
   const LycheeDecodeConfig& config() const { return config_; }
+  /// Entries per index row of the state's table (lycheedecode_index_capacity).
   int index_capacity() const { return lycheedecode_index_capacity(config_); }
   /// Roles of `layer` (set bit = sparse head: attends through the index table).
   const HeadRoleMask& roles(int layer) const { return config_.roles.layer(layer); }
+  /// Retrieval heads of `layer`; a layer with none runs no top-k.
   int retrieval_heads(int layer) const { return roles(layer).count_retrieval(config_.num_kv_heads); }
 
+  /// Bytes of state memory to allocate for make_state (lycheedecode_state_bytes).
   std::size_t state_bytes() const { return lycheedecode_state_bytes(config_); }
+  /// Lays a state for this configuration out in `memory` (make_lycheedecode_state): `bytes` >=
+  /// state_bytes(), 256-byte aligned, in the memory space of the Exec the layer calls will use.
   Status make_state(void* memory, std::size_t bytes, LycheeDecodeState* state) const {
     return make_lycheedecode_state(config_, memory, bytes, state);
   }

@@ -1,23 +1,25 @@
 #pragma once
-// LycheeDecode configuration: the model's shape, the head-roles table, the selection mode and its
-// budget, cache correction, and the checks that reject a bad configuration before anything runs.
-// Semantics: docs/ops/lycheedecode.md; the method: docs/algorithms/lycheedecode.md §2 (roles), §5-§6
-// (selection, forced sink/recent), §8 (cache correction).
-//
-// Selection modes (one index set per (sequence, KV head), chosen by the retrieval head of that index):
-//
-//   kToken  `budget` tokens; the first `sink` and the last `recent` tokens are always kept and count
-//           inside the budget; the rest goes to the highest raw group-mean-query scores qbar . k.
-//   kRatio  as kToken with budget floor((1 - rho) * L), re-evaluated from each sequence's length L at
-//           every step. While that is below sink + recent the forced tokens are still all kept (the
-//           reference's behaviour), so a short sequence keeps min(L, sink + recent) tokens.
-//   kBlock  `num_blocks` blocks of `block_size` tokens scored by the max of qbar . k over the block;
-//           the first `sink_blocks` blocks and every block holding one of the last `recent` tokens
-//           are always kept and count inside num_blocks.
-//
-// Budget smaller than what is forced: rejected (kToken: budget < sink + recent; kBlock: num_blocks <
-// sink_blocks + the most blocks `recent` tokens can touch). Scaling the forced ranges down instead
-// would silently change what "sink" and "recent" mean; a caller who wants a tiny budget sets them.
+/// \file
+/// \brief LycheeDecode configuration: the model's shape, the head-roles table, the selection mode and its
+/// budget, cache correction, and the checks that reject a bad configuration before anything runs.
+/// Semantics: docs/ops/lycheedecode.md; the method: docs/algorithms/lycheedecode.md §2 (roles), §5-§6
+/// (selection, forced sink/recent), §8 (cache correction).
+///
+/// Selection modes (one index row per (sequence, KV head), chosen by the retrieval head of that KV-head
+/// index):
+///
+///   kToken  `budget` tokens; the first `sink` and the last `recent` tokens are always kept and count
+///           inside the budget; the rest goes to the highest raw group-mean-query scores qbar . k.
+///   kRatio  as kToken with budget floor((1 - rho) * L), re-evaluated from each sequence's length L at
+///           every step. While that is below sink + recent the forced tokens are still all kept (the
+///           reference's behaviour), so a short sequence keeps min(L, sink + recent) tokens.
+///   kBlock  `num_blocks` blocks of `block_size` tokens scored by the max of qbar . k over the block;
+///           the first `sink_blocks` blocks and every block holding one of the last `recent` tokens
+///           are always kept and count inside num_blocks.
+///
+/// Budget smaller than what is forced: rejected (kToken: budget < sink + recent; kBlock: num_blocks <
+/// sink_blocks + the most blocks `recent` tokens can touch). Scaling the forced ranges down instead
+/// would silently change what "sink" and "recent" mean; a caller who wants a tiny budget sets them.
 
 #include <cstdint>
 #include <string>
@@ -30,8 +32,11 @@
 
 namespace kvsift {
 
+/// How a retrieval head selects its index row's entries: a token budget, a ratio of the length, or
+/// blocks (see the file comment).
 enum class LycheeDecodeSelection : int { kToken, kRatio, kBlock };
 
+/// "token", "ratio" or "block" ("unknown" outside the enumeration).
 inline const char* to_string(LycheeDecodeSelection s) {
   switch (s) {
     case LycheeDecodeSelection::kToken: return "token";
@@ -44,11 +49,13 @@ inline const char* to_string(LycheeDecodeSelection s) {
 /// The paper's cache-correction interval ("dense attention once every 32 tokens").
 inline constexpr int kLycheeDecodeCorrectionInterval = 32;
 
+/// Everything LycheeDecodePolicy is built from: the model's shape and roles, the capacities every
+/// launch is sized from, the selection and cache correction. validate_lycheedecode_config checks it.
 struct LycheeDecodeConfig {
-  /// Model shape.
+  /// Model shape: transformer layers, > 0.
   int num_layers = 0;
-  int num_q_heads = 0;
-  int num_kv_heads = 0;
+  int num_q_heads = 0;   ///< query heads, a positive multiple of num_kv_heads
+  int num_kv_heads = 0;  ///< KV heads per layer, > 0
   int head_dim = 0;  ///< 64, 128 or 256
   /// Roles [num_layers, num_kv_heads] in the model's original KV-head order: from a roles file
   /// (read_head_roles_file), from trained HardKuma gates (lycheedecode_roles_from_hardkuma) or built
@@ -57,11 +64,12 @@ struct LycheeDecodeConfig {
 
   /// Capacities, fixed for the life of the state and workspace: every launch is sized from them,
   /// never from the lengths in memory, so a captured step replays for any lengths up to these.
+  /// max_batch: the most sequences a step may have, > 0.
   int max_batch = 0;
   int max_kv_length = 0;   ///< longest sequence (tokens) a call may see; longer ones are clamped to it
   int index_capacity = 0;  ///< entries per index row; 0 = exactly what the selection needs
 
-  /// Selection.
+  /// Selection: how each retrieval head picks its index row's entries.
   LycheeDecodeSelection selection = LycheeDecodeSelection::kToken;
   int budget = 4096;  ///< kToken: tokens per row, sink and recent included
   double rho = 0.7;   ///< kRatio: fraction of tokens dropped, in [0, 1)
@@ -94,6 +102,7 @@ inline int lycheedecode_entry_tokens(const LycheeDecodeConfig& c) {
   return c.selection == LycheeDecodeSelection::kBlock ? c.block_size : 1;
 }
 
+/// Granularity of the index table: kBlock in block mode, kToken otherwise.
 inline Granularity lycheedecode_granularity(const LycheeDecodeConfig& c) {
   return c.selection == LycheeDecodeSelection::kBlock ? Granularity::kBlock : Granularity::kToken;
 }
@@ -115,6 +124,7 @@ inline int lycheedecode_required_capacity(const LycheeDecodeConfig& c) {
   return 0;
 }
 
+/// Entries per index row of the state's table: index_capacity when set, else what the selection needs.
 inline int lycheedecode_index_capacity(const LycheeDecodeConfig& c) {
   return c.index_capacity > 0 ? c.index_capacity : lycheedecode_required_capacity(c);
 }
@@ -126,6 +136,8 @@ inline bool correction_due(const LycheeDecodeConfig& c, std::int64_t step) {
   return c.correction_interval > 0 && step >= 0 && (step + 1) % c.correction_interval == 0;
 }
 
+/// kInvalidArgument unless the roles table has the model's layers and KV heads, one mask per layer,
+/// and layer 0 all retrieval heads.
 inline Status validate_lycheedecode_roles(const LycheeDecodeConfig& c) {
   const HeadRoles& r = c.roles;
   KVSIFT_REQUIRE(r.layers == c.num_layers && r.kv_heads == c.num_kv_heads, kInvalidArgument, "roles is ", r.layers,
@@ -139,6 +151,9 @@ inline Status validate_lycheedecode_roles(const LycheeDecodeConfig& c) {
   return Status();
 }
 
+/// The whole configuration: shape (kUnsupported for a head_dim other than 64, 128, 256), roles,
+/// capacities, the selection's parameters (budget not below what is forced; kBlock: block_size a power
+/// of two >= 16), index_capacity and correction_interval. kInvalidArgument naming the field otherwise.
 inline Status validate_lycheedecode_config(const LycheeDecodeConfig& c) {
   KVSIFT_REQUIRE(c.num_layers > 0, kInvalidArgument, "num_layers = ", c.num_layers, " must be > 0");
   KVSIFT_REQUIRE(c.num_kv_heads > 0, kInvalidArgument, "num_kv_heads = ", c.num_kv_heads, " must be > 0");

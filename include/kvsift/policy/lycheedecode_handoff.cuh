@@ -1,7 +1,8 @@
 #pragma once
-// CUDA backend of the LycheeDecode handoff glue (contract in lycheedecode_handoff.hpp): one thread
-// per (sequence, KV head) row, a grid sized from kv.batch and num_kv_heads only. No allocation, no
-// synchronization, nothing read back: graph-capturable.
+/// \file
+/// \brief CUDA backend of the LycheeDecode handoff glue (contract in lycheedecode_handoff.hpp): one thread
+/// per (sequence, KV head) row, a grid sized from kv.batch and num_kv_heads only. No allocation, no
+/// synchronization, nothing read back: graph-capturable.
 
 #include <cuda_runtime_api.h>
 

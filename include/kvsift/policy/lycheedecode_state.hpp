@@ -1,18 +1,19 @@
 #pragma once
-// LycheeDecode's state between the layers of a decode step: the index table and the layer cursor.
-//
-// The table holds one row per (sequence b, KV head h), row b * num_kv_heads + h, addressed by the
-// model's ORIGINAL KV-head index (no weight reordering needed). A retrieval head h writes its row; a
-// sparse head h at a later layer reads it, so the row carries the set of the most recent retrieval
-// layer of head h. Layer 0 is all retrieval and rewrites every row at every step, so the table needs
-// no initialisation and nothing in it outlives a step.
-//
-// The table lives in caller memory of the backend's space (device memory for cuda::Exec), sized by
-// lycheedecode_state_bytes, and has one writer: the retrieval heads' top-k, in place. The cursor is
-// host data: it checks that layers come in order, once per step; a captured step leaves it where it
-// found it (back at layer 0), so replaying the graph needs no host bookkeeping. The decode step count
-// (which decides cache-correction steps) is the engine's: it already counts the tokens it generates,
-// and a count kept here would stand still while a graph replays.
+/// \file
+/// \brief LycheeDecode's state between the layers of a decode step: the index table and the layer cursor.
+///
+/// The table holds one row per (sequence b, KV head h), row b * num_kv_heads + h, addressed by the
+/// model's ORIGINAL KV-head index (no weight reordering needed). A retrieval head h writes its row; a
+/// sparse head h at a later layer reads it, so the row carries the set of the most recent retrieval
+/// layer of head h. Layer 0 is all retrieval and rewrites every row at every step, so the table needs
+/// no initialisation and nothing in it outlives a step.
+///
+/// The table lives in caller memory of the backend's space (device memory for cuda::Exec), sized by
+/// lycheedecode_state_bytes, and has one writer: the retrieval heads' top-k, in place. The cursor is
+/// host data: it checks that layers come in order, once per step; a captured step leaves it where it
+/// found it (back at layer 0), so replaying the graph needs no host bookkeeping. The decode step count
+/// (which decides cache-correction steps) is the engine's: it already counts the tokens it generates,
+/// and a count kept here would stand still while a graph replays.
 
 #include <cstddef>
 #include <cstdint>
@@ -24,9 +25,11 @@
 
 namespace kvsift {
 
+/// The state of one decode step's layer calls: the index table (in caller memory, see the file comment)
+/// and the host-side layer cursor. Made by make_lycheedecode_state; no step counter (the engine's).
 struct LycheeDecodeState {
   IndexSet table;          ///< rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
-  int num_layers = 0;
+  int num_layers = 0;      ///< layers per step (config.num_layers)
   int next_layer = 0;      ///< the layer the next call must be for
   int step_batch = 0;      ///< kv.batch of the step in progress, fixed by its layer 0
 
