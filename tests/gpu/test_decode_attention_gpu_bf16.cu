@@ -117,7 +117,7 @@ TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace")
   kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
   auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), bytes - 1});
   CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
-  CHECK(st.message().find("workspace_bytes = ") != std::string::npos);
+  CHECK(st.message().find("workspace.bytes = ") != std::string::npos);
   st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{nullptr, bytes});
   CHECK(st.code() == kvsift::StatusCode::kNullPointer);
   CHECK(st.message() == "workspace.data (ask decode_attention_workspace_bytes) is null");

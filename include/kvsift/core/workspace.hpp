@@ -67,7 +67,7 @@ class WorkspaceCarver {
       return make_status(StatusCode::kMisaligned, "workspace = ", static_cast<const void*>(base_),
                          " must be aligned to ", kWorkspaceAlignment, " bytes");
     if (used_ > capacity_)
-      return make_status(StatusCode::kInsufficientSpace, "workspace_bytes = ", capacity_, " is smaller than the ",
+      return make_status(StatusCode::kInsufficientSpace, "workspace.bytes = ", capacity_, " is smaller than the ",
                          used_, " bytes required (ask the workspace-size query)");
     return Status();
   }
