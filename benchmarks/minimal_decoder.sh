@@ -23,7 +23,7 @@ roles=$here/examples/minimal_decoder/roles/llama3-8b-learned-like.roles
 policy_args() {
   case $1 in
     dense) echo "--policy dense" ;;
-    lychee) echo "--policy lychee --lychee-mode token --lychee-budget 4096 --lychee-sink 128 --lychee-recent 256 --roles $roles" ;;
+    lycheedecode) echo "--policy lycheedecode --lycheedecode-mode token --lycheedecode-budget 4096 --lycheedecode-sink 128 --lycheedecode-recent 256 --roles $roles" ;;
     clusterattn) echo "--policy clusterattn --cp 1024 --window 32 --theta 0.002 --num-block 128" ;;
   esac
 }
@@ -34,7 +34,7 @@ for context in 32768 131072; do
   prompt=$((context - new_tokens))
   for batch in 1 4; do
     lengths=$(printf "$prompt%.0s," $(seq "$batch")); lengths=${lengths%,}
-    for policy in dense lychee clusterattn; do
+    for policy in dense lycheedecode clusterattn; do
       common=(--random llama3-8b --random-prompts "$lengths" --synthetic-prefill --new-tokens "$new_tokens" --quiet
               --device gpu --kv-layout "$layout" $(policy_args "$policy"))
       fast=$("$decoder" "${common[@]}" --no-attention-timing)

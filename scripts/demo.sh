@@ -33,12 +33,12 @@ if [ -n "$model" ] && [ -f "$model/prompts_shared.txt" ]; then
   echo
   echo "== minimal decoder, $model: passkey accuracy of every policy (4 prompts per length; ~1 minute on a CPU) =="
   "$decoder" --model "$model" --eval-passkey "$model/prompts_shared.txt" --lengths 1024,2048 --limit 4 --eval-batch 4 \
-    --cp 128 --window 8 --theta 0.5 --num-block 128 --lychee-budget 128 --lychee-sink 8 --lychee-recent 16 "${roles_args[@]}"
+    --cp 128 --window 8 --theta 0.5 --num-block 128 --lycheedecode-budget 128 --lycheedecode-sink 8 --lycheedecode-recent 16 "${roles_args[@]}"
   echo "(accuracy: the prompts whose five answer digits all match; docs/fidelity.md has 16 prompts per length, 8K too)"
 else
   [ -n "$model" ] && echo "(KVSIFT_MODEL_DIR=$model has no prompts_shared.txt: showing the random model instead)"
   echo
   echo "== minimal decoder, random tiny model: every policy against dense =="
   "$decoder" --random tiny --random-prompts 600,400 --new-tokens 16 --compare \
-    --cp 128 --window 16 --theta 0.05 --num-block 32 --lychee-budget 128 --lychee-sink 16 --lychee-recent 32
+    --cp 128 --window 16 --theta 0.05 --num-block 32 --lycheedecode-budget 128 --lycheedecode-sink 16 --lycheedecode-recent 32
 fi

@@ -265,7 +265,7 @@ TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on t
   md::HostBackend cpu;
   md::CudaBackend gpu;
   for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
-                              md::PolicyKind::kLychee}) {
+                              md::PolicyKind::kLycheeDecode}) {
     // Budgets > 45 + 7: compression keeps every token; LycheeDecode's steps 2 and 5 re-run densely.
     const md::PolicyOptions p = decoder_test::test_policy(kind, 100, 100, 4, 8, 3);
     INFO("policy ", p.describe());
@@ -294,7 +294,7 @@ TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each
   const md::ModelConfig c = small_config();
   md::CudaBackend gpu;
   const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 2);
-  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLychee}) {
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
     md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
     p.compression.window = 8;
     p.compression.num_block = 16;
@@ -383,7 +383,7 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
   md::CudaBackend gpu;
   // 3 sequences take the GEMV, 10 cuBLAS; LycheeDecode's corrections run outside the graph between replays.
   for (int batch : {3, 10})
-    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLychee}) {
+    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
       const md::PolicyOptions p = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);
       INFO("batch ", batch, ", policy ", p.describe());
       std::vector<int> lengths;

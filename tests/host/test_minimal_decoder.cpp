@@ -290,7 +290,7 @@ TEST_CASE("minimal decoder: every policy with a budget above the context gives e
   const md::GenerationReport dense = md::generate(be, c, weights, req);
 
   for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
-                              md::PolicyKind::kLychee}) {
+                              md::PolicyKind::kLycheeDecode}) {
     md::GenerationRequest p = req;
     p.policy = decoder_test::test_policy(kind, 100, 100, 4, 8);  // budgets > 45 + 6
     p.check = true;
@@ -311,7 +311,7 @@ TEST_CASE("minimal decoder: the paged KV layout gives exactly the contiguous lay
   const md::HostWeights hw = md::random_weights(c, 13);
   const md::BackendWeights<md::HostBackend> weights(be, c, hw);
   for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
-                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLychee}) {
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode}) {
     md::GenerationRequest req;
     req.prompts = random_prompts({61, 34, 17}, c.vocab_size, 6);  // lengths that end mid-page
     req.new_tokens = 7;
@@ -351,11 +351,11 @@ TEST_CASE("minimal decoder: small budgets compress the cache and --check measure
 
   // LycheeDecode with a small budget and cache correction runs, and its correction steps re-run
   // the last positions densely.
-  req.policy.kind = md::PolicyKind::kLychee;
-  req.policy.lychee.budget = 16;
-  req.policy.lychee.sink = 2;
-  req.policy.lychee.recent = 4;
-  req.policy.lychee.correction_interval = 2;
+  req.policy.kind = md::PolicyKind::kLycheeDecode;
+  req.policy.lycheedecode.budget = 16;
+  req.policy.lycheedecode.sink = 2;
+  req.policy.lycheedecode.recent = 4;
+  req.policy.lycheedecode.correction_interval = 2;
   const md::GenerationReport l = md::generate(be, c, weights, req);
   CHECK(l.compared == 2 * 4);
   CHECK(l.generated[0].size() == 5);
@@ -405,7 +405,7 @@ TEST_CASE("minimal decoder: checkpoint errors are one clear line") {
 TEST_CASE("minimal decoder: argument errors are one clear line") {
   auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--policy", "h2o"}),
-                       "--policy: h2o not in {dense,clusterattn,snapkv,streaming,lychee}");
+                       "--policy: h2o not in {dense,clusterattn,snapkv,streaming,lycheedecode}");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--model", "x", "--random-prompts", "10"}), "exactly one of --model");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny"}), "exactly one prompt source");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "10", "--cp"}), "--cp: 1 required INT missing");
@@ -435,10 +435,10 @@ TEST_CASE("minimal decoder: argument errors are one clear line") {
   req.policy.compression.capacity = 16;
   req.policy.compression.window = 16;
   CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "capacity = 16 must be > window = 16");
-  req.policy.kind = md::PolicyKind::kLychee;
-  req.policy.lychee.budget = 10;
-  req.policy.lychee.sink = 8;
-  req.policy.lychee.recent = 8;
+  req.policy.kind = md::PolicyKind::kLycheeDecode;
+  req.policy.lycheedecode.budget = 10;
+  req.policy.lycheedecode.sink = 8;
+  req.policy.lycheedecode.recent = 8;
   CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "budget = 10 is smaller than sink + recent = 16");
   req.policy = md::PolicyOptions();
   req.new_tokens = 600;  // 40 + 600 > max_position_embeddings = 512
@@ -465,16 +465,16 @@ TEST_CASE("minimal decoder: prefill_from (one shared dense prefill) gives the lo
   md::Decoder<md::HostBackend> source(be, c, weights, md::PolicyOptions(), source_limits);
   source.prefill(prompts);
   for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
-                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLychee}) {
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode}) {
     md::PolicyOptions p;
     p.kind = kind;
     p.compression.capacity = 40;
     p.compression.window = kind == md::PolicyKind::kSnapKV ? 6 : 8;  // a window below the kept one works too
     p.compression.theta = 0.05f;
     p.compression.num_block = 8;
-    p.lychee.budget = 24;
-    p.lychee.sink = 2;
-    p.lychee.recent = 4;
+    p.lycheedecode.budget = 24;
+    p.lycheedecode.sink = 2;
+    p.lycheedecode.recent = 4;
     CAPTURE(p.describe());
     md::Decoder<md::HostBackend> own(be, c, weights, p, limits), shared(be, c, weights, p, limits);
     own.prefill(prompts);

@@ -65,16 +65,16 @@ md::PolicyOptions base_policy() {
   p.compression.window = kWindow;
   p.compression.theta = kTheta;
   p.compression.num_block = kNumBlock;
-  p.lychee.budget = kLycheeBudget;
-  p.lychee.sink = kLycheeSink;
-  p.lychee.recent = kLycheeRecent;
+  p.lycheedecode.budget = kLycheeBudget;
+  p.lycheedecode.sink = kLycheeSink;
+  p.lycheedecode.recent = kLycheeRecent;
   return p;
 }
 
 md::EvalPolicy make(md::PolicyKind kind, const std::string& roles = "") {
   md::PolicyOptions p = base_policy();
   p.kind = kind;
-  p.lychee.roles_file = roles;
+  p.lycheedecode.roles_file = roles;
   return {p.describe(), p};
 }
 
@@ -84,9 +84,9 @@ TEST_CASE("passkey fidelity on the CPU: dense, ClusterAttn (calibrated), LycheeD
   Fixture f;
   const bool roles_fit = f.ck.config.num_layers == 8 && f.ck.config.num_kv_heads == 2 && fs::exists(kRolesFile);
   std::vector<md::EvalPolicy> policies = {make(md::PolicyKind::kDense), make(md::PolicyKind::kClusterAttn),
-                                          make(md::PolicyKind::kLychee)};
+                                          make(md::PolicyKind::kLycheeDecode)};
   if (roles_fit) {
-    policies.push_back(make(md::PolicyKind::kLychee, kRolesFile));
+    policies.push_back(make(md::PolicyKind::kLycheeDecode, kRolesFile));
     // Issue 9 wants roles learned by HardKuma training (--train-roles writes this header), not the probe's.
     std::ifstream roles(kRolesFile);
     std::string header;

@@ -219,7 +219,7 @@ TEST_CASE("role training: --train-roles end to end on a tiny random model writes
   }
   md::Options o = md::parse_options({"--model", "unused", "--train-roles", prompts.string(), "--roles-out", roles.string(),
                                      "--lengths", "49,57,65", "--eval-batch", "2", "--train-steps", "300", "--train-heads", "1",
-                                     "--lychee-budget", "16", "--lychee-sink", "2", "--lychee-recent", "4", "--quiet"});
+                                     "--lycheedecode-budget", "16", "--lycheedecode-sink", "2", "--lycheedecode-recent", "4", "--quiet"});
   CHECK(md::run_passkey_tool(be, o.passkey, c, weights) == 0);
   kvsift::HeadRoles r;
   REQUIRE(kvsift::read_head_roles_file(roles.string(), &r, c.num_layers, c.num_kv_heads).ok());
@@ -252,8 +252,8 @@ TEST_CASE("role training: command-line errors are one clear line") {
     return a;
   };
   CHECK(error(base).find("--train-roles needs --roles-out FILE") != std::string::npos);
-  CHECK(error(with({"--roles-out", "r", "--lychee-mode", "block"})).find("token mode: drop --lychee-mode block") != std::string::npos);
-  CHECK(error(with({"--roles-out", "r", "--lychee-budget", "20"})).find("--lychee-budget 20 is below --lychee-sink + --lychee-recent = 384") !=
+  CHECK(error(with({"--roles-out", "r", "--lycheedecode-mode", "block"})).find("token mode: drop --lycheedecode-mode block") != std::string::npos);
+  CHECK(error(with({"--roles-out", "r", "--lycheedecode-budget", "20"})).find("--lycheedecode-budget 20 is below --lycheedecode-sink + --lycheedecode-recent = 384") !=
         std::string::npos);
   CHECK(error(with({"--roles-out", "r", "--train-norm", "global"})).find("--train-norm: global not in {model,layer}") != std::string::npos);
   CHECK(error(with({"--roles-out", "r", "--train-steps", "0"})).find("--train-steps: 0 is not an integer >= 1") != std::string::npos);

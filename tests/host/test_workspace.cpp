@@ -57,7 +57,7 @@ TEST_CASE("workspace: too small or misaligned buffers are reported") {
   kvsift::WorkspaceCarver small(base, bytes - 1);
   describe(small, 100);
   CHECK(small.status().code() == kvsift::StatusCode::kInsufficientSpace);
-  CHECK(small.status().message().find("workspace_bytes") != std::string::npos);
+  CHECK(small.status().message().find("workspace.bytes") != std::string::npos);
 
   kvsift::WorkspaceCarver shifted(base + 4, bytes);
   describe(shifted, 100);

@@ -20,10 +20,10 @@ inline minimal_decoder::PolicyOptions test_policy(minimal_decoder::PolicyKind ki
   p.compression.window = 4;
   p.compression.theta = 0.05f;
   p.compression.num_block = 8;
-  p.lychee.budget = budget;
-  p.lychee.sink = sink;
-  p.lychee.recent = recent;
-  p.lychee.correction_interval = kind == minimal_decoder::PolicyKind::kLychee ? correction : 0;
+  p.lycheedecode.budget = budget;
+  p.lycheedecode.sink = sink;
+  p.lycheedecode.recent = recent;
+  p.lycheedecode.correction_interval = kind == minimal_decoder::PolicyKind::kLycheeDecode ? correction : 0;
   return p;
 }
 

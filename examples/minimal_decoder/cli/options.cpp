@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <map>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -59,7 +60,7 @@ struct Parsed {
 void add_options(CLI::App& app, Options& o, Parsed& p) {
   GenerationRequest& gen = o.generation;
   auto& cfg = gen.policy.compression;
-  auto& ly = gen.policy.lychee;
+  auto& ly = gen.policy.lycheedecode;
   auto& pk = o.passkey;
   const char* g = "weights";
   app.add_option("--model", o.model_dir, "Hugging Face Llama/Qwen3 checkpoint: config.json + *.safetensors (bf16/fp16/fp32, sharded ok)")
@@ -103,8 +104,10 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->check(in_range(1e-3, 1e3))->capture_default_str()->group(g);
 
   g = "policy";
+  // "lychee" and the --lychee-* spellings of 0.1 are still accepted (scripts written against them run).
   app.add_option("--policy", p.policy, "the attention policy")
-      ->check(CLI::IsMember({"dense", "clusterattn", "snapkv", "streaming", "lychee"}))->capture_default_str()->group(g);
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"lychee", "lycheedecode"}}))
+      ->check(CLI::IsMember({"dense", "clusterattn", "snapkv", "streaming", "lycheedecode"}))->capture_default_str()->group(g);
   app.add_option("--cp", cfg.capacity, "prompt-compression capacity Cp, window included")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--window", cfg.window, "observation window W")->check(at_least(1))->capture_default_str()->group(g);
@@ -117,17 +120,17 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_option("--pool-kernel", cfg.pool.kernel, "SnapKV pooling kernel (odd)")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--sinks", cfg.sinks, "StreamingLLM sink tokens")->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--lychee-mode", ly.mode, "LycheeDecode selection")
+  app.add_option("--lycheedecode-mode,--lychee-mode", ly.mode, "LycheeDecode selection")
       ->check(CLI::IsMember({"token", "ratio", "block"}))->capture_default_str()->group(g);
-  app.add_option("--lychee-budget", ly.budget, "tokens per index row (token mode) or blocks (block mode)")
+  app.add_option("--lycheedecode-budget,--lychee-budget", ly.budget, "tokens per index row (token mode) or blocks (block mode)")
       ->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--lychee-sink", ly.sink, "forced first tokens inside the budget")
+  app.add_option("--lycheedecode-sink,--lychee-sink", ly.sink, "forced first tokens inside the budget")
       ->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--lychee-recent", ly.recent, "forced last tokens inside the budget")
+  app.add_option("--lycheedecode-recent,--lychee-recent", ly.recent, "forced last tokens inside the budget")
       ->check(at_least(0))->capture_default_str()->group(g);
-  app.add_option("--lychee-rho", ly.rho, "ratio mode's dropped fraction")
+  app.add_option("--lycheedecode-rho,--lychee-rho", ly.rho, "ratio mode's dropped fraction")
       ->check(in_range(0, 0.999999))->capture_default_str()->group(g);
-  app.add_option("--lychee-block-size", ly.block_size, "block mode's block")
+  app.add_option("--lycheedecode-block-size,--lychee-block-size", ly.block_size, "block mode's block")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--roles", ly.roles_file, "head roles (kvsift-head-roles file); default: layer 0 retrieval, all else sparse")
       ->group(g);
@@ -151,7 +154,7 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
                  "every --thetas value over --num-blocks, mean cosine per length; also the accuracy of each")->group(g);
   app.add_option("--probe-roles", p.probe, "CPU probe for retrieval KV heads: attention on the passkey digits from the "
                  "decode queries, per (layer, KV head); writes --roles-out (layer 0 + the top --probe-heads)")->group(g);
-  app.add_option("--train-roles", p.train, "HardKuma head-role training for LycheeDecode's token mode (--lychee-budget/"
+  app.add_option("--train-roles", p.train, "HardKuma head-role training for LycheeDecode's token mode (--lycheedecode-budget/"
                  "-sink/-recent): layer-local distillation at the answer's decode steps; writes --roles-out")->group(g);
   app.add_option("--lengths", pk.lengths, "prompt lengths to use")
       ->delimiter(',')->check(at_least(1))->capture_default_str()->group(g);
@@ -214,11 +217,11 @@ void check_combinations(const Options& o) {
     if (o.model_dir.empty()) throw DecoderError("the passkey tools need a trained checkpoint (--model DIR)");
     if (pk.tool == PasskeyTool::kProbe && pk.roles_out.empty()) throw DecoderError("--probe-roles needs --roles-out FILE");
     if (pk.tool == PasskeyTool::kTrain) {
-      const LycheeOptions& ly = o.generation.policy.lychee;
+      const LycheeDecodeOptions& ly = o.generation.policy.lycheedecode;
       if (pk.roles_out.empty()) throw DecoderError("--train-roles needs --roles-out FILE");
-      if (ly.mode != "token") throw DecoderError("--train-roles trains roles for LycheeDecode's token mode: drop --lychee-mode " + ly.mode);
+      if (ly.mode != "token") throw DecoderError("--train-roles trains roles for LycheeDecode's token mode: drop --lycheedecode-mode " + ly.mode);
       if (ly.budget < ly.sink + ly.recent)
-        throw DecoderError("--lychee-budget " + std::to_string(ly.budget) + " is below --lychee-sink + --lychee-recent = " +
+        throw DecoderError("--lycheedecode-budget " + std::to_string(ly.budget) + " is below --lycheedecode-sink + --lycheedecode-recent = " +
                            std::to_string(ly.sink + ly.recent) + " (the forced tokens count inside the budget)");
     }
     return;

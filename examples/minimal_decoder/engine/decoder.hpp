@@ -13,7 +13,7 @@
 //   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
 //                        position[b] (the original position, also after compression), and attend
 //                        with decode_attention (q_len = 1) over the layer's cache, or with
-//                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lychee.
+//                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lycheedecode.
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
 //                        ordinary step is recorded into a CUDA graph once and replayed.
@@ -131,21 +131,21 @@ class Decoder {
                                                    : lim_.max_prompt_len + lim_.max_new_tokens;
     decode_caches_.resize(std::size_t(c_.num_layers));
     for (auto& cache : decode_caches_) cache = allocate_cache(decode_capacity_);
-    if (policy_.kind == PolicyKind::kLychee) {
+    if (policy_.kind == PolicyKind::kLycheeDecode) {
       // kvsift: the LycheeDecode policy object, its index-table state and its workspace, sized once
       // from the capacities; the decode loop below never allocates.
-      check(kvsift::LycheeDecodePolicy::create(lychee_config(policy_.lychee, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
+      check(kvsift::LycheeDecodePolicy::create(lycheedecode_config(policy_.lycheedecode, c_.num_layers, c_.num_q_heads, c_.num_kv_heads,
                                                         c_.head_dim, B, decode_capacity_),
-                                          &lychee_),
-            "--policy lychee");
-      lychee_state_mem_ = be_.template alloc<unsigned char>(lychee_.state_bytes());
-      check(lychee_.make_state(lychee_state_mem_.data(), lychee_state_mem_.size(), &lychee_state_), "LycheeDecode state");
+                                          &lycheedecode_),
+            "--policy lycheedecode");
+      lycheedecode_state_mem_ = be_.template alloc<unsigned char>(lycheedecode_.state_bytes());
+      check(lycheedecode_.make_state(lycheedecode_state_mem_.data(), lycheedecode_state_mem_.size(), &lycheedecode_state_), "LycheeDecode state");
       decode_steps_ = 0;
-      std::size_t lychee_bytes = 0;
-      check(lychee_.template workspace_bytes<KV>(be_.exec(), &lychee_bytes), "LycheeDecode workspace");
-      lychee_ws_ = be_.template alloc<unsigned char>(lychee_bytes);
+      std::size_t lycheedecode_bytes = 0;
+      check(lycheedecode_.template workspace_bytes<KV>(be_.exec(), &lycheedecode_bytes), "LycheeDecode workspace");
+      lycheedecode_ws_ = be_.template alloc<unsigned char>(lycheedecode_bytes);
     }
-    const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLychee ? policy_.lychee.correction_interval : 0);
+    const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLycheeDecode ? policy_.lycheedecode.correction_interval : 0);
     const int rows = std::max({lim_.prefill_chunk * B, B, correction_rows});
     const std::int64_t H = c_.hidden_size;
     x_ = be_.template alloc<float>(std::size_t(rows * H));
@@ -286,7 +286,7 @@ class Decoder {
     for (int b = 0; b < B; ++b) history_[std::size_t(b)].push_back(next[std::size_t(b)]);
     std::vector<float> logits;
     // The engine counts its decode steps; LycheeDecode asks it which ones are correction steps.
-    if (policy_.kind == PolicyKind::kLychee && lychee_.correction_due(decode_steps_))
+    if (policy_.kind == PolicyKind::kLycheeDecode && lycheedecode_.correction_due(decode_steps_))
       logits = correction_step();
     else
       logits = single_token_step(next);
@@ -397,12 +397,12 @@ class Decoder {
     const std::int64_t row_bytes = 2 * std::int64_t(c_.head_dim) * std::int64_t(sizeof(KV));  // one token of one KV head, K and V
     std::int64_t kv_rows = 0;  // (token, layer, KV head) triples read
     for (int n : cache_len_) {
-      if (policy_.kind != PolicyKind::kLychee) {
+      if (policy_.kind != PolicyKind::kLycheeDecode) {
         kv_rows += std::int64_t(n) * c_.num_layers * c_.num_kv_heads;
         continue;
       }
-      const kvsift::LycheeDecodeConfig& lc = lychee_.config();
-      const LycheeOptions& o = policy_.lychee;
+      const kvsift::LycheeDecodeConfig& lc = lycheedecode_.config();
+      const LycheeDecodeOptions& o = policy_.lycheedecode;
       const std::int64_t kept = o.mode == "ratio"   ? std::int64_t(double(n) * (1.0 - o.rho))
                                 : o.mode == "block" ? std::int64_t(o.budget) * o.block_size
                                                     : std::int64_t(o.budget);
@@ -449,12 +449,12 @@ class Decoder {
       LayerCache& cache = decode_caches_[std::size_t(l)];
       layer_forward(l, B, cache, [&](const float* q, float* out) {
         cache.with_view(B, lengths_.data(), [&](const auto& kv) {
-          if (policy_.kind == PolicyKind::kLychee) {
+          if (policy_.kind == PolicyKind::kLycheeDecode) {
             // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
             // to the table rows of the latest retrieval head with their index.
             timed([&] {
-              check(lychee_.decode_layer(be_.exec(), lychee_state_, l, kv,
-                                         kvsift::make_query_io(q, out, 1, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
+              check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv,
+                                         kvsift::make_query_io(q, out, 1, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
                     "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
             });
           } else {
@@ -471,7 +471,7 @@ class Decoder {
   // layer again with dense causal attention (correct_layer, q_len = N), overwriting their K/V, which
   // sparse steps computed from approximate attention. The next token comes from the last row.
   std::vector<float> correction_step() {
-    const int B = batch_, N = policy_.lychee.correction_interval;
+    const int B = batch_, N = policy_.lycheedecode.correction_interval;
     std::vector<std::int32_t> tokens, positions, seq, slots;
     for (int b = 0; b < B; ++b) {
       const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
@@ -491,8 +491,8 @@ class Decoder {
       layer_forward(l, B * N, cache, [&](const float* q, float* out) {
         cache.with_view(B, lengths_.data(), [&](const auto& kv) {
           timed([&] {
-            check(lychee_.correct_layer(be_.exec(), lychee_state_, l, kv,
-                                        kvsift::make_query_io(q, out, N, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lychee_ws_.data(), lychee_ws_.size()}),
+            check(lycheedecode_.correct_layer(be_.exec(), lycheedecode_state_, l, kv,
+                                        kvsift::make_query_io(q, out, N, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
                   "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
           });
         });
@@ -685,10 +685,10 @@ class Decoder {
   const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;
   std::vector<int> prompt_len_, cache_len_, position_;
   std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
-  kvsift::LycheeDecodePolicy lychee_;
-  kvsift::LycheeDecodeState lychee_state_;
+  kvsift::LycheeDecodePolicy lycheedecode_;
+  kvsift::LycheeDecodeState lycheedecode_state_;
   std::int64_t decode_steps_ = 0;  // decode steps since the last prefill: decides correction steps
-  Buffer<unsigned char> lychee_state_mem_, lychee_ws_;
+  Buffer<unsigned char> lycheedecode_state_mem_, lycheedecode_ws_;
   std::vector<LayerCache> decode_caches_;
   std::vector<Buffer<float>> window_q_;
   int window_ = 0;  // window queries kept per sequence: the policy's W, or keep_window_queries

@@ -18,7 +18,7 @@ const char* policy_name(PolicyKind k) {
     case PolicyKind::kClusterAttn: return "clusterattn";
     case PolicyKind::kSnapKV: return "snapkv";
     case PolicyKind::kStreamingLLM: return "streaming";
-    case PolicyKind::kLychee: return "lychee";
+    case PolicyKind::kLycheeDecode: return "lycheedecode";
   }
   return "?";
 }
@@ -26,7 +26,7 @@ const char* policy_name(PolicyKind k) {
 PolicyKind parse_policy(const std::string& s) {
   for (PolicyKind k : kAllPolicies)
     if (s == policy_name(k)) return k;
-  throw DecoderError("--policy " + s + " is not one of dense, clusterattn, snapkv, streaming, lychee");
+  throw DecoderError("--policy " + s + " is not one of dense, clusterattn, snapkv, streaming, lycheedecode");
 }
 
 kvsift::PromptCompressionConfig PolicyOptions::compression_config() const {
@@ -38,8 +38,8 @@ kvsift::PromptCompressionConfig PolicyOptions::compression_config() const {
 }
 
 std::string PolicyOptions::roles_label() const {
-  if (!lychee.roles_file.empty()) return lychee.roles_file;
-  return lychee.roles.empty() ? "layer 0 only" : lychee.roles_name;
+  if (!lycheedecode.roles_file.empty()) return lycheedecode.roles_file;
+  return lycheedecode.roles.empty() ? "layer 0 only" : lycheedecode.roles_name;
 }
 
 namespace {
@@ -51,10 +51,10 @@ std::string number(float x) {
 }  // namespace
 
 std::string PolicyOptions::settings() const {
-  if (kind == PolicyKind::kLychee)
-    return lychee.mode + ", budget " + std::to_string(lychee.budget) + ", sink " + std::to_string(lychee.sink) + ", recent " +
-           std::to_string(lychee.recent) + ", roles " + roles_label() +
-           (lychee.correction_interval ? ", correction every " + std::to_string(lychee.correction_interval) : "");
+  if (kind == PolicyKind::kLycheeDecode)
+    return lycheedecode.mode + ", budget " + std::to_string(lycheedecode.budget) + ", sink " + std::to_string(lycheedecode.sink) + ", recent " +
+           std::to_string(lycheedecode.recent) + ", roles " + roles_label() +
+           (lycheedecode.correction_interval ? ", correction every " + std::to_string(lycheedecode.correction_interval) : "");
   if (!compresses_prompt()) return "";
   const auto& c = compression;
   std::string s = "Cp " + std::to_string(c.capacity) + ", W " + std::to_string(c.window);
@@ -68,7 +68,7 @@ std::string PolicyOptions::describe() const {
   return s.empty() ? policy_name(kind) : std::string(policy_name(kind)) + " (" + s + ")";
 }
 
-kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_layers, int num_q_heads, int num_kv_heads,
+kvsift::LycheeDecodeConfig lycheedecode_config(const LycheeDecodeOptions& o, int num_layers, int num_q_heads, int num_kv_heads,
                                          int head_dim, int max_batch, int max_kv_length) {
   kvsift::LycheeDecodeConfig c;
   c.num_layers = num_layers;
@@ -102,12 +102,12 @@ kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_layers,
 
 void validate_policy(const PolicyOptions& p, int num_layers, int num_q_heads, int num_kv_heads, int head_dim,
                      int max_prompt_len) {
-  if (p.kind == PolicyKind::kLychee) {
-    check(kvsift::validate_lycheedecode_config(lychee_config(p.lychee, num_layers, num_q_heads, num_kv_heads, head_dim, 1,
+  if (p.kind == PolicyKind::kLycheeDecode) {
+    check(kvsift::validate_lycheedecode_config(lycheedecode_config(p.lycheedecode, num_layers, num_q_heads, num_kv_heads, head_dim, 1,
                                                        max_prompt_len + 1)),
-          "--policy lychee");
-    if (p.lychee.correction_interval > max_prompt_len)
-      throw DecoderError("--correction-interval " + std::to_string(p.lychee.correction_interval) +
+          "--policy lycheedecode");
+    if (p.lycheedecode.correction_interval > max_prompt_len)
+      throw DecoderError("--correction-interval " + std::to_string(p.lycheedecode.correction_interval) +
                          " exceeds the prompt length " + std::to_string(max_prompt_len));
   }
   if (!p.compresses_prompt()) return;

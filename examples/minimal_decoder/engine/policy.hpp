@@ -5,7 +5,7 @@
 //   clusterattn  prompt cache compressed once per layer after prefill (kvsift::compress_prompt),
 //   snapkv       then ordinary dense decode over the compressed cache; decode tokens are appended
 //   streaming    to it and keep their original RoPE positions
-//   lychee       LycheeDecode hybrid-head sparse decode (kvsift::LycheeDecodePolicy): dense prefill, then
+//   lycheedecode LycheeDecode hybrid-head sparse decode (kvsift::LycheeDecodePolicy): dense prefill, then
 //                per layer retrieval KV heads attend densely and select tokens, sparse heads attend
 //                to the selection of the latest retrieval head of the same index; optional cache
 //                correction every N steps
@@ -22,16 +22,16 @@
 
 namespace minimal_decoder {
 
-enum class PolicyKind { kDense, kClusterAttn, kSnapKV, kStreamingLLM, kLychee };
+enum class PolicyKind { kDense, kClusterAttn, kSnapKV, kStreamingLLM, kLycheeDecode };
 
 // Every policy, in the order --compare and the passkey table list them.
 inline constexpr PolicyKind kAllPolicies[] = {PolicyKind::kDense, PolicyKind::kClusterAttn, PolicyKind::kSnapKV,
-                                              PolicyKind::kStreamingLLM, PolicyKind::kLychee};
+                                              PolicyKind::kStreamingLLM, PolicyKind::kLycheeDecode};
 
 const char* policy_name(PolicyKind k);  // the --policy spelling
 PolicyKind parse_policy(const std::string& s);
 
-struct LycheeOptions {
+struct LycheeDecodeOptions {
   std::string mode = "token";  // token | ratio | block
   int budget = 4096;           // token mode: tokens per row; block mode: blocks per row
   double rho = 0.7;            // ratio mode: fraction of tokens dropped
@@ -49,7 +49,7 @@ struct PolicyOptions {
   PolicyKind kind = PolicyKind::kDense;
   // ClusterAttn / SnapKV / StreamingLLM: capacity (Cp), window (W), theta, num_block, pool, sinks.
   kvsift::PromptCompressionConfig compression;
-  LycheeOptions lychee;
+  LycheeDecodeOptions lycheedecode;
 
   bool compresses_prompt() const {
     return kind == PolicyKind::kClusterAttn || kind == PolicyKind::kSnapKV || kind == PolicyKind::kStreamingLLM;
@@ -63,7 +63,7 @@ struct PolicyOptions {
 };
 
 // kvsift's LycheeDecode configuration for this model and these capacities.
-kvsift::LycheeDecodeConfig lychee_config(const LycheeOptions& o, int num_layers, int num_q_heads, int num_kv_heads,
+kvsift::LycheeDecodeConfig lycheedecode_config(const LycheeDecodeOptions& o, int num_layers, int num_q_heads, int num_kv_heads,
                                          int head_dim, int max_batch, int max_kv_length);
 
 // Rejects what cannot run, before any buffer is allocated. The checks are kvsift's own.

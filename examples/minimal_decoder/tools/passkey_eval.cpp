@@ -30,7 +30,7 @@ std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base, const std::v
   auto add = [&](PolicyKind kind, const std::string& roles) {
     PolicyOptions p = base;
     p.kind = kind;
-    p.lychee.roles_file = roles;
+    p.lycheedecode.roles_file = roles;
     out.push_back({p.describe(), p});
   };
   add(PolicyKind::kDense, "");
@@ -44,8 +44,8 @@ std::vector<EvalPolicy> passkey_policies(const PolicyOptions& base, const std::v
   }
   add(PolicyKind::kSnapKV, "");
   add(PolicyKind::kStreamingLLM, "");
-  add(PolicyKind::kLychee, "");
-  if (!base.lychee.roles_file.empty()) add(PolicyKind::kLychee, base.lychee.roles_file);
+  add(PolicyKind::kLycheeDecode, "");
+  if (!base.lycheedecode.roles_file.empty()) add(PolicyKind::kLycheeDecode, base.lycheedecode.roles_file);
   return out;
 }
 

@@ -19,7 +19,7 @@ int run_probe_roles(HostBackend& be, const PasskeyToolOptions& o, const ModelCon
   const std::vector<PasskeyCase> all = read_passkey_file(o.prompt_file);
   const int layers = config.num_layers, Hkv = config.num_kv_heads, Hq = config.num_q_heads, D = config.head_dim;
   const int G = Hq / Hkv, qd = int(config.q_dim()), heads = layers * Hkv;
-  const LycheeOptions& ly = o.policy.lychee;
+  const LycheeDecodeOptions& ly = o.policy.lycheedecode;
   // Role sets to verify: layer 0 only, then layer 0 + each single head beyond it.
   auto layer0 = [&] {
     std::vector<std::uint8_t> r(std::size_t(heads), 0);
@@ -30,11 +30,11 @@ int run_probe_roles(HostBackend& be, const PasskeyToolOptions& o, const ModelCon
   std::vector<PolicyOptions> candidates;
   for (int i = Hkv - 1; i < heads; ++i) {  // i = Hkv - 1 stands for layer 0 only
     PolicyOptions p = o.policy;
-    p.kind = PolicyKind::kLychee;
-    p.lychee.roles_file.clear();
-    p.lychee.roles = layer0();
-    p.lychee.roles_name = i < Hkv ? "layer 0 only" : "L0+" + head_name(i);
-    if (i >= Hkv) p.lychee.roles[std::size_t(i)] = 1;
+    p.kind = PolicyKind::kLycheeDecode;
+    p.lycheedecode.roles_file.clear();
+    p.lycheedecode.roles = layer0();
+    p.lycheedecode.roles_name = i < Hkv ? "layer 0 only" : "L0+" + head_name(i);
+    if (i >= Hkv) p.lycheedecode.roles[std::size_t(i)] = 1;
     candidates.push_back(p);
   }
   std::vector<int> correct(candidates.size(), 0);

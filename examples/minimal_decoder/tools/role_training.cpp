@@ -41,20 +41,20 @@ void print_gate_table(const GateTrainingResult& r, const std::vector<double>& sp
 
 // The command line that reproduces a run (the roles file names it), without --model and --roles-out.
 std::string train_roles_command(const PasskeyToolOptions& o) {
-  const LycheeOptions& ly = o.policy.lychee;
+  const LycheeDecodeOptions& ly = o.policy.lycheedecode;
   std::string c = "minimal_decoder --train-roles " + o.prompt_file + " --lengths ";
   for (std::size_t i = 0; i < o.lengths.size(); ++i) c += (i ? "," : "") + std::to_string(o.lengths[i]);
   if (o.limit > 0) c += " --limit " + std::to_string(o.limit);
   return c + " --train-steps " + std::to_string(o.train_steps) + " --train-heads " + std::to_string(o.train_heads) +
-         " --train-seed " + std::to_string(o.train_seed) + " --train-norm " + o.train_norm + " --lychee-budget " +
-         std::to_string(ly.budget) + " --lychee-sink " + std::to_string(ly.sink) + " --lychee-recent " +
+         " --train-seed " + std::to_string(o.train_seed) + " --train-norm " + o.train_norm + " --lycheedecode-budget " +
+         std::to_string(ly.budget) + " --lycheedecode-sink " + std::to_string(ly.sink) + " --lycheedecode-recent " +
          std::to_string(ly.recent);
 }
 
 }  // namespace
 
 GateTrainingShape start_role_training(const PasskeyToolOptions& o, const ModelConfig& config, const char* backend) {
-  const LycheeOptions& ly = o.policy.lychee;
+  const LycheeDecodeOptions& ly = o.policy.lycheedecode;
   const GateTrainingShape shape{config.num_layers, config.num_kv_heads, config.num_q_heads, config.head_dim,
                                 kPasskeyDigits - 1};
   if (shape.layers < 2) throw DecoderError("--train-roles: a one-layer model has no heads to train (layer 0 is always retrieval)");
@@ -71,7 +71,7 @@ GateTrainingShape start_role_training(const PasskeyToolOptions& o, const ModelCo
 int finish_role_training(const PasskeyToolOptions& o, const GateTrainingShape& shape, const char* backend,
                          const std::vector<PromptTargets>& pool, const std::string& lengths_used, double data_s) {
   using Clock = std::chrono::steady_clock;
-  const LycheeOptions& ly = o.policy.lychee;
+  const LycheeDecodeOptions& ly = o.policy.lycheedecode;
   const GateTrainingOptions opt = gate_options(o);
   const double target = double(o.train_heads) / shape.gates();
   std::printf("data: %zu prompts (%s tokens) in %.1f s: dense prefill, teacher-forced d1..d4, per layer the dense and\n"
@@ -107,8 +107,8 @@ int finish_role_training(const PasskeyToolOptions& o, const GateTrainingShape& s
                    r.roles, shape.layers, shape.kv_heads);
   std::printf("roles written to %s: layer 0 + %s\n", o.roles_out.c_str(), chosen.c_str());
   std::printf("wall time: data %.1f s, optimisation %.2f s\n", data_s, opt_s);
-  std::printf("check them: minimal_decoder --model %s --eval-passkey PROMPTS --lengths L,.. --lychee-budget %d \\\n"
-              "  --lychee-sink %d --lychee-recent %d --roles %s\n",
+  std::printf("check them: minimal_decoder --model %s --eval-passkey PROMPTS --lengths L,.. --lycheedecode-budget %d \\\n"
+              "  --lycheedecode-sink %d --lycheedecode-recent %d --roles %s\n",
               o.model_dir.c_str(), ly.budget, ly.sink, ly.recent, o.roles_out.c_str());
   return 0;
 }

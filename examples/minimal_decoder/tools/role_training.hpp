@@ -98,7 +98,7 @@ int run_train_roles(Backend& be, const PasskeyToolOptions& o, const ModelConfig&
   auto seconds_since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
   const std::vector<PasskeyCase> all = read_passkey_file(o.prompt_file);
   const GateTrainingShape shape = start_role_training(o, config, be.name());
-  const LycheeOptions& ly = o.policy.lychee;
+  const LycheeDecodeOptions& ly = o.policy.lycheedecode;
   const TokenBudget budget{ly.budget, ly.sink, ly.recent};
 
   // Phase 1: the dense and sparse attention outputs of every prompt, once.
@@ -107,7 +107,7 @@ int run_train_roles(Backend& be, const PasskeyToolOptions& o, const ModelConfig&
   std::string lengths_used;
   for (int L : o.lengths) {
     if (ly.budget >= L)
-      std::fprintf(stderr, "note: --lychee-budget %d >= %d tokens: sparse heads see every token at this length\n", ly.budget, L);
+      std::fprintf(stderr, "note: --lycheedecode-budget %d >= %d tokens: sparse heads see every token at this length\n", ly.budget, L);
     int done = 0;
     for (const auto& cases : passkey_batches(all, L, o.limit, o.batch)) {
       for (PromptTargets& t : passkey_distillation_targets(be, config, weights, cases, o.prefill_chunk, budget))
