@@ -10,7 +10,7 @@
 // flagged tokens ahead of all others (FlagFirstKey), which is exactly "keep the clusters; if they
 // overflow the budget keep their best tokens; if they underflow, fill from the gaps by score".
 //
-// The paper leaves two relations open (specs: ClusterAttn open questions Q1/Q2); both are switchable:
+// The paper leaves two relations open, the block size and the neighbourhood radius; both are switchable:
 //   BlockRule::kPrefixSplit (A, default)  block = ceil(n / num_block)
 //   BlockRule::kBudgetSplit (B)           block = max(1, floor(budget / num_block))
 //   RadiusRule::kHalfBlock (r1, default)  tokens within floor(block / 2) of a centre

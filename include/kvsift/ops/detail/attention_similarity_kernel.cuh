@@ -46,9 +46,11 @@ struct AttentionCosineLaunch {
 
 template <class View, class QT>
 __global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(AttentionCosineLaunch<View, QT> launch) {
-  const View& kv = launch.kv;
-  const QueryRows<QT>& q = launch.q;
-  const KeptPositions& kept = launch.kept;
+  // Copies, as the by-value parameters of before were: read through references into the parameter
+  // space, ptxas gives this kernel 47 registers instead of 40 (5 blocks per SM instead of 6).
+  const View kv = launch.kv;
+  const QueryRows<QT> q = launch.q;
+  const KeptPositions kept = launch.kept;
   const int num_queries = launch.num_queries;
   const float scale = launch.plan.scale;
   extern __shared__ float q_shared[];
