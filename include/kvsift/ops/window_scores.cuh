@@ -5,7 +5,7 @@
 // Two passes per call, on tensor cores (16-bit Q and K of one type, head_dim 64/128/256, 16-byte
 // aligned K rows: detail/window_scores_mma.cuh) or CUDA cores (the rest: detail/window_scores_simt.cuh):
 // the log-sum-exp of each scored query (skipped when the caller gives lse), then the column sums.
-// Every kernel takes one WindowScoresLaunch by value. Grids come from the plan (shapes and
+// Every kernel takes the views and one WindowScoresLaunch by value. Grids come from the plan (shapes and
 // params.max_length), never from lengths in device memory, so a call can be captured in a CUDA graph.
 
 #include <algorithm>
@@ -27,36 +27,38 @@ namespace detail {
 
 // The two passes on tensor cores for head_dim D.
 template <int D, class View, class QT>
-void launch_window_scores_mma(cudaStream_t stream, const WindowScoresLaunch<View, QT>& launch) {
-  const int bh = launch.kv.batch * launch.kv.num_kv_heads;
+void launch_window_scores_mma(cudaStream_t stream, const View& kv, const QueryRows<QT>& q,
+                              const WindowScoresLaunch& launch) {
+  const int bh = kv.batch * kv.num_kv_heads;
   const int rows = launch.plan.row_capacity;
   if (!launch.params.lse) {
     const dim3 grid1((rows + kMmaRowTile - 1) / kMmaRowTile, launch.plan.chunks, bh);
-    lse_partials_mma_kernel<D><<<grid1, kMmaThreads, 0, stream>>>(launch);
-    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(launch);
+    lse_partials_mma_kernel<D><<<grid1, kMmaThreads, 0, stream>>>(kv, q, launch);
+    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(kv, q, launch);
   }
   const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
   const int key_blocks = int((keys + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock);
-  column_sums_mma_kernel<D><<<dim3(key_blocks, bh), kMmaThreads, 0, stream>>>(launch);
+  column_sums_mma_kernel<D><<<dim3(key_blocks, bh), kMmaThreads, 0, stream>>>(kv, q, launch);
 }
 
 // The two passes on CUDA cores.
 template <class View, class QT>
-Status launch_window_scores_simt(cudaStream_t stream, const WindowScoresLaunch<View, QT>& launch) {
-  const int bh = launch.kv.batch * launch.kv.num_kv_heads;
+Status launch_window_scores_simt(cudaStream_t stream, const View& kv, const QueryRows<QT>& q,
+                                 const WindowScoresLaunch& launch) {
+  const int bh = kv.batch * kv.num_kv_heads;
   const int rows = launch.plan.row_capacity;
   if (!launch.params.lse) {
     const dim3 grid1((rows + kScoreTile - 1) / kScoreTile, launch.plan.chunks, bh);
     KVSIFT_REQUIRE(grid1.x <= 2147483647u && launch.plan.chunks <= 65535, kUnsupported,
                    "prompt too long for one launch");
-    lse_partials_kernel<<<grid1, kScoreThreads, 0, stream>>>(launch);
+    lse_partials_kernel<<<grid1, kScoreThreads, 0, stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
-    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(launch);
+    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
   }
   const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
   const int key_tiles = int((keys + kScoreTile - 1) / kScoreTile);
-  column_sums_kernel<<<dim3(key_tiles, bh), kScoreThreads, 0, stream>>>(launch);
+  column_sums_kernel<<<dim3(key_tiles, bh), kScoreThreads, 0, stream>>>(kv, q, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }
@@ -81,8 +83,7 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
                  std::int64_t(kv.batch) * kv.num_kv_heads, " must be <= 65535");
 
   WorkspaceCarver ws(workspace);
-  const detail::WindowScoresLaunch<View, QT> launch{kv, q, params, scores, plan,
-                                                    detail::carve_window_scores(ws, kv, q, params)};
+  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, q, params)};
   if (!params.lse) {
     KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer, "workspace.data is null (ask window_scores_workspace_bytes)");
     KVSIFT_TRY(ws.status());
@@ -92,14 +93,14 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
     const int d = kv.head_dim;
     // The tensor-core path stages K with 16-byte loads; unaligned rows take the CUDA-core path.
     if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) {
-      if (d == 64) detail::launch_window_scores_mma<64>(exec.stream, launch);
-      if (d == 128) detail::launch_window_scores_mma<128>(exec.stream, launch);
-      if (d == 256) detail::launch_window_scores_mma<256>(exec.stream, launch);
+      if (d == 64) detail::launch_window_scores_mma<64>(exec.stream, kv, q, launch);
+      if (d == 128) detail::launch_window_scores_mma<128>(exec.stream, kv, q, launch);
+      if (d == 256) detail::launch_window_scores_mma<256>(exec.stream, kv, q, launch);
       KVSIFT_CHECK_LAUNCH();
       return Status();
     }
   }
-  return detail::launch_window_scores_simt(exec.stream, launch);
+  return detail::launch_window_scores_simt(exec.stream, kv, q, launch);
 }
 
 // Same contract as host::scored_prefix_lengths; row_lengths is a device pointer. Needs no workspace.
@@ -110,8 +111,8 @@ Status scored_prefix_lengths(const Exec& exec, const View& kv, int window, int h
   KVSIFT_TRY(detail::validate_scored_prefix_lengths(kv, heads_per_sequence, row_lengths));
   const int rows = kv.batch * heads_per_sequence;
   if (rows == 0) return Status();
-  const detail::ScoredPrefixLengthsLaunch<View> launch{kv, window, heads_per_sequence, cols, row_lengths};
-  detail::scored_prefix_lengths_kernel<<<(rows + 255) / 256, 256, 0, exec.stream>>>(launch);
+  const detail::ScoredPrefixLengthsLaunch launch{window, heads_per_sequence, cols, row_lengths};
+  detail::scored_prefix_lengths_kernel<<<(rows + 255) / 256, 256, 0, exec.stream>>>(kv, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

@@ -33,24 +33,21 @@ __device__ inline bool kept_contains(const std::int32_t* row, int count, int j) 
   return a < lo && row[a] == j;
 }
 
-// Everything one launch needs, passed once by value.
-template <class View, class QT>
+// What the kernel needs besides the views, passed with them by value (each kernel parameter within
+// 128 bytes: detail/window_scores_common.cuh says why; with the views inside one 192-byte struct this
+// kernel took 47 registers instead of 40, 5 blocks per SM instead of 6).
 struct AttentionCosineLaunch {
-  View kv;
-  QueryRows<QT> q;
   int num_queries;
   KeptPositions kept;
   float* cosine;
   AttentionCosinePlan plan;
 };
+static_assert(sizeof(AttentionCosineLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
 
 template <class View, class QT>
-__global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(AttentionCosineLaunch<View, QT> launch) {
-  // Copies, as the by-value parameters of before were: read through references into the parameter
-  // space, ptxas gives this kernel 47 registers instead of 40 (5 blocks per SM instead of 6).
-  const View kv = launch.kv;
-  const QueryRows<QT> q = launch.q;
-  const KeptPositions kept = launch.kept;
+__global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View kv, QueryRows<QT> q,
+                                                                           AttentionCosineLaunch launch) {
+  const KeptPositions& kept = launch.kept;
   const int num_queries = launch.num_queries;
   const float scale = launch.plan.scale;
   extern __shared__ float q_shared[];

@@ -15,7 +15,7 @@ namespace kvsift {
 namespace detail {
 
 // Everything both launches need, passed once by value: the contract's views and params and the
-// carved scratch.
+// carved scratch (within 128 bytes: detail/window_scores_common.cuh says why).
 struct ClusterFlagsLaunch {
   StridedView2D<const float> scores;
   const std::int32_t* row_lengths;
@@ -23,6 +23,7 @@ struct ClusterFlagsLaunch {
   StridedView2D<std::uint8_t> flags;
   ClusterFlagsScratch scratch;
 };
+static_assert(sizeof(ClusterFlagsLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
 
 // A template, so the header-only definition is inline across translation units.
 template <class Unused = void>

@@ -12,20 +12,17 @@ namespace detail {
 inline constexpr int kCompactThreads = 256;
 inline constexpr int kCompactSlotsPerBlock = kCompactThreads / 32;
 
-// Everything one launch needs, passed once by value.
-template <class Src, class Dst>
+// What the kernel needs besides the two views, passed with them by value (each kernel parameter within
+// 128 bytes: detail/window_scores_common.cuh says why).
 struct CompactKvLaunch {
-  Src src;
   ConstIndexSet kept;
   int window;
-  Dst dst;
   CompactOutputs out;
 };
+static_assert(sizeof(CompactKvLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
 
 template <class Src, class Dst>
-__global__ void compact_kv_kernel(CompactKvLaunch<Src, Dst> launch) {
-  const Src& src = launch.src;
-  const Dst& dst = launch.dst;
+__global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
   const ConstIndexSet& kept = launch.kept;
   const CompactOutputs& out = launch.out;
   const int window = launch.window;

@@ -11,10 +11,10 @@ namespace detail {
 inline constexpr int kCopyDenseThreads = 256;
 inline constexpr int kCopyDenseRowsPerBlock = kCopyDenseThreads / 32;
 
-// Everything one launch needs, passed once by value.
-template <class View, class Out>
+// What the kernel needs besides the view, passed with it by value (each kernel parameter within 128
+// bytes: detail/window_scores_common.cuh says why).
+template <class Out>
 struct CopyKvToDenseLaunch {
-  View kv;
   int max_tokens;
   Out* k_out;
   Out* v_out;
@@ -23,8 +23,7 @@ struct CopyKvToDenseLaunch {
 // One warp per (token, head, batch) row; lanes stride over head_dim. The grid covers max_tokens, not
 // the live length, so the launch shape does not depend on device data.
 template <class View, class Out>
-__global__ void copy_kv_to_dense_kernel(CopyKvToDenseLaunch<View, Out> launch) {
-  const View& kv = launch.kv;
+__global__ void copy_kv_to_dense_kernel(View kv, CopyKvToDenseLaunch<Out> launch) {
   const int max_tokens = launch.max_tokens;
   const int warps_per_block = blockDim.x / 32;
   const int t = blockIdx.x * warps_per_block + threadIdx.x / 32;

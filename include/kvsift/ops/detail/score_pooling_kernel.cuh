@@ -10,13 +10,15 @@
 namespace kvsift {
 namespace detail {
 
-// Everything one launch needs, passed once by value.
+// Everything one launch needs, passed once by value (within 128 bytes: detail/window_scores_common.cuh
+// says why).
 struct PoolScoresLaunch {
   StridedView2D<const float> in;
   const std::int32_t* row_lengths;
   PoolParams params;
   StridedView2D<float> out;
 };
+static_assert(sizeof(PoolScoresLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
 
 // A template, so the header-only definition is inline across translation units.
 template <class Unused = void>

@@ -1,6 +1,6 @@
 #pragma once
 // What both CUDA paths of window_scores share (contract in window_scores.hpp, plan in
-// window_scores_plan.hpp): the launch struct every kernel takes by value, the geometry of one
+// window_scores_plan.hpp): the launch struct every kernel takes by value with the views, the geometry of one
 // (sequence, KV head) problem, the merge of the log-sum-exp partials, and scored_prefix_lengths.
 //
 // Per (sequence, KV head) the scored query rows are the nq window queries of its G query heads,
@@ -23,17 +23,22 @@ inline constexpr int kScoreTile = 64;       // rows and keys per tile
 inline constexpr int kScoreDimChunk = 32;   // head_dim staged per step
 inline constexpr int kScoreThreads = 256;
 
-// Everything one launch needs, passed once by value: the contract's views and params, the plan and
-// the carved scratch (partials are (max, sum) pairs).
-template <class View, class QT>
+// What a kernel needs besides the views it reads: the contract's params and output, the plan and the
+// carved scratch (partials are (max, sum) pairs). Every kernel takes (kv, q, launch) by value: the
+// views as their own parameters, everything else in this one struct.
+//
+// Why not the views inside the struct too: nvcc passes a struct kernel parameter of up to 128 bytes as
+// values, a larger one through its address, and then no longer sees its fields as uniform across the
+// block. With one 232-byte struct the column-sum kernels stopped unswitching their per-head loop
+// (half the code, a predicate test per element instead); a view alone is 80-88 bytes, and an engine's
+// own view may be larger still. Keep every kernel parameter within 128 bytes (static_assert below).
 struct WindowScoresLaunch {
-  View kv;
-  QueryRows<QT> q;
   WindowScoreParams params;
   StridedView2D<float> scores;
   WindowScorePlan plan;
   WindowScoreScratch scratch;
 };
+static_assert(sizeof(WindowScoresLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
 
 // Shared geometry of one (b, kv head) problem.
 struct ScoreProblem {
@@ -44,12 +49,12 @@ struct ScoreProblem {
 };
 
 template <class View, class QT>
-__device__ ScoreProblem score_problem(const WindowScoresLaunch<View, QT>& launch, int b) {
+__device__ ScoreProblem score_problem(const View& kv, const QueryRows<QT>& q, const WindowScoresLaunch& launch, int b) {
   ScoreProblem s;
-  s.len = launch.kv.length(b);
-  s.nq = scored_queries(launch.params.num_queries, s.len, launch.q.capacity);
+  s.len = kv.length(b);
+  s.nq = scored_queries(launch.params.num_queries, s.len, q.capacity);
   s.prefix = scored_prefix(s.len, launch.params.window, launch.plan.cols);
-  s.group = launch.q.num_heads / launch.kv.num_kv_heads;
+  s.group = q.num_heads / kv.num_kv_heads;
   return s;
 }
 
@@ -57,13 +62,13 @@ __device__ ScoreProblem score_problem(const WindowScoresLaunch<View, QT>& launch
 // chunk loop of the partials kernels skipped them), so only chunks up to the row's last visible key
 // are read. Folds the partials of both paths (same layout).
 template <class View, class QT>
-__global__ void lse_merge_kernel(WindowScoresLaunch<View, QT> launch) {
+__global__ void lse_merge_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   const float2* partials = reinterpret_cast<const float2*>(launch.scratch.partials);
   const int bh = blockIdx.y;
-  const int b = bh / launch.kv.num_kv_heads;
+  const int b = bh / kv.num_kv_heads;
   const int row = blockIdx.x * blockDim.x + threadIdx.x;
-  const ScoreProblem sp = score_problem(launch, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   if (row >= sp.rows() || sp.prefix <= 0) return;
   const int row0 = row / kScoreTile * kScoreTile;
   const int last_row = min(row0 + kScoreTile, sp.rows()) - 1;
@@ -80,21 +85,19 @@ __global__ void lse_merge_kernel(WindowScoresLaunch<View, QT> launch) {
   launch.scratch.lse_rows[std::int64_t(bh) * row_capacity + row] = st.lse();
 }
 
-template <class View>
 struct ScoredPrefixLengthsLaunch {
-  View kv;
   int window;
   int heads_per_sequence;
   std::int64_t cols;
   std::int32_t* row_lengths;
 };
+static_assert(sizeof(ScoredPrefixLengthsLaunch) <= 128, "see WindowScoresLaunch");
 
 template <class View>
-__global__ void scored_prefix_lengths_kernel(ScoredPrefixLengthsLaunch<View> launch) {
+__global__ void scored_prefix_lengths_kernel(View kv, ScoredPrefixLengthsLaunch launch) {
   const int heads = launch.heads_per_sequence;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
-  if (r < launch.kv.batch * heads)
-    launch.row_lengths[r] = scored_prefix(launch.kv.length(r / heads), launch.window, launch.cols);
+  if (r < kv.batch * heads) launch.row_lengths[r] = scored_prefix(kv.length(r / heads), launch.window, launch.cols);
 }
 
 }  // namespace detail

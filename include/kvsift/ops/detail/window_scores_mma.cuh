@@ -126,15 +126,13 @@ __device__ __forceinline__ void logits_tile_mma(const KeyTile<D>& tile, const st
 // Pass 1 on tensor cores: per (128-row tile, key chunk, b * Hkv) the chunk's (max, sum) per row, in the
 // layout of lse_partials_kernel, so lse_merge_kernel folds both.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(WindowScoresLaunch<View, QT> launch) {
-  const View& kv = launch.kv;
-  const QueryRows<QT>& q = launch.q;
+__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const float scale = launch.plan.scale;
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
   __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(launch, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int block_row0 = blockIdx.x * kMmaRowTile;
   if (block_row0 >= sp.rows() || sp.prefix <= 0) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -195,9 +193,7 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(WindowSco
 
 // Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(WindowScoresLaunch<View, QT> launch) {
-  const View& kv = launch.kv;
-  const QueryRows<QT>& q = launch.q;
+__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
   const int row_capacity = launch.plan.row_capacity;
@@ -206,7 +202,7 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(WindowScor
   __shared__ float col[kMmaThreads / 32][kMmaKeyTile];
   __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(launch, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int block_key0 = blockIdx.x * kMmaKeysPerBlock;
   if (block_key0 >= sp.prefix) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;

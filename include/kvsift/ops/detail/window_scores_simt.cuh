@@ -67,16 +67,14 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
 
 // Pass 1: per (row tile, key chunk, b * Hkv): the chunk's (max, sum of exp) per row.
 template <class View, class QT>
-__global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(WindowScoresLaunch<View, QT> launch) {
-  const View& kv = launch.kv;
-  const QueryRows<QT>& q = launch.q;
+__global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const float scale = launch.plan.scale;
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
   __shared__ float qs[kScoreTile][kScoreDimChunk + 1], ks[kScoreTile][kScoreDimChunk + 1];
   __shared__ float red_m[kScoreTile][17], red_d[kScoreTile][17];
   const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(launch, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int row0 = blockIdx.x * kScoreTile, chunk = blockIdx.y;
   if (row0 >= sp.rows() || sp.prefix <= 0) return;
   const int key_begin = chunk * kLseKeyChunk;
@@ -132,9 +130,7 @@ __global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(WindowScore
 // Pass 2: per (key tile, b * Hkv): column sums of exp(logit - lse) over every row that sees the keys.
 // `lse_given` uses the caller's [batch, Hq, q.capacity] layout; otherwise `lse_rows` ([bh, rows]).
 template <class View, class QT>
-__global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(WindowScoresLaunch<View, QT> launch) {
-  const View& kv = launch.kv;
-  const QueryRows<QT>& q = launch.q;
+__global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
   const int row_capacity = launch.plan.row_capacity;
@@ -144,7 +140,7 @@ __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(WindowScores
   __shared__ float lse_tile[kScoreTile];
   __shared__ float col[16][kScoreTile];  // per thread row (ty) partial sums, folded in order at the end
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(launch, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int key0 = blockIdx.x * kScoreTile;
   if (key0 >= sp.prefix) return;
   const bool per_head = p.heads == ScoreHeads::kQueryHead;
