@@ -25,40 +25,27 @@
 namespace kvsift {
 namespace detail {
 
-// The two passes on tensor cores for head_dim D.
+// The two passes, on tensor cores for head_dim D (64, 128 or 256) or on CUDA cores (D = 0).
 template <int D, class View, class QT>
-void launch_window_scores_mma(cudaStream_t stream, const View& kv, const QueryRows<QT>& q,
-                              const WindowScoresLaunch& launch) {
+Status launch_window_score_passes(cudaStream_t stream, const View& kv, const QueryRows<QT>& q,
+                                  const WindowScoresLaunch& launch) {
+  constexpr int kRowTile = D > 0 ? kMmaRowTile : kScoreTile;
+  constexpr int kKeysPerBlock = D > 0 ? kMmaKeysPerBlock : kScoreTile;
+  static_assert(kMmaThreads == kScoreThreads, "both paths launch blocks of the same size");
   const int bh = kv.batch * kv.num_kv_heads;
   const int rows = launch.plan.row_capacity;
   if (!launch.params.lse) {
-    const dim3 grid1((rows + kMmaRowTile - 1) / kMmaRowTile, launch.plan.chunks, bh);
-    lse_partials_mma_kernel<D><<<grid1, kMmaThreads, 0, stream>>>(kv, q, launch);
-    lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(kv, q, launch);
-  }
-  const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
-  const int key_blocks = int((keys + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock);
-  column_sums_mma_kernel<D><<<dim3(key_blocks, bh), kMmaThreads, 0, stream>>>(kv, q, launch);
-}
-
-// The two passes on CUDA cores.
-template <class View, class QT>
-Status launch_window_scores_simt(cudaStream_t stream, const View& kv, const QueryRows<QT>& q,
-                                 const WindowScoresLaunch& launch) {
-  const int bh = kv.batch * kv.num_kv_heads;
-  const int rows = launch.plan.row_capacity;
-  if (!launch.params.lse) {
-    const dim3 grid1((rows + kScoreTile - 1) / kScoreTile, launch.plan.chunks, bh);
-    KVSIFT_REQUIRE(grid1.x <= 2147483647u && launch.plan.chunks <= 65535, kUnsupported,
-                   "prompt too long for one launch");
-    lse_partials_kernel<<<grid1, kScoreThreads, 0, stream>>>(kv, q, launch);
+    const dim3 grid1((rows + kRowTile - 1) / kRowTile, launch.plan.chunks, bh);
+    if constexpr (D > 0) lse_partials_mma_kernel<D><<<grid1, kMmaThreads, 0, stream>>>(kv, q, launch);
+    else lse_partials_kernel<<<grid1, kScoreThreads, 0, stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
     lse_merge_kernel<<<dim3((rows + 127) / 128, bh), 128, 0, stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
   }
   const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
-  const int key_tiles = int((keys + kScoreTile - 1) / kScoreTile);
-  column_sums_kernel<<<dim3(key_tiles, bh), kScoreThreads, 0, stream>>>(kv, q, launch);
+  const dim3 grid2(unsigned((keys + kKeysPerBlock - 1) / kKeysPerBlock), bh);
+  if constexpr (D > 0) column_sums_mma_kernel<D><<<grid2, kMmaThreads, 0, stream>>>(kv, q, launch);
+  else column_sums_kernel<<<grid2, kScoreThreads, 0, stream>>>(kv, q, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }
@@ -90,17 +77,15 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
   }
   KVSIFT_REQUIRE(plan.chunks <= 65535, kUnsupported, "prompt too long for one launch");
   if constexpr (detail::window_scores_use_mma<View, QT>()) {
-    const int d = kv.head_dim;
     // The tensor-core path stages K with 16-byte loads; unaligned rows take the CUDA-core path.
+    const int d = kv.head_dim;
     if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) {
-      if (d == 64) detail::launch_window_scores_mma<64>(exec.stream, kv, q, launch);
-      if (d == 128) detail::launch_window_scores_mma<128>(exec.stream, kv, q, launch);
-      if (d == 256) detail::launch_window_scores_mma<256>(exec.stream, kv, q, launch);
-      KVSIFT_CHECK_LAUNCH();
-      return Status();
+      if (d == 64) return detail::launch_window_score_passes<64>(exec.stream, kv, q, launch);
+      if (d == 128) return detail::launch_window_score_passes<128>(exec.stream, kv, q, launch);
+      return detail::launch_window_score_passes<256>(exec.stream, kv, q, launch);
     }
   }
-  return detail::launch_window_scores_simt(exec.stream, kv, q, launch);
+  return detail::launch_window_score_passes<0>(exec.stream, kv, q, launch);
 }
 
 // Same contract as host::scored_prefix_lengths; row_lengths is a device pointer. Needs no workspace.

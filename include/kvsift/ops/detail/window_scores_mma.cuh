@@ -196,7 +196,6 @@ template <int D, class View, class QT>
 __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
-  const int row_capacity = launch.plan.row_capacity;
   const float* lse_rows = launch.scratch.lse_rows;
   const StridedView2D<float>& out = launch.scores;
   __shared__ float col[kMmaThreads / 32][kMmaKeyTile];
@@ -213,7 +212,8 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
   auto row_lse = [&](int row) {
     if (row >= sp.rows()) return INFINITY;
     const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
-    return p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i] : lse_rows[std::int64_t(bh) * row_capacity + row];
+    return p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i]
+                 : lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row];
   };
   const int passes = per_head ? sp.group : 1;
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {

@@ -132,8 +132,6 @@ __global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, Qu
 template <class View, class QT>
 __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
-  const float scale = launch.plan.scale;
-  const int row_capacity = launch.plan.row_capacity;
   const float* lse_rows = launch.scratch.lse_rows;
   const StridedView2D<float>& out = launch.scores;
   __shared__ float qs[kScoreTile][kScoreDimChunk + 1], ks[kScoreTile][kScoreDimChunk + 1];
@@ -159,12 +157,12 @@ __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, Que
         if (row < sp.rows()) {
           const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
           l = p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i]
-                    : lse_rows[std::int64_t(bh) * row_capacity + row];
+                    : lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row];
         }
         lse_tile[threadIdx.x] = l;
       }
       float logits[4][4];
-      score_tile(kv, q, sp, b, hk, row0, key0, scale, logits, qs, ks);  // synchronises before lse_tile is read
+      score_tile(kv, q, sp, b, hk, row0, key0, launch.plan.scale, logits, qs, ks);  // syncs before lse_tile is read
 #pragma unroll
       for (int a = 0; a < 4; ++a) {
         const int r = ty + 16 * a;
