@@ -72,7 +72,8 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
   WorkspaceCarver ws(workspace);
   const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, q, params)};
   if (!params.lse) {
-    KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer, "workspace.data is null (ask window_scores_workspace_bytes)");
+    KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
+                   "workspace.data is null (ask window_scores_workspace_bytes)");
     KVSIFT_TRY(ws.status());
   }
   KVSIFT_REQUIRE(plan.chunks <= 65535, kUnsupported, "prompt too long for one launch");

@@ -115,8 +115,8 @@ inline Status validate(const PromptCompressionConfig& c) {
 // The configuration against the shapes the workspace is sized for.
 inline Status validate(const PromptCompressionConfig& c, const PromptCompressionShape& s) {
   KVSIFT_TRY(validate(c));
-  KVSIFT_REQUIRE(s.max_prompt_len > c.window, kInvalidArgument, "window = ", c.window,
-                 " must be < max_prompt_len = ", s.max_prompt_len, " (a window covering the prompt leaves nothing to score)");
+  KVSIFT_REQUIRE(s.max_prompt_len > c.window, kInvalidArgument, "window = ", c.window, " must be < max_prompt_len = ",
+                 s.max_prompt_len, " (a window covering the prompt leaves nothing to score)");
   KVSIFT_REQUIRE(s.num_kv_heads > 0 && s.num_q_heads > 0 && s.num_q_heads % s.num_kv_heads == 0, kInvalidArgument,
                  "num_q_heads = ", s.num_q_heads, " must be a positive multiple of num_kv_heads = ", s.num_kv_heads);
   KVSIFT_REQUIRE(s.batch >= 0, kInvalidArgument, "batch = ", s.batch, " must be >= 0");
@@ -251,7 +251,8 @@ Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, 
   KVSIFT_TRY(detail::compression_stage_bytes(exec, config, shape, &stage_bytes));
   WorkspaceCarver ws(workspace);
   const detail::CompressionScratch x = detail::carve_compression(ws, config, shape, stage_bytes);
-  KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer, "workspace.data is null (ask compress_prompt_workspace_bytes)");
+  KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
+                 "workspace.data is null (ask compress_prompt_workspace_bytes)");
   KVSIFT_TRY(ws.status());
 
   const std::int64_t rows = std::int64_t(src.batch) * heads, cols = shape.max_prompt_len;
@@ -276,8 +277,8 @@ Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, 
     case CompressionPolicy::kH2OPrefill: {
       KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.stage));
       if (config.policy == CompressionPolicy::kSnapKV) {
-        KVSIFT_TRY(pool_scores(exec, selection_scores, x.row_lengths, config.pool, make_strided_view(x.pooled, rows, cols),
-                               x.stage));
+        const auto pooled = make_strided_view(x.pooled, rows, cols);
+        KVSIFT_TRY(pool_scores(exec, selection_scores, x.row_lengths, config.pool, pooled, x.stage));
         selection_scores = make_strided_view<const float>(x.pooled, rows, cols);
       }
       KVSIFT_TRY(topk(exec, selection_scores, select, kept, no_values, ScoreKey<float>{}, x.stage));

@@ -42,7 +42,7 @@ struct AttentionCosineLaunch {
   float* cosine;
   AttentionCosinePlan plan;
 };
-static_assert(sizeof(AttentionCosineLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
+static_assert(sizeof(AttentionCosineLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
 template <class View, class QT>
 __global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View kv, QueryRows<QT> q,

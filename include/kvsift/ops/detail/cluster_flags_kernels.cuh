@@ -23,7 +23,7 @@ struct ClusterFlagsLaunch {
   StridedView2D<std::uint8_t> flags;
   ClusterFlagsScratch scratch;
 };
-static_assert(sizeof(ClusterFlagsLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
+static_assert(sizeof(ClusterFlagsLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
 // A template, so the header-only definition is inline across translation units.
 template <class Unused = void>
@@ -54,7 +54,8 @@ __global__ void cluster_flags_kernel(ClusterFlagsLaunch launch) {
   if (j >= n) return;
   const int block = cluster_block_size(p, n);
   const int radius = cluster_radius(p, block, launch.scratch.counts[r]);
-  launch.flags(r, j) = near_centre(launch.scratch.centres + r * cols, (n + block - 1) / block, block, j, p, radius) ? 1 : 0;
+  const std::int32_t* centres = launch.scratch.centres + r * cols;
+  launch.flags(r, j) = near_centre(centres, (n + block - 1) / block, block, j, p, radius) ? 1 : 0;
 }
 
 }  // namespace detail

@@ -19,7 +19,7 @@ struct CompactKvLaunch {
   int window;
   CompactOutputs out;
 };
-static_assert(sizeof(CompactKvLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
+static_assert(sizeof(CompactKvLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
 template <class Src, class Dst>
 __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {

@@ -19,6 +19,7 @@ struct CopyKvToDenseLaunch {
   Out* k_out;
   Out* v_out;
 };
+static_assert(sizeof(CopyKvToDenseLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
 // One warp per (token, head, batch) row; lanes stride over head_dim. The grid covers max_tokens, not
 // the live length, so the launch shape does not depend on device data.

@@ -18,7 +18,7 @@ struct PoolScoresLaunch {
   PoolParams params;
   StridedView2D<float> out;
 };
-static_assert(sizeof(PoolScoresLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
+static_assert(sizeof(PoolScoresLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
 // A template, so the header-only definition is inline across translation units.
 template <class Unused = void>

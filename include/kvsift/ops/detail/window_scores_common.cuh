@@ -1,7 +1,7 @@
 #pragma once
 // What both CUDA paths of window_scores share (contract in window_scores.hpp, plan in
-// window_scores_plan.hpp): the launch struct every kernel takes by value with the views, the geometry of one
-// (sequence, KV head) problem, the merge of the log-sum-exp partials, and scored_prefix_lengths.
+// window_scores_plan.hpp): the launch struct every kernel takes by value with the views, the geometry
+// of one (sequence, KV head) problem, the merge of the log-sum-exp partials, scored_prefix_lengths.
 //
 // Per (sequence, KV head) the scored query rows are the nq window queries of its G query heads,
 // row = i * G + g. The CUDA-core kernels are in window_scores_simt.cuh, the tensor-core ones in
@@ -27,18 +27,19 @@ inline constexpr int kScoreThreads = 256;
 // carved scratch (partials are (max, sum) pairs). Every kernel takes (kv, q, launch) by value: the
 // views as their own parameters, everything else in this one struct.
 //
-// Why not the views inside the struct too: nvcc passes a struct kernel parameter of up to 128 bytes as
-// values, a larger one through its address, and then no longer sees its fields as uniform across the
-// block. With one 232-byte struct the column-sum kernels stopped unswitching their per-head loop
-// (half the code, a predicate test per element instead); a view alone is 80-88 bytes, and an engine's
-// own view may be larger still. Keep every kernel parameter within 128 bytes (static_assert below).
+// Why not the views inside the struct too: nvcc (13.0) reads a struct kernel parameter above 128
+// bytes through its address (the PTX takes the parameter's address), and its fields then no longer
+// count as uniform across the block. With one 232-byte struct the column-sum kernels stopped
+// unswitching their per-head loop (a predicate test per element instead), the cosine kernel took 47
+// registers instead of 40. A view alone is 80-88 bytes, an engine's own view may be larger still.
+// Keep every kernel parameter within 128 bytes (the static_asserts next to each launch struct).
 struct WindowScoresLaunch {
   WindowScoreParams params;
   StridedView2D<float> scores;
   WindowScorePlan plan;
   WindowScoreScratch scratch;
 };
-static_assert(sizeof(WindowScoresLaunch) <= 128, "a kernel parameter struct above 128 bytes is read through a pointer");
+static_assert(sizeof(WindowScoresLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
 // Shared geometry of one (b, kv head) problem.
 struct ScoreProblem {

@@ -126,7 +126,8 @@ __device__ __forceinline__ void logits_tile_mma(const KeyTile<D>& tile, const st
 // Pass 1 on tensor cores: per (128-row tile, key chunk, b * Hkv) the chunk's (max, sum) per row, in the
 // layout of lse_partials_kernel, so lse_merge_kernel folds both.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q,
+                                                                       WindowScoresLaunch launch) {
   const float scale = launch.plan.scale;
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
@@ -193,7 +194,8 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
 
 // Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q,
+                                                                      WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
   const float* lse_rows = launch.scratch.lse_rows;

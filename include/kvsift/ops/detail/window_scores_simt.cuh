@@ -67,7 +67,8 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
 
 // Pass 1: per (row tile, key chunk, b * Hkv): the chunk's (max, sum of exp) per row.
 template <class View, class QT>
-__global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+__global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, QueryRows<QT> q,
+                                                                     WindowScoresLaunch launch) {
   const float scale = launch.plan.scale;
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
@@ -130,7 +131,8 @@ __global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, Qu
 // Pass 2: per (key tile, b * Hkv): column sums of exp(logit - lse) over every row that sees the keys.
 // `lse_given` uses the caller's [batch, Hq, q.capacity] layout; otherwise `lse_rows` ([bh, rows]).
 template <class View, class QT>
-__global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+__global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, QueryRows<QT> q,
+                                                                    WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float* lse_rows = launch.scratch.lse_rows;
   const StridedView2D<float>& out = launch.scores;
