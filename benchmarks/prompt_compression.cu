@@ -51,14 +51,22 @@ void BM_CompressPrompt(benchmark::State& state) {
   const kvsift::PromptCompressionShape shape{batch, kKvHeads, kQHeads, len};
   kvsift_bench::DeviceArray<bf16> dk(std::size_t(batch) * kKvHeads * cp * kHeadDim), dv(dk.n);
   kvsift_bench::DeviceArray<std::int32_t> dst_len(batch), new_len(batch), positions(std::size_t(batch) * kKvHeads * cp);
-  kvsift_bench::DeviceArray<unsigned char> ws(kvsift::compress_prompt_workspace_bytes(c, shape));
+  const auto& exec = kvsift_bench::gpu();
+  std::size_t ws_bytes = 0;
+  const kvsift::Status sized = kvsift::compress_prompt_workspace_bytes(exec, c, shape, &ws_bytes);
+  if (!sized.ok()) {
+    state.SkipWithError(sized.to_string().c_str());
+    return;
+  }
+  kvsift_bench::DeviceArray<unsigned char> ws(ws_bytes);
   const std::vector<std::int32_t> caps(batch, cp);
   KVSIFT_BENCH_CUDA(cudaMemcpy(dst_len.get(), caps.data(), dst_len.bytes(), cudaMemcpyHostToDevice));
   const auto dst = kvsift::make_bhsd(dk.get(), dv.get(), batch, kKvHeads, cp, kHeadDim, dst_len.get());
   const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), h2o ? len : kWindow, kQHeads, kHeadDim);
   const kvsift::CompactOutputs out{new_len.get(), positions.get(), cp};
   auto run = [&](cudaStream_t s) {
-    return kvsift::compress_prompt(kvsift_bench::gpu().on(s), c, shape, layer.view(), q, nullptr, dst, out, ws.get(), ws.n);
+    return kvsift::compress_prompt(exec.on(s), c, shape, layer.view(), q, nullptr, dst, out,
+                                   kvsift::Workspace{ws.get(), ws_bytes});
   };
   const kvsift::Status st = run(nullptr);
   if (!st.ok()) {

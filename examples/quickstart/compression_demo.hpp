@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -47,7 +48,7 @@ struct SyntheticPrompt {
 
 // Buffers of one backend: Mem copies host vectors into that backend's memory.
 template <class Exec, class Mem>
-int run_compression_demo(Exec exec, Mem& mem, const SyntheticPrompt& p, const char* backend) {
+int run_compression_demo(const Exec& exec, Mem& mem, const SyntheticPrompt& p, const char* backend) {
   using namespace kvsift;
   const int capacity = 1024;
   std::printf("\nprompt compression on %s: prompt of %d tokens, %d KV heads, %d query heads, head_dim %d, "
@@ -77,19 +78,24 @@ int run_compression_demo(Exec exec, Mem& mem, const SyntheticPrompt& p, const ch
     c.window = p.window;
     c.theta = 0.05f;  // above this prompt's flat background of about W / L per token
     const PromptCompressionShape shape{1, p.kv_heads, p.q_heads, p.len};
-    void* ws = mem.template alloc<unsigned char>(compress_prompt_workspace_bytes(c, shape));
+    std::size_t bytes = 0;
+    Status st = compress_prompt_workspace_bytes(exec, c, shape, &bytes);
+    if (!st.ok()) {
+      std::printf("error: %s\n", st.to_string().c_str());
+      return 1;
+    }
+    const Workspace ws{mem.template alloc<unsigned char>(bytes), bytes};
     const auto& q = policy == CompressionPolicy::kH2OPrefill ? all_q : window_q;
     // The row's name goes out before the policy runs: H2O-prefill scores every prompt query against
     // every key, about a second on a CPU, and the row says what is running meanwhile.
     std::printf("  %-13s", to_string(policy));
     std::fflush(stdout);
     const double ms = mem.time_ms([&] {
-      return compress_prompt(exec, c, shape, src, q, nullptr, dst, CompactOutputs{new_len, positions, capacity}, ws,
-                             compress_prompt_workspace_bytes(c, shape));
+      return compress_prompt(exec, c, shape, src, q, nullptr, dst, CompactOutputs{new_len, positions, capacity}, ws);
     });
     if (ms < 0) return 1;
     const KeptPositions kept{positions, p.kv_heads, p.kv_heads, capacity, capacity};
-    Status st = attention_cosine(exec, src, decode_q, p.decode_queries, 0.f, kept, cosine);
+    st = attention_cosine(exec, src, decode_q, p.decode_queries, 0.f, kept, cosine);
     std::vector<std::int32_t> pos_h(std::size_t(p.kv_heads) * capacity);
     std::vector<float> cos_h(std::size_t(p.q_heads) * p.decode_queries);
     if (st.ok()) st = read_to_host(exec, pos_h.data(), positions, pos_h.size() * sizeof(std::int32_t));

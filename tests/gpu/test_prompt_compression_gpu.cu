@@ -91,14 +91,17 @@ void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads
   std::vector<std::int32_t> dst_len_h(p.batch, c.capacity);
   DeviceBuffer<__nv_bfloat16> dst_k(std::size_t(rows) * c.capacity * p.head_dim), dst_v(dst_k.size());
   DeviceBuffer<std::int32_t> dst_len(dst_len_h), new_len(p.batch), positions(std::size_t(rows) * c.capacity);
-  DeviceBuffer<unsigned char> ws(compress_prompt_workspace_bytes(c, shape));
+  const auto exec = kc::Exec::for_current_device();
+  std::size_t bytes = 0;
+  REQUIRE(compress_prompt_workspace_bytes(exec, c, shape, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
   for (auto* b : {&dst_k, &dst_v}) b->poison();
   new_len.poison();
   positions.poison();
   auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, H, c.capacity, p.head_dim, dst_len.get());
   auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), p.q_rows, p.q_heads, p.head_dim);
   const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
-  REQUIRE(compress_prompt(kc::Exec::for_current_device(), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+  REQUIRE(compress_prompt(exec, c, shape, dp.device_view(), q, nullptr, dst, out, Workspace{ws.get(), ws.size()}).ok());
   kvsift_test::sync_and_check();
 
   // The scores the GPU computes, then the host's selection and compaction on them.
@@ -106,9 +109,11 @@ void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads
   if (policy != CompressionPolicy::kStreamingLLM) {
     DeviceBuffer<float> dscores(scores.size());
     const auto sp = detail::score_params(c, shape, nullptr);
-    DeviceBuffer<unsigned char> sws(std::max<std::size_t>(1, window_scores_workspace_bytes(dp.device_view(), q, sp)));
-    REQUIRE(kc::window_scores(kc::Exec::for_current_device(), dp.device_view(), q, sp, make_strided_view(dscores.get(), rows, L), sws.get(),
-                              sws.size()).ok());
+    const auto score_view = make_strided_view(dscores.get(), rows, L);
+    std::size_t score_bytes = 0;
+    REQUIRE(window_scores_workspace_bytes(exec, dp.device_view(), q, sp, score_view, &score_bytes).ok());
+    DeviceBuffer<unsigned char> sws(std::max<std::size_t>(1, score_bytes));
+    REQUIRE(kc::window_scores(exec, dp.device_view(), q, sp, score_view, Workspace{sws.get(), sws.size()}).ok());
     kvsift_test::sync_and_check();
     scores = dscores.download();
   }
@@ -158,7 +163,10 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
   DeviceBuffer<__nv_bfloat16> dst_k(std::size_t(rows) * c.capacity * p.head_dim), dst_v(dst_k.size());
   DeviceBuffer<std::int32_t> dst_len(std::vector<std::int32_t>(p.batch, c.capacity)), new_len(p.batch),
       positions(std::size_t(rows) * c.capacity);
-  DeviceBuffer<unsigned char> ws(compress_prompt_workspace_bytes(c, shape));
+  const auto exec = kc::Exec::for_current_device();
+  std::size_t bytes = 0;
+  REQUIRE(compress_prompt_workspace_bytes(exec, c, shape, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
   auto dst = make_bhsd(dst_k.get(), dst_v.get(), p.batch, p.kv_heads, c.capacity, p.head_dim, dst_len.get());
   auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), c.window, p.q_heads, p.head_dim);
   const CompactOutputs out{new_len.get(), positions.get(), c.capacity};
@@ -166,28 +174,30 @@ TEST_CASE("compress_prompt is CUDA-graph capturable and replays for new lengths"
   cudaStream_t stream;
   KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
   cudaGraph_t graph;
-  cudaGraphExec_t exec;
+  cudaGraphExec_t replay;
   KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  const Status captured = compress_prompt(kc::Exec::for_current_device(stream), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size());
+  const auto on_stream = exec.on(stream);
+  const Status captured =
+      compress_prompt(on_stream, c, shape, dp.device_view(), q, nullptr, dst, out, Workspace{ws.get(), ws.size()});
   KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
   REQUIRE(captured.ok());
-  KVSIFT_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  KVSIFT_TEST_CUDA(cudaGraphInstantiate(&replay, graph, 0));
 
   for (int round = 0; round < 2; ++round) {
     p.lengths = {kvsift_test::uniform_int(rng, c.capacity, L), kvsift_test::uniform_int(rng, c.window + 1, L)};
     dp.dlen.upload(p.lengths);
     positions.poison();
-    KVSIFT_TEST_CUDA(cudaGraphLaunch(exec, stream));
+    KVSIFT_TEST_CUDA(cudaGraphLaunch(replay, stream));
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
     const auto replayed = positions.download();
     positions.poison();
-    REQUIRE(compress_prompt(kc::Exec::for_current_device(stream), c, shape, dp.device_view(), q, nullptr, dst, out, ws.get(), ws.size()).ok());
+    REQUIRE(compress_prompt(on_stream, c, shape, dp.device_view(), q, nullptr, dst, out, Workspace{ws.get(), ws.size()}).ok());
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
     CHECK(positions.download() == replayed);
     const auto lens = new_len.download();
     for (int b = 0; b < p.batch; ++b) CHECK(lens[b] == std::min(c.capacity, p.lengths[b]));
   }
-  cudaGraphExecDestroy(exec);
+  cudaGraphExecDestroy(replay);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
 }
@@ -216,23 +226,59 @@ TEST_CASE("calibrate_num_block on the GPU agrees with the host") {
     std::vector<float> sk(std::size_t(2) * 2 * c.capacity * 64), sv(sk.size());
     std::vector<std::int32_t> slen(2, c.capacity);
     auto scratch = make_bhsd(sk.data(), sv.data(), 2, 2, c.capacity, 64, slen.data());
-    std::vector<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T) + 256);
+    std::size_t bytes = 0;
+    REQUIRE(calibrate_num_block_workspace_bytes(kh::Exec{}, c, shape, T, &bytes).ok());
+    std::vector<unsigned char> ws(bytes + 256);
     void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
     REQUIRE(calibrate_num_block(kh::Exec{}, c, shape, p.view(), p.queries(), nullptr,
-                                make_query_rows<float>(dq_f.data(), T, 8, 64), T, candidates, scratch, base,
-                                ws.size() - 256, &host_result).ok());
+                                make_query_rows<float>(dq_f.data(), T, 8, 64), T, candidates, scratch, &host_result,
+                                Workspace{base, bytes}).ok());
   }
   DeviceBuffer<__nv_bfloat16> sk(std::size_t(2) * 2 * c.capacity * 64), sv(sk.size()), dq(dq_bf);
   DeviceBuffer<std::int32_t> slen(std::vector<std::int32_t>(2, c.capacity));
-  DeviceBuffer<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T));
+  const auto exec = kc::Exec::for_current_device();
+  std::size_t bytes = 0;
+  REQUIRE(calibrate_num_block_workspace_bytes(exec, c, shape, T, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
   auto scratch = make_bhsd(sk.get(), sv.get(), 2, 2, c.capacity, 64, slen.get());
   auto wq = make_query_rows<__nv_bfloat16>(dp.dq.get(), c.window, 8, 64);
-  REQUIRE(calibrate_num_block(kc::Exec::for_current_device(), c, shape, dp.device_view(), wq, nullptr,
-                              make_query_rows<__nv_bfloat16>(dq.get(), T, 8, 64), T, candidates, scratch, ws.get(),
-                              ws.size(), &gpu_result).ok());
+  REQUIRE(calibrate_num_block(exec, c, shape, dp.device_view(), wq, nullptr,
+                              make_query_rows<__nv_bfloat16>(dq.get(), T, 8, 64), T, candidates, scratch, &gpu_result,
+                              Workspace{ws.get(), ws.size()}).ok());
   REQUIRE(gpu_result.table.size() == candidates.size());
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     MESSAGE("num_block ", candidates[i], ": host ", host_result.table[i].mean_cosine, ", gpu ", gpu_result.table[i].mean_cosine);
     CHECK(gpu_result.table[i].mean_cosine == doctest::Approx(host_result.table[i].mean_cosine).epsilon(2e-3));
   }
+}
+
+TEST_CASE("compress_prompt on the GPU: an Exec without device facts is refused before any launch") {
+  auto rng = kvsift_test::make_rng(83);
+  PromptCompressionConfig c;
+  c.capacity = 64;
+  c.window = 16;
+  const int L = 300;
+  Prompt p(rng, 1, 2, 2, L, 64, c.window);
+  DevicePrompt dp(p);
+  const PromptCompressionShape shape{1, 2, 4, L};
+  const auto exec = kc::Exec::for_current_device();
+  std::size_t bytes = 0;
+  REQUIRE(compress_prompt_workspace_bytes(exec, c, shape, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
+  DeviceBuffer<__nv_bfloat16> dst_k(std::size_t(2) * c.capacity * 64), dst_v(dst_k.size());
+  DeviceBuffer<std::int32_t> dst_len(std::vector<std::int32_t>{c.capacity}), new_len(1);
+  new_len.poison();
+  const auto dst = make_bhsd(dst_k.get(), dst_v.get(), 1, 2, c.capacity, 64, dst_len.get());
+  const auto q = make_query_rows<__nv_bfloat16>(dp.dq.get(), c.window, p.q_heads, p.head_dim);
+  const kc::Exec no_facts{exec.stream, DeviceFacts{}};
+  const Status st = compress_prompt(no_facts, c, shape, dp.device_view(), q, nullptr, dst, CompactOutputs{new_len.get()},
+                                    Workspace{ws.get(), ws.size()});
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message() == "compress_prompt: exec.device.num_sms = 0 (make the Exec with Exec::for_current_device(stream), "
+                        "or fill its DeviceFacts)");
+  kvsift_test::sync_and_check();
+  const auto untouched = new_len.download();
+  std::int32_t poison;
+  std::memset(&poison, kvsift_test::kPoisonByte, sizeof poison);
+  CHECK(untouched[0] == poison);
 }

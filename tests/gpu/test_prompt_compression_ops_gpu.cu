@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
@@ -82,8 +83,13 @@ void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_
   auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
   auto q = kvsift::make_query_rows<T>(dq.get(), q_rows, p.q_heads, p.head_dim);
   if (give_lse) params.lse = dlse.get();
-  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, kvsift::window_scores_workspace_bytes(kv, q, params)));
-  REQUIRE(kc::window_scores(kc::Exec::for_current_device(), kv, q, params, make_strided_view(out.get(), rows, cols), ws.get(), ws.size()).ok());
+  const auto exec = kc::Exec::for_current_device();
+  const auto scores = make_strided_view(out.get(), rows, cols);
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::window_scores_workspace_bytes(exec, kv, q, params, scores, &bytes).ok());
+  CHECK((bytes == 0) == give_lse);  // the softmax partials, unless the engine gives the log-sum-exp
+  DeviceBuffer<unsigned char> ws(std::max<std::size_t>(1, bytes));
+  REQUIRE(kc::window_scores(exec, kv, q, params, scores, kvsift::Workspace{ws.get(), ws.size()}).ok());
   kvsift_test::sync_and_check();
   const auto got = out.download();
   for (int r = 0; r < rows; ++r) {
@@ -148,10 +154,14 @@ TEST_CASE("pooling and density clustering on the GPU equal the host on the same 
       REQUIRE(kh::cluster_flags(kh::Exec{}, make_strided_view<const float>(s.data(), rows, cols), len.data(), c,
                                 make_strided_view(expect.data(), rows, cols)).ok());
       DeviceBuffer<std::uint8_t> dflags(s.size());
-      DeviceBuffer<unsigned char> ws(kvsift::cluster_flags_workspace_bytes(rows, cols));
+      const auto exec = kc::Exec::for_current_device();
+      const auto scores = make_strided_view<const float>(ds.get(), rows, cols);
+      const auto flags = make_strided_view(dflags.get(), rows, cols);
+      std::size_t bytes = 0;
+      REQUIRE(kvsift::cluster_flags_workspace_bytes(exec, scores, dlen.get(), c, flags, &bytes).ok());
+      DeviceBuffer<unsigned char> ws(bytes);
       dflags.poison();
-      REQUIRE(kc::cluster_flags(kc::Exec::for_current_device(), make_strided_view<const float>(ds.get(), rows, cols), dlen.get(), c,
-                                make_strided_view(dflags.get(), rows, cols), ws.get(), ws.size()).ok());
+      REQUIRE(kc::cluster_flags(exec, scores, dlen.get(), c, flags, kvsift::Workspace{ws.get(), ws.size()}).ok());
       kvsift_test::sync_and_check();
       CHECK(dflags.download() == expect);
     }
@@ -226,4 +236,41 @@ TEST_CASE("attention_cosine on the GPU matches the host") {
   kvsift_test::sync_and_check();
   const auto got = out.download();
   for (std::size_t i = 0; i < got.size(); ++i) REQUIRE(got[i] == doctest::Approx(expect[i]).epsilon(1e-4));
+}
+
+TEST_CASE("window_scores and cluster_flags on the GPU: a workspace too small names the bytes, before any launch") {
+  auto rng = kvsift_test::make_rng(74);
+  Prompt p(rng, 2, 2, 2, 200, 64, 16);
+  DeviceBuffer<float> dk(p.k), dq(p.q), out(std::size_t(p.batch) * p.kv_heads * 200);
+  DeviceBuffer<std::int32_t> dlen(p.lengths);
+  const auto exec = kc::Exec::for_current_device();
+  const auto kv = kvsift::make_bhsd(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
+  const auto q = kvsift::make_query_rows<float>(dq.get(), 16, p.q_heads, p.head_dim);
+  kvsift::WindowScoreParams params;
+  params.window = 16;
+  params.num_queries = 16;
+  const auto scores = make_strided_view(out.get(), p.batch * p.kv_heads, 200);
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::window_scores_workspace_bytes(exec, kv, q, params, scores, &bytes).ok());
+  REQUIRE(bytes > 0);
+  DeviceBuffer<unsigned char> ws(bytes);
+  auto st = kc::window_scores(exec, kv, q, params, scores, kvsift::Workspace{ws.get(), bytes - 1});
+  CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
+  CHECK(st.message() == "workspace.bytes = " + std::to_string(bytes - 1) + " is smaller than the " +
+                            std::to_string(bytes) + " bytes required (ask the workspace-size query)");
+  st = kc::window_scores(exec, kv, q, params, scores);
+  CHECK(st.message() == "workspace.data is null (ask window_scores_workspace_bytes)");
+
+  const auto flags_in = make_strided_view<const float>(out.get(), p.batch * p.kv_heads, 200);
+  DeviceBuffer<std::uint8_t> dflags(std::size_t(p.batch) * p.kv_heads * 200);
+  const auto flags = make_strided_view(dflags.get(), p.batch * p.kv_heads, 200);
+  kvsift::ClusterParams c;
+  c.budget = 64;
+  REQUIRE(kvsift::cluster_flags_workspace_bytes(exec, flags_in, nullptr, c, flags, &bytes).ok());
+  DeviceBuffer<unsigned char> cws(bytes);
+  st = kc::cluster_flags(exec, flags_in, nullptr, c, flags, kvsift::Workspace{cws.get(), bytes / 2});
+  CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);
+  CHECK(st.message() == "workspace.bytes = " + std::to_string(bytes / 2) + " is smaller than the " +
+                            std::to_string(bytes) + " bytes required (ask the workspace-size query)");
+  kvsift_test::sync_and_check();
 }

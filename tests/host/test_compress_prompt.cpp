@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kvsift/kvsift.hpp"
@@ -193,10 +194,12 @@ TEST_CASE("compression into a paged destination with a random page table") {
   std::vector<std::int32_t> dst_len(2, pages.shape.capacity), new_len(2);
   auto dst = pages.view(pages.k.data(), pages.v.data(), pages.block_table.data(), dst_len.data());
   PromptCompressionShape shape{2, 2, 8, 70};
-  std::vector<unsigned char> ws(compress_prompt_workspace_bytes(c, shape) + 256);
+  std::size_t bytes = 0;
+  REQUIRE(compress_prompt_workspace_bytes(host::Exec{}, c, shape, &bytes).ok());
+  std::vector<unsigned char> ws(bytes + 256);
   void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
   REQUIRE(compress_prompt(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, dst, CompactOutputs{new_len.data()},
-                          base, ws.size() - 256).ok());
+                          Workspace{base, bytes}).ok());
   CHECK(new_len == reference.new_lengths);
   for (int b = 0; b < 2; ++b)
     for (int h = 0; h < 2; ++h)
@@ -234,16 +237,18 @@ TEST_CASE("compress_prompt rejects bad configurations with a named Status") {
   std::vector<std::int32_t> len(1, 10), nl(1);
   auto small = make_bhsd(k.data(), v.data(), 1, 2, 10, 8, len.data());
   PromptCompressionShape shape{1, 2, 4, 50};
-  std::vector<unsigned char> ws(compress_prompt_workspace_bytes(c, shape) + 256);
-  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+  std::size_t bytes = 0;
+  REQUIRE(compress_prompt_workspace_bytes(host::Exec{}, c, shape, &bytes).ok());
+  std::vector<unsigned char> ws(bytes + 256);
+  const Workspace workspace{reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data()))), bytes};
   auto st = compress_prompt(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, small, CompactOutputs{nl.data()},
-                            base, ws.size() - 256);
+                            workspace);
   CHECK(st.code() == StatusCode::kInsufficientSpace);
   CHECK(st.message() == "dst capacity = 10 is smaller than kept.capacity + window = 20");
   // Head count of the destination must follow the GQA mode.
   auto wrong_heads = make_bhsd(k.data(), v.data(), 1, 1, 10, 8, len.data());
   CHECK(compress_prompt(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, wrong_heads, CompactOutputs{nl.data()},
-                        base, ws.size() - 256).message() == "dst.num_kv_heads = 1 must be 2 for this ScoreHeads mode");
+                        workspace).message() == "dst.num_kv_heads = 1 must be 2 for this ScoreHeads mode");
 }
 
 TEST_CASE("needle: ClusterAttn keeps a planted span whole; cosine similarity of every policy") {
@@ -308,12 +313,14 @@ TEST_CASE("calibrate_num_block scores each candidate by the mean attention cosin
   std::vector<float> sk(std::size_t(2) * 2 * c.capacity * D), sv(sk.size());
   std::vector<std::int32_t> slen(2, c.capacity);
   auto scratch = make_bhsd(sk.data(), sv.data(), 2, 2, c.capacity, D, slen.data());
-  std::vector<unsigned char> ws(calibrate_num_block_workspace_bytes(c, shape, T) + 256);
-  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+  std::size_t bytes = 0;
+  REQUIRE(calibrate_num_block_workspace_bytes(host::Exec{}, c, shape, T, &bytes).ok());
+  std::vector<unsigned char> ws(bytes + 256);
+  const Workspace workspace{reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data()))), bytes};
   NumBlockCalibration result;
   const std::vector<int> candidates = {2, 8, 32, 128};
   REQUIRE(calibrate_num_block(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, decode_q, T, candidates, scratch,
-                              base, ws.size() - 256, &result).ok());
+                              &result, workspace).ok());
   REQUIRE(result.table.size() == candidates.size());
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     CHECK(result.table[i].num_block == candidates[i]);
@@ -330,5 +337,92 @@ TEST_CASE("calibrate_num_block scores each candidate by the mean attention cosin
   }
   c.policy = CompressionPolicy::kSnapKV;
   CHECK(calibrate_num_block(host::Exec{}, c, shape, p.view(), p.queries(), nullptr, decode_q, T, candidates, scratch,
-                            base, ws.size() - 256, &result).message() == "config.policy = SnapKV must be ClusterAttn");
+                            &result, workspace).message() == "config.policy = SnapKV must be ClusterAttn");
+}
+
+TEST_CASE("validate(config) is public: the configuration alone, then against the shape") {
+  auto c = config(CompressionPolicy::kClusterAttn, 20, 4);
+  CHECK(validate(c).ok());
+  auto bad = c;
+  bad.theta = -0.5f;
+  CHECK(validate(bad).message() == "theta = -0.5 must be >= 0");
+  bad = c;
+  bad.heads = static_cast<ScoreHeads>(7);
+  CHECK(validate(bad).message() == "heads = 7 is not kKvHeadMean or kQueryHead");
+  bad = c;
+  bad.policy = CompressionPolicy::kStreamingLLM;
+  bad.sinks = 17;
+  CHECK(validate(bad).message() == "sinks = 17 must be in [0, capacity - window = 16]");
+  bad.policy = CompressionPolicy::kSnapKV;  // sinks are StreamingLLM's only; pooling is SnapKV's
+  bad.pool.kernel = 0;
+  CHECK(validate(bad).message() == "pool.kernel = 0 must be odd and >= 1");
+  CHECK(validate(c, PromptCompressionShape{1, 2, 4, 50}).ok());
+  CHECK(validate(c, PromptCompressionShape{1, 2, 3, 50}).message() ==
+        "num_q_heads = 3 must be a positive multiple of num_kv_heads = 2");
+  CHECK(validate(c, PromptCompressionShape{-1, 2, 4, 50}).message() == "batch = -1 must be >= 0");
+}
+
+TEST_CASE("compress_prompt: workspace and device-fact errors name what is missing, before any stage runs") {
+  auto rng = kvsift_test::make_rng(68);
+  Prompt p(rng, 1, 2, 2, 50, 8, 4);
+  const auto c = config(CompressionPolicy::kClusterAttn, 20, 4);
+  const PromptCompressionShape shape{1, 2, 4, 50};
+  std::vector<float> k(2 * 20 * 8), v(k.size());
+  std::vector<std::int32_t> len(1, 20), nl(1, -7);
+  const auto dst = make_bhsd(k.data(), v.data(), 1, 2, 20, 8, len.data());
+
+  CHECK(compress_prompt_workspace_bytes(host::Exec{}, c, shape, nullptr).message() == "bytes is null");
+  std::size_t bytes = 0;
+  auto bad = c;
+  bad.capacity = 4;
+  CHECK(compress_prompt_workspace_bytes(host::Exec{}, bad, shape, &bytes).message() ==
+        "capacity = 4 must be > window = 4 (Cp <= W keeps no prefix)");
+  REQUIRE(compress_prompt_workspace_bytes(host::Exec{}, c, shape, &bytes).ok());
+  REQUIRE(bytes > 0);
+  std::vector<unsigned char> ws(bytes + 256);
+  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+  auto run = [&](const host::Exec& exec, Workspace w) {
+    return compress_prompt(exec, c, shape, p.view(), p.queries(), nullptr, dst, CompactOutputs{nl.data()}, w);
+  };
+
+  Status st = run(host::Exec{}, Workspace{base, bytes - 1});
+  CHECK(st.code() == StatusCode::kInsufficientSpace);
+  CHECK(st.message() == "workspace.bytes = " + std::to_string(bytes - 1) + " is smaller than the " +
+                            std::to_string(bytes) + " bytes required (ask the workspace-size query)");
+  st = run(host::Exec{}, Workspace{});
+  CHECK(st.code() == StatusCode::kNullPointer);
+  CHECK(st.message() == "workspace.data is null (ask compress_prompt_workspace_bytes)");
+  host::Exec no_facts;
+  no_facts.device = DeviceFacts{};
+  st = run(no_facts, Workspace{base, bytes});
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message() == "compress_prompt: exec.device.num_sms = 0 (make the Exec with Exec::for_current_device(stream), "
+                        "or fill its DeviceFacts)");
+  CHECK(nl[0] == -7);  // nothing ran
+  REQUIRE(run(host::Exec{}, Workspace{base, bytes}).ok());
+  CHECK(nl[0] == 20);
+}
+
+TEST_CASE("calibrate_num_block: a workspace too small names the bytes") {
+  auto rng = kvsift_test::make_rng(69);
+  const int L = 120, W = 8, D = 8, T = 2;
+  Prompt p(rng, 1, 1, 2, L, D, W);
+  std::vector<float> dq = kvsift_test::random_values<float>(rng, std::size_t(T) * 2 * D, -1.f, 1.f);
+  const auto c = config(CompressionPolicy::kClusterAttn, 40, W);
+  const PromptCompressionShape shape{1, 1, 2, L};
+  std::vector<float> sk(std::size_t(c.capacity) * D), sv(sk.size());
+  std::vector<std::int32_t> slen(1, c.capacity);
+  const auto scratch = make_bhsd(sk.data(), sv.data(), 1, 1, c.capacity, D, slen.data());
+  CHECK(calibrate_num_block_workspace_bytes(host::Exec{}, c, shape, T, nullptr).message() == "bytes is null");
+  std::size_t bytes = 0;
+  REQUIRE(calibrate_num_block_workspace_bytes(host::Exec{}, c, shape, T, &bytes).ok());
+  std::vector<unsigned char> ws(bytes + 256);
+  void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+  NumBlockCalibration result;
+  const auto st = calibrate_num_block(host::Exec{}, c, shape, p.view(), p.queries(), nullptr,
+                                      make_query_rows<float>(dq.data(), T, 2, D), T, {4, 8}, scratch, &result,
+                                      Workspace{base, bytes / 2});
+  CHECK(st.code() == StatusCode::kInsufficientSpace);
+  CHECK(st.message() == "workspace.bytes = " + std::to_string(bytes / 2) + " is smaller than the " +
+                            std::to_string(bytes) + " bytes required (ask the workspace-size query)");
 }

@@ -188,3 +188,13 @@ TEST_CASE("copy_kv_to_dense rejects bad arguments with a Status") {
         "max_tokens = -1 must be >= 0");
   CHECK(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, 4, nullptr, out.data()).message() == "k_out is null");
 }
+
+TEST_CASE("copy_kv_to_dense needs no workspace") {
+  std::vector<float> k(64), v(64), k_out(64), v_out(64);
+  std::int32_t len = 4;
+  const auto kv = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 4, 8, &len);
+  std::size_t bytes = 1;
+  REQUIRE(kvsift::copy_kv_to_dense_workspace_bytes(kvsift::host::Exec{}, kv, 4, k_out.data(), v_out.data(), &bytes).ok());
+  CHECK(bytes == 0);
+  CHECK(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, 4, k_out.data(), v_out.data(), kvsift::Workspace{}).ok());
+}

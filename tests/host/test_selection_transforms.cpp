@@ -6,7 +6,11 @@
 #include <vector>
 
 #include "kvsift/ops/cluster_flags.hpp"
+#include "kvsift/ops/cluster_flags_plan.hpp"
+#include "kvsift/ops/cluster_flags_reference.hpp"
 #include "kvsift/ops/score_pooling.hpp"
+#include "kvsift/ops/score_pooling_plan.hpp"
+#include "kvsift/ops/score_pooling_reference.hpp"
 #include "support/random.hpp"
 
 using namespace kvsift;
@@ -123,4 +127,18 @@ TEST_CASE("cluster_flags: no block above theta flags nothing; theta below everyt
   c.theta = -1.f;
   CHECK(host::cluster_flags(host::Exec{}, make_strided_view<const float>(s.data(), 1, 100), nullptr, c,
                             make_strided_view(f.data(), 1, 100)).message() == "theta = -1 must be >= 0");
+}
+
+TEST_CASE("pool_scores and cluster_flags: the host reference asks for no workspace") {
+  const auto scores = make_strided_view<const float>(nullptr, 3, 1000);
+  const auto pooled = make_strided_view<float>(nullptr, 3, 1000);
+  const auto flags = make_strided_view<std::uint8_t>(nullptr, 3, 1000);
+  std::size_t bytes = 1;
+  REQUIRE(pool_scores_workspace_bytes(host::Exec{}, scores, nullptr, PoolParams{}, pooled, &bytes).ok());
+  CHECK(bytes == 0);
+  bytes = 1;
+  REQUIRE(cluster_flags_workspace_bytes(host::Exec{}, scores, nullptr, ClusterParams{}, flags, &bytes).ok());
+  CHECK(bytes == 0);
+  CHECK(cluster_flags_workspace_bytes(host::Exec{}, scores, nullptr, ClusterParams{}, flags, nullptr).message() ==
+        "bytes is null");
 }

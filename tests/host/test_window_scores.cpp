@@ -1,9 +1,12 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kvsift/ops/window_scores.hpp"
+#include "kvsift/ops/window_scores_plan.hpp"
+#include "kvsift/ops/window_scores_reference.hpp"
 #include "support/prompt_fixtures.hpp"
 
 using namespace kvsift;
@@ -138,4 +141,28 @@ TEST_CASE("window_scores rejects bad parameters with a named Status") {
   q = p.queries();
   q.data = nullptr;
   CHECK(run(params, q).code() == StatusCode::kNullPointer);
+}
+
+TEST_CASE("window_scores and scored_prefix_lengths: the host reference asks for no workspace") {
+  auto rng = kvsift_test::make_rng(43);
+  kvsift_test::Prompt p(rng, 2, 2, 2, 30, 8, 4);
+  std::vector<float> out(2 * 2 * 30);
+  std::vector<std::int32_t> lengths(4);
+  WindowScoreParams params;
+  params.window = 4;
+  params.num_queries = 4;
+  const auto scores = make_strided_view(out.data(), 4, 30);
+  std::size_t bytes = 1;
+  REQUIRE(window_scores_workspace_bytes(host::Exec{}, p.view(), p.queries(), params, scores, &bytes).ok());
+  CHECK(bytes == 0);
+  CHECK(window_scores_workspace_bytes(host::Exec{}, p.view(), p.queries(), params, scores, nullptr).message() ==
+        "bytes is null");
+  bytes = 1;
+  REQUIRE(scored_prefix_lengths_workspace_bytes(host::Exec{}, p.view(), 4, 2, 30, lengths.data(), &bytes).ok());
+  CHECK(bytes == 0);
+  REQUIRE(host::scored_prefix_lengths(host::Exec{}, p.view(), 4, 2, 30, lengths.data(), Workspace{}).ok());
+  const int second = std::max(0, p.lengths[1] - 4);  // [0, L - window) of a prompt no longer than cols
+  CHECK(lengths == std::vector<std::int32_t>{26, 26, second, second});
+  CHECK(host::scored_prefix_lengths(host::Exec{}, p.view(), 4, 0, 30, lengths.data()).message() ==
+        "heads_per_sequence = 0 must be > 0");
 }

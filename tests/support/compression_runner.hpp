@@ -1,6 +1,7 @@
 #pragma once
 // Runs compress_prompt on the host into a fresh BHSD destination and keeps every output for checks.
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -26,11 +27,14 @@ struct HostCompression {
     positions.assign(std::size_t(p.batch) * heads * slots, -2);
     dst_lengths.assign(p.batch, slots);
     auto dst = kvsift::make_bhsd(k.data(), v.data(), p.batch, heads, slots, p.head_dim, dst_lengths.data());
-    std::vector<unsigned char> ws(kvsift::compress_prompt_workspace_bytes(c, shape) + kvsift::kWorkspaceAlignment);
+    const kvsift::host::Exec exec;
+    std::size_t bytes = 0;
+    status = kvsift::compress_prompt_workspace_bytes(exec, c, shape, &bytes);
+    if (!status.ok()) return;
+    std::vector<unsigned char> ws(bytes + kvsift::kWorkspaceAlignment);
     void* base = reinterpret_cast<void*>(kvsift::align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
     kvsift::CompactOutputs out{new_lengths.data(), positions.data(), slots};
-    status = kvsift::compress_prompt(kvsift::host::Exec{}, c, shape, p.view(), p.queries(), lse, dst, out, base,
-                                     ws.size() - kvsift::kWorkspaceAlignment);
+    status = kvsift::compress_prompt(exec, c, shape, p.view(), p.queries(), lse, dst, out, kvsift::Workspace{base, bytes});
   }
   // Kept prefix positions of row r (slots before the window).
   std::vector<int> kept_prefix(int r, int len, int window) const {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kvsift/kv/contiguous_kv.hpp"
-#include "kvsift/ops/window_scores.hpp"
+#include "kvsift/core/query_rows.hpp"
 #include "support/random.hpp"
 
 namespace kvsift_test {

@@ -655,7 +655,9 @@ class Decoder {
     const int B = batch_;
     const kvsift::PromptCompressionConfig config = policy_.compression_config();
     const kvsift::PromptCompressionShape shape{B, c_.num_kv_heads, c_.num_q_heads, lim_.max_prompt_len};
-    Buffer<unsigned char> ws = be_.template alloc<unsigned char>(kvsift::compress_prompt_workspace_bytes(config, shape));
+    std::size_t ws_bytes = 0;
+    check(kvsift::compress_prompt_workspace_bytes(be_.exec(), config, shape, &ws_bytes), "compress_prompt workspace");
+    Buffer<unsigned char> ws = be_.template alloc<unsigned char>(ws_bytes);
     Buffer<std::int32_t> new_lengths = be_.template alloc<std::int32_t>(std::size_t(B));
     be_.upload(lengths_.data(), prompt_len_.data(), std::size_t(B));
     for (int l = 0; l < c_.num_layers; ++l) {
@@ -666,7 +668,8 @@ class Decoder {
       out.new_lengths = new_lengths.data();
       from.with_view(B, lengths_.data(), [&](const auto& src) {
         decode_caches_[std::size_t(l)].with_view(B, new_lengths.data(), [&](const auto& dst) {
-          check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out, ws.data(), ws.size()),
+          check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out,
+                                        kvsift::Workspace{ws.data(), ws.size()}),
                 "compress_prompt (layer " + std::to_string(l) + ")");
         });
       });

@@ -8,7 +8,6 @@
 #include <kvsift/gates/roles_file.hpp>
 
 #include "engine/errors.hpp"
-#include "engine/kvsift_public_shim.hpp"
 
 namespace minimal_decoder {
 

@@ -60,7 +60,9 @@ int run_calibrate_clusterattn(Backend& be, const PasskeyToolOptions& o, const Mo
       const auto scratch = kvsift::make_bhsd(scratch_k.data(), scratch_v.data(), B, config.num_kv_heads, base.capacity, D,
                                              lengths.data());
       auto queries = be.template alloc<float>(dq[0].size());
-      auto ws = be.template alloc<unsigned char>(kvsift::calibrate_num_block_workspace_bytes(base, shape, steps));
+      std::size_t ws_bytes = 0;
+      check(kvsift::calibrate_num_block_workspace_bytes(be.exec(), base, shape, steps, &ws_bytes), "calibration workspace");
+      auto ws = be.template alloc<unsigned char>(ws_bytes);
       for (int t = 0; t < T; ++t) {
         kvsift::PromptCompressionConfig c = base;
         c.theta = o.thetas[std::size_t(t)];
@@ -71,7 +73,7 @@ int run_calibrate_clusterattn(Backend& be, const PasskeyToolOptions& o, const Mo
           check(kvsift::calibrate_num_block(be.exec(), c, shape, source->cache_view(l, lengths.data()),
                                             source->window_queries(l, c.window), nullptr,
                                             kvsift::make_query_rows<float>(queries.data(), steps, Hq, D), steps,
-                                            o.num_blocks, scratch, ws.data(), ws.size(), &result),
+                                            o.num_blocks, scratch, &result, kvsift::Workspace{ws.data(), ws.size()}),
                 "calibrate_num_block (layer " + std::to_string(l) + ")");
           for (int n = 0; n < N; ++n)
             cosine[std::size_t(t * N + n)] += result.table[std::size_t(n)].mean_cosine * B / config.num_layers;

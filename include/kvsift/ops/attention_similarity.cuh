@@ -1,100 +1,31 @@
 #pragma once
-// CUDA backend of attention_cosine (contract in attention_similarity.hpp). One block per (query,
-// query head, sequence); three passes over the keys recompute the logits (max, then normalisers, then
-// the dot product and norms), so nothing of size L is stored. Kept membership is a binary search in
-// the row's kept positions, which must be ascending with any negative (unused) entries at the end,
-// as compact_kv writes them. Meant for calibration and fidelity reports, not the decode hot path.
+// CUDA backend of attention_cosine (contract in attention_similarity.hpp, plan and workspace query in
+// attention_similarity_plan.hpp, kernel in detail/attention_similarity_kernel.cuh). Meant for
+// calibration and fidelity reports, not the decode hot path.
 
-#include "kvsift/core/exec_cuda.cuh"
+#include <cstdint>
+
 #include "kvsift/core/cuda_status.cuh"
-#include "kvsift/core/reduce.cuh"
+#include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/attention_similarity.hpp"
+#include "kvsift/ops/attention_similarity_plan.hpp"
+#include "kvsift/ops/detail/attention_similarity_kernel.cuh"
 
 namespace kvsift {
-namespace detail {
-
-inline constexpr int kCosineThreads = 256;
-
-__device__ inline bool kept_contains(const std::int32_t* row, int count, int j) {
-  // Valid entries are the leading non-negative ones.
-  int lo = 0, hi = count;
-  while (lo < hi) {
-    const int mid = (lo + hi) / 2;
-    if (row[mid] >= 0) lo = mid + 1; else hi = mid;
-  }
-  int a = 0, b = lo;
-  while (a < b) {
-    const int mid = (a + b) / 2;
-    if (row[mid] < j) a = mid + 1; else b = mid;
-  }
-  return a < lo && row[a] == j;
-}
-
-template <class View, class QT>
-__global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View kv, QueryRows<QT> q, int num_queries,
-                                                                           float scale, KeptPositions kept, float* cosine) {
-  extern __shared__ float q_shared[];
-  using Reduce = BlockAllReduce<float, kCosineThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  const int t = blockIdx.x, bh = blockIdx.y, b = bh / q.num_heads, h = bh % q.num_heads;
-  const int G = q.num_heads / kv.num_kv_heads, kh = h / G;
-  const int L = kv.length(b);
-  const std::int32_t* kept_row = kept.data + (b * kept.heads + (kept.heads == q.num_heads ? h : kh)) * kept.stride;
-  for (int e = threadIdx.x; e < kv.head_dim; e += blockDim.x) q_shared[e] = to_float(q.row(b, t, h)[e]) * scale;
-  __syncthreads();
-  auto logit = [&](int j) {
-    const auto* k = kv.k_row(b, kh, j);
-    float s = 0.f;
-    for (int e = 0; e < kv.head_dim; ++e) s = fmaf(q_shared[e], to_float(k[e]), s);
-    return s;
-  };
-  float m_full = -INFINITY, m_kept = -INFINITY;
-  for (int j = threadIdx.x; j < L; j += blockDim.x) {
-    const float x = logit(j);
-    m_full = fmaxf(m_full, x);
-    if (kept_contains(kept_row, kept.count, j)) m_kept = fmaxf(m_kept, x);
-  }
-  m_full = Reduce::max(tmp, m_full);
-  m_kept = Reduce::max(tmp, m_kept);
-  float z_full = 0.f, z_kept = 0.f;
-  for (int j = threadIdx.x; j < L; j += blockDim.x) {
-    const float x = logit(j);
-    z_full += expf(x - m_full);
-    if (kept_contains(kept_row, kept.count, j)) z_kept += expf(x - m_kept);
-  }
-  z_full = Reduce::sum(tmp, z_full);
-  z_kept = Reduce::sum(tmp, z_kept);
-  float dot = 0.f, n_full = 0.f, n_kept = 0.f;
-  for (int j = threadIdx.x; j < L; j += blockDim.x) {
-    const float x = logit(j);
-    const float af = expf(x - m_full) / z_full;
-    const float ak = kept_contains(kept_row, kept.count, j) ? expf(x - m_kept) / z_kept : 0.f;
-    dot += af * ak;
-    n_full += af * af;
-    n_kept += ak * ak;
-  }
-  dot = Reduce::sum(tmp, dot);
-  n_full = Reduce::sum(tmp, n_full);
-  n_kept = Reduce::sum(tmp, n_kept);
-  if (threadIdx.x == 0)
-    cosine[(std::int64_t(b) * q.num_heads + h) * num_queries + t] =
-        (n_full > 0.f && n_kept > 0.f) ? dot * rsqrtf(n_full * n_kept) : 0.f;
-}
-
-}  // namespace detail
-
 namespace cuda {
 
+// Same contract as host::attention_cosine; pointers are device pointers. Asynchronous on exec.stream.
 template <class View, class QT>
-Status attention_cosine(Exec exec, const View& kv, const QueryRows<QT>& q, int num_queries, float sm_scale,
-                        const KeptPositions& kept, float* cosine) {
+Status attention_cosine(const Exec& exec, const View& kv, const QueryRows<QT>& q, int num_queries, float sm_scale,
+                        const KeptPositions& kept, float* cosine, Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_attention_cosine(kv, q, num_queries, kept, cosine));
   if (kv.batch == 0 || num_queries == 0) return Status();
   KVSIFT_REQUIRE(std::int64_t(kv.batch) * q.num_heads <= 65535, kUnsupported, "batch * q.num_heads must be <= 65535");
-  const float scale = detail::resolve_sm_scale(sm_scale, kv.head_dim);
+  const detail::AttentionCosineLaunch launch{num_queries, kept, cosine, detail::plan_attention_cosine(kv, sm_scale)};
   detail::attention_cosine_kernel<<<dim3(num_queries, kv.batch * q.num_heads), detail::kCosineThreads,
-                                    sizeof(float) * kv.head_dim, exec.stream>>>(kv, q, num_queries, scale, kept, cosine);
+                                    launch.plan.smem_bytes, exec.stream>>>(kv, q, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

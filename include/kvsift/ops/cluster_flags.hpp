@@ -10,7 +10,7 @@
 // flagged tokens ahead of all others (FlagFirstKey), which is exactly "keep the clusters; if they
 // overflow the budget keep their best tokens; if they underflow, fill from the gaps by score".
 //
-// The paper leaves two relations open (specs: ClusterAttn open questions Q1/Q2); both are switchable:
+// The paper leaves two relations open, the block size and the neighbourhood radius; both are switchable:
 //   BlockRule::kPrefixSplit (A, default)  block = ceil(n / num_block)
 //   BlockRule::kBudgetSplit (B)           block = max(1, floor(budget / num_block))
 //   RadiusRule::kHalfBlock (r1, default)  tokens within floor(block / 2) of a centre
@@ -18,16 +18,19 @@
 //                                         blocks of a centre's block
 //   RadiusRule::kFixed (r3)               tokens within `fixed_radius` of a centre
 // With no centre the flags are all 0 and the selection degenerates to plain top-k of the scores.
+//
+// This header is the contract (parameters, the per-row rules every backend evaluates the same way,
+// validation). The scratch layout and workspace query are in cluster_flags_plan.hpp, the host
+// reference in cluster_flags_reference.hpp, the CUDA launcher in cluster_flags.cuh (kernels in
+// detail/cluster_flags_kernels.cuh).
 
 #include <cmath>
 #include <cstdint>
-#include <vector>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
 #include "kvsift/core/strided_view.hpp"
-#include "kvsift/core/workspace.hpp"
-#include "kvsift/ops/score_pooling.hpp"
+#include "kvsift/ops/score_pooling.hpp"  // detail::clamp_row_length
 
 namespace kvsift {
 
@@ -103,8 +106,7 @@ KVSIFT_HD inline bool near_centre(const std::int32_t* centre_of_block, int num_b
   return false;
 }
 
-inline Status validate_cluster_flags(const StridedView2D<const float>& scores, const ClusterParams& p,
-                                     const StridedView2D<std::uint8_t>& flags) {
+inline Status validate_cluster_params(const ClusterParams& p) {
   KVSIFT_REQUIRE(p.num_block >= 1, kInvalidArgument, "num_block = ", p.num_block, " must be >= 1");
   KVSIFT_REQUIRE(p.theta >= 0.f, kInvalidArgument, "theta = ", p.theta, " must be >= 0");
   KVSIFT_REQUIRE(p.budget >= 0, kInvalidArgument, "budget = ", p.budget, " must be >= 0");
@@ -114,6 +116,12 @@ inline Status validate_cluster_flags(const StridedView2D<const float>& scores, c
                      p.radius_rule == RadiusRule::kFixed,
                  kInvalidArgument, "radius_rule = ", static_cast<int>(p.radius_rule), " is not a RadiusRule");
   KVSIFT_REQUIRE(p.fixed_radius >= 0, kInvalidArgument, "fixed_radius = ", p.fixed_radius, " must be >= 0");
+  return Status();
+}
+
+inline Status validate_cluster_flags(const StridedView2D<const float>& scores, const ClusterParams& p,
+                                     const StridedView2D<std::uint8_t>& flags) {
+  KVSIFT_TRY(validate_cluster_params(p));
   KVSIFT_TRY(scores.validate("scores"));
   KVSIFT_TRY(flags.validate("flags"));
   KVSIFT_REQUIRE(flags.rows >= scores.rows && flags.cols >= scores.cols, kInvalidArgument, "flags = ", flags.rows,
@@ -123,45 +131,4 @@ inline Status validate_cluster_flags(const StridedView2D<const float>& scores, c
 
 }  // namespace detail
 
-// Scratch: the centre of every block of every row (int32 [rows, cols]) and the centre count per row.
-inline std::size_t cluster_flags_workspace_bytes(std::int64_t rows, std::int64_t cols) {
-  WorkspaceCarver ws(nullptr, 0);
-  ws.take<std::int32_t>(std::size_t(rows * cols));
-  ws.take<std::int32_t>(std::size_t(rows));
-  return ws.required_bytes();
-}
-
-namespace host {
-
-// The workspace arguments mirror the CUDA signature; the host needs none.
-inline Status cluster_flags(Exec, StridedView2D<const float> scores, const std::int32_t* row_lengths,
-                            const ClusterParams& params, StridedView2D<std::uint8_t> flags, void* workspace = nullptr,
-                            std::size_t workspace_bytes = 0) {
-  (void)workspace;
-  (void)workspace_bytes;
-  KVSIFT_TRY(detail::validate_cluster_flags(scores, params, flags));
-  std::vector<std::int32_t> centre;
-  for (std::int64_t r = 0; r < scores.rows; ++r) {
-    const int n = detail::clamp_row_length(row_lengths, r, scores.cols);
-    if (n == 0) continue;
-    const int block = detail::cluster_block_size(params, n);
-    const int num_blocks = (n + block - 1) / block;
-    centre.assign(num_blocks, -1);
-    int centres = 0;
-    for (int k = 0; k < num_blocks; ++k) {
-      float m;
-      const int arg = detail::block_argmax(scores.row(r), n, block, k, &m);
-      if (arg >= 0 && m > params.theta) {
-        centre[k] = arg;
-        ++centres;
-      }
-    }
-    const int radius = detail::cluster_radius(params, block, centres);
-    for (int j = 0; j < n; ++j)
-      flags(r, j) = detail::near_centre(centre.data(), num_blocks, block, j, params, radius) ? 1 : 0;
-  }
-  return Status();
-}
-
-}  // namespace host
 }  // namespace kvsift

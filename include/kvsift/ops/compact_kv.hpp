@@ -17,11 +17,15 @@
 // by the CUDA backend (slots are written in parallel).
 // Entries of `kept` outside [0, L - w) are skipped (their slots are not written) rather than read out
 // of bounds; the policies never produce them.
+//
+// This header is the contract (outputs, validation, the slot map every backend uses). The workspace
+// query is in compact_kv_plan.hpp, the host reference in compact_kv_reference.hpp, the CUDA launcher
+// in compact_kv.cuh (kernel in detail/compact_kv_kernel.cuh).
 
 #include <cstdint>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
 
@@ -74,38 +78,4 @@ KVSIFT_HD inline int compact_source_position(const ConstIndexSet& kept, int r, i
 
 }  // namespace detail
 
-namespace host {
-
-template <class Src, class Dst>
-Status compact_kv(Exec, const Src& src, ConstIndexSet kept, int window, const Dst& dst, CompactOutputs out) {
-  static_assert(check_kv_view<Src>());
-  static_assert(check_kv_view<Dst>());
-  KVSIFT_TRY(detail::validate_compact_kv(src, kept, window, dst, out));
-  const int group = dst.num_kv_heads / src.num_kv_heads;
-  const int slots = kept.capacity + window;
-  for (int b = 0; b < dst.batch; ++b) {
-    const int len = src.length(b);
-    for (int h = 0; h < dst.num_kv_heads; ++h) {
-      const int r = b * dst.num_kv_heads + h;
-      for (int s = 0; s < slots; ++s) {
-        const int p = detail::compact_source_position(kept, r, s, len, window);
-        if (out.positions) out.positions[r * out.positions_stride + s] = p;
-        if (p < 0) continue;
-        const auto* ks = src.k_row(b, h / group, p);
-        const auto* vs = src.v_row(b, h / group, p);
-        auto* kd = dst.k_row(b, h, s);
-        auto* vd = dst.v_row(b, h, s);
-        for (int e = 0; e < src.head_dim; ++e) {
-          kd[e] = ks[e];
-          vd[e] = vs[e];
-        }
-      }
-    }
-    const int w = window < len ? window : len;
-    out.new_lengths[b] = kept.count(b * dst.num_kv_heads) + w;
-  }
-  return Status();
-}
-
-}  // namespace host
 }  // namespace kvsift

@@ -7,12 +7,16 @@
 //   kMax:  out[j] = max of in[t], t in [j - p, j + p] and inside the row             (pads are -inf)
 //
 // Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
+//
+// This header is the contract (parameters, validation). The workspace query is in score_pooling_plan.hpp,
+// the host reference in score_pooling_reference.hpp, the CUDA launcher in score_pooling.cuh (kernel in
+// detail/score_pooling_kernel.cuh).
 
 #include <cmath>
 #include <cstdint>
 
-#include "kvsift/core/exec.hpp"
 #include "kvsift/core/check.hpp"
+#include "kvsift/core/config.hpp"
 #include "kvsift/core/strided_view.hpp"
 
 namespace kvsift {
@@ -45,12 +49,17 @@ KVSIFT_HD inline float pool_at(const float* row, int n, int j, PoolParams p) {
   return s / float(p.kernel);
 }
 
-inline Status validate_pool_scores(const StridedView2D<const float>& in, const PoolParams& p,
-                                   const StridedView2D<float>& out) {
+inline Status validate_pool_params(const PoolParams& p) {
   KVSIFT_REQUIRE(p.kernel >= 1 && p.kernel % 2 == 1, kInvalidArgument, "pool.kernel = ", p.kernel,
                  " must be odd and >= 1");
   KVSIFT_REQUIRE(p.kind == PoolKind::kAvg || p.kind == PoolKind::kMax, kInvalidArgument, "pool.kind = ",
                  static_cast<int>(p.kind), " is not kAvg or kMax");
+  return Status();
+}
+
+inline Status validate_pool_scores(const StridedView2D<const float>& in, const PoolParams& p,
+                                   const StridedView2D<float>& out) {
+  KVSIFT_TRY(validate_pool_params(p));
   KVSIFT_TRY(in.validate("scores"));
   KVSIFT_TRY(out.validate("pooled"));
   KVSIFT_REQUIRE(out.rows >= in.rows && out.cols >= in.cols, kInvalidArgument, "pooled = ", out.rows, " x ",
@@ -62,17 +71,4 @@ inline Status validate_pool_scores(const StridedView2D<const float>& in, const P
 
 }  // namespace detail
 
-namespace host {
-
-inline Status pool_scores(Exec, StridedView2D<const float> in, const std::int32_t* row_lengths, PoolParams params,
-                          StridedView2D<float> out) {
-  KVSIFT_TRY(detail::validate_pool_scores(in, params, out));
-  for (std::int64_t r = 0; r < in.rows; ++r) {
-    const int n = detail::clamp_row_length(row_lengths, r, in.cols);
-    for (int j = 0; j < n; ++j) out(r, j) = detail::pool_at(in.row(r), n, j, params);
-  }
-  return Status();
-}
-
-}  // namespace host
 }  // namespace kvsift

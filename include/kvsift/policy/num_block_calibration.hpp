@@ -12,13 +12,19 @@
 // the candidates' order). This is an offline procedure: it reads the scores back to the host, which
 // synchronises a CUDA stream; never call it inside a decode step.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/workspace.hpp"
+#include "kvsift/core/exec.hpp"
+#include "kvsift/core/query_rows.hpp"
+#include "kvsift/kv/contiguous_kv.hpp"
 #include "kvsift/ops/attention_similarity.hpp"
+#include "kvsift/ops/attention_similarity_plan.hpp"
+#include "kvsift/ops/attention_similarity_reference.hpp"
 #include "kvsift/policy/prompt_compression.hpp"
 
 namespace kvsift {
@@ -36,42 +42,69 @@ struct NumBlockCalibration {
 
 namespace detail {
 
+// Buffers of the calibration, carved from one workspace in a fixed order.
 struct CalibrationScratch {
   std::int32_t* positions = nullptr;
   std::int32_t* new_lengths = nullptr;
   float* cosine = nullptr;
-  void* compression_ws = nullptr;
-  std::size_t compression_ws_bytes = 0;
+  Workspace stage;  // compress_prompt's workspace, then attention_cosine's: they run one after another
 };
 
 inline CalibrationScratch carve_calibration(WorkspaceCarver& ws, const PromptCompressionConfig& c,
-                                            const PromptCompressionShape& s, int num_decode_queries) {
+                                            const PromptCompressionShape& s, int num_decode_queries,
+                                            std::size_t stage_bytes) {
   CalibrationScratch x;
   x.positions = ws.take<std::int32_t>(std::size_t(s.rows(c)) * c.capacity);
   x.new_lengths = ws.take<std::int32_t>(std::size_t(s.batch));
   x.cosine = ws.take<float>(std::size_t(s.batch) * s.num_q_heads * num_decode_queries);
-  x.compression_ws_bytes = compress_prompt_workspace_bytes(c, s);
-  x.compression_ws = ws.take<unsigned char>(x.compression_ws_bytes);
+  x.stage = Workspace{ws.take<unsigned char>(stage_bytes), stage_bytes};
   return x;
+}
+
+// The larger of compress_prompt's workspace and attention_cosine's, from the shapes alone.
+template <class Exec>
+Status calibration_stage_bytes(const Exec& exec, const PromptCompressionConfig& c, const PromptCompressionShape& s,
+                               int num_decode_queries, std::size_t* bytes) {
+  std::size_t compression = 0, cosine = 0;
+  KVSIFT_TRY(compress_prompt_workspace_bytes(exec, c, s, &compression));
+  ContiguousKV<float> kv;
+  kv.batch = s.batch;
+  kv.num_kv_heads = s.num_kv_heads;
+  QueryRows<float> q;
+  q.num_heads = s.num_q_heads;
+  q.capacity = num_decode_queries;
+  const int heads = s.score_heads(c);
+  const KeptPositions kept{nullptr, s.batch * heads, heads, c.capacity, c.capacity};
+  KVSIFT_TRY(attention_cosine_workspace_bytes(exec, kv, q, num_decode_queries, c.sm_scale, kept, nullptr, &cosine));
+  *bytes = std::max(compression, cosine);
+  return Status();
 }
 
 }  // namespace detail
 
-inline std::size_t calibrate_num_block_workspace_bytes(const PromptCompressionConfig& config,
-                                                       const PromptCompressionShape& shape, int num_decode_queries) {
+// Workspace calibrate_num_block needs, from the shapes alone (no device memory touched).
+template <class Exec>
+Status calibrate_num_block_workspace_bytes(const Exec& exec, const PromptCompressionConfig& config,
+                                           const PromptCompressionShape& shape, int num_decode_queries,
+                                           std::size_t* bytes) {
+  KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
+  std::size_t stage_bytes = 0;
+  KVSIFT_TRY(detail::calibration_stage_bytes(exec, config, shape, num_decode_queries, &stage_bytes));
   WorkspaceCarver ws(nullptr, 0);
-  detail::carve_calibration(ws, config, shape, num_decode_queries);
-  return ws.required_bytes();
+  detail::carve_calibration(ws, config, shape, num_decode_queries, stage_bytes);
+  *bytes = ws.required_bytes();
+  return Status();
 }
 
 // `scratch_dst` receives each candidate's compressed cache (capacity >= config.capacity; its contents
 // are overwritten). `decode_queries` holds num_decode_queries post-RoPE queries per sequence.
+// `workspace` holds calibrate_num_block_workspace_bytes bytes for this exec, config and shape.
 template <class Exec, class Src, class QT, class Dst>
-Status calibrate_num_block(Exec exec, PromptCompressionConfig config, const PromptCompressionShape& shape,
+Status calibrate_num_block(const Exec& exec, PromptCompressionConfig config, const PromptCompressionShape& shape,
                            const Src& src, const QueryRows<QT>& window_queries, const float* lse,
                            const QueryRows<QT>& decode_queries, int num_decode_queries,
-                           const std::vector<int>& candidates, const Dst& scratch_dst, void* workspace,
-                           std::size_t workspace_bytes, NumBlockCalibration* result) {
+                           const std::vector<int>& candidates, const Dst& scratch_dst, NumBlockCalibration* result,
+                           Workspace workspace) {
   KVSIFT_REQUIRE(config.policy == CompressionPolicy::kClusterAttn, kInvalidArgument, "config.policy = ",
                  to_string(config.policy), " must be ClusterAttn");
   KVSIFT_REQUIRE(!candidates.empty(), kInvalidArgument, "candidates is empty");
@@ -79,9 +112,12 @@ Status calibrate_num_block(Exec exec, PromptCompressionConfig config, const Prom
                  " must be >= 1");
   KVSIFT_REQUIRE_NOT_NULL(result, "result");
   for (int nb : candidates) KVSIFT_REQUIRE(nb >= 1, kInvalidArgument, "candidate num_block = ", nb, " must be >= 1");
-  WorkspaceCarver ws(workspace, workspace_bytes);
-  const detail::CalibrationScratch x = detail::carve_calibration(ws, config, shape, num_decode_queries);
-  KVSIFT_REQUIRE(workspace != nullptr, kNullPointer, "workspace is null (ask calibrate_num_block_workspace_bytes)");
+  std::size_t stage_bytes = 0;
+  KVSIFT_TRY(detail::calibration_stage_bytes(exec, config, shape, num_decode_queries, &stage_bytes));
+  WorkspaceCarver ws(workspace);
+  const detail::CalibrationScratch x = detail::carve_calibration(ws, config, shape, num_decode_queries, stage_bytes);
+  KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
+                 "workspace.data is null (ask calibrate_num_block_workspace_bytes)");
   KVSIFT_TRY(ws.status());
 
   const int heads = shape.score_heads(config);
@@ -93,9 +129,9 @@ Status calibrate_num_block(Exec exec, PromptCompressionConfig config, const Prom
   for (int nb : candidates) {
     config.num_block = nb;
     KVSIFT_TRY(compress_prompt(exec, config, shape, src, window_queries, lse, scratch_dst,
-                               CompactOutputs{x.new_lengths, x.positions, config.capacity}, x.compression_ws,
-                               x.compression_ws_bytes));
-    KVSIFT_TRY(attention_cosine(exec, src, decode_queries, num_decode_queries, config.sm_scale, kept, x.cosine));
+                               CompactOutputs{x.new_lengths, x.positions, config.capacity}, x.stage));
+    KVSIFT_TRY(attention_cosine(exec, src, decode_queries, num_decode_queries, config.sm_scale, kept, x.cosine,
+                                x.stage));
     KVSIFT_TRY(read_to_host(exec, cosine.data(), x.cosine, n_cos * sizeof(float)));
     double sum = 0;
     for (float c : cosine) sum += c;

@@ -14,21 +14,36 @@
 // compressed cache is an ordinary cache of that length; a prompt with L <= Cp is copied whole. Decode
 // continues at the original positions L + t (keys keep their RoPE). One call handles a ragged batch.
 // No allocation and no host synchronisation inside: with cuda::Exec the call is graph-capturable;
-// size the workspace first with compress_prompt_workspace_bytes.
+// size the workspace first with compress_prompt_workspace_bytes (from the shape alone, once).
+// validate(config) and validate(config, shape) check a configuration before any buffer is sized.
 
 #include <cstddef>
 #include <cstdint>
 
+#include <algorithm>
+
 #include "kvsift/core/check.hpp"
+#include "kvsift/core/exec.hpp"
+#include "kvsift/core/query_rows.hpp"
+#include "kvsift/core/strided_view.hpp"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/contiguous_kv.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/ops/cluster_flags.hpp"
+#include "kvsift/ops/cluster_flags_plan.hpp"
+#include "kvsift/ops/cluster_flags_reference.hpp"
 #include "kvsift/ops/compact_kv.hpp"
+#include "kvsift/ops/compact_kv_plan.hpp"
+#include "kvsift/ops/compact_kv_reference.hpp"
 #include "kvsift/ops/score_pooling.hpp"
+#include "kvsift/ops/score_pooling_plan.hpp"
+#include "kvsift/ops/score_pooling_reference.hpp"
 #include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
 #include "kvsift/ops/topk_reference.hpp"
 #include "kvsift/ops/window_scores.hpp"
+#include "kvsift/ops/window_scores_plan.hpp"
+#include "kvsift/ops/window_scores_reference.hpp"
 
 namespace kvsift {
 
@@ -80,21 +95,35 @@ struct PromptCompressionShape {
   std::int64_t rows(const PromptCompressionConfig& c) const { return std::int64_t(batch) * score_heads(c); }
 };
 
-namespace detail {
+// The configuration alone: window, capacity, the policy and the parameters of its stages (StreamingLLM's
+// sinks, ClusterAttn's clustering, SnapKV's pooling), each message naming the field.
+inline Status validate(const PromptCompressionConfig& c) {
+  KVSIFT_REQUIRE(c.window >= 1, kInvalidArgument, "window = ", c.window, " must be >= 1");
+  KVSIFT_REQUIRE(c.capacity > c.window, kInvalidArgument, "capacity = ", c.capacity, " must be > window = ",
+                 c.window, " (Cp <= W keeps no prefix)");
+  KVSIFT_REQUIRE(c.policy != CompressionPolicy::kStreamingLLM || (c.sinks >= 0 && c.sinks <= c.budget()),
+                 kInvalidArgument, "sinks = ", c.sinks, " must be in [0, capacity - window = ", c.budget(), "]");
+  KVSIFT_REQUIRE(c.policy == CompressionPolicy::kClusterAttn || c.policy == CompressionPolicy::kSnapKV ||
+                     c.policy == CompressionPolicy::kStreamingLLM || c.policy == CompressionPolicy::kH2OPrefill,
+                 kInvalidArgument, "policy = ", static_cast<int>(c.policy), " is not a CompressionPolicy");
+  KVSIFT_TRY(detail::validate_score_heads(c.heads));
+  if (c.policy == CompressionPolicy::kClusterAttn) KVSIFT_TRY(detail::validate_cluster_params(c.cluster()));
+  if (c.policy == CompressionPolicy::kSnapKV) KVSIFT_TRY(detail::validate_pool_params(c.pool));
+  return Status();
+}
 
-// Scratch buffers of the pipeline, carved from one workspace in a fixed order.
-struct CompressionScratch {
-  float* scores = nullptr;
-  float* pooled = nullptr;
-  std::uint8_t* flags = nullptr;
-  void* cluster_ws = nullptr;
-  std::int32_t* row_lengths = nullptr;
-  std::int32_t* kept = nullptr;
-  std::int32_t* kept_counts = nullptr;
-  std::size_t cluster_ws_bytes = 0;
-  void* scores_ws = nullptr;
-  std::size_t scores_ws_bytes = 0;
-};
+// The configuration against the shapes the workspace is sized for.
+inline Status validate(const PromptCompressionConfig& c, const PromptCompressionShape& s) {
+  KVSIFT_TRY(validate(c));
+  KVSIFT_REQUIRE(s.max_prompt_len > c.window, kInvalidArgument, "window = ", c.window, " must be < max_prompt_len = ",
+                 s.max_prompt_len, " (a window covering the prompt leaves nothing to score)");
+  KVSIFT_REQUIRE(s.num_kv_heads > 0 && s.num_q_heads > 0 && s.num_q_heads % s.num_kv_heads == 0, kInvalidArgument,
+                 "num_q_heads = ", s.num_q_heads, " must be a positive multiple of num_kv_heads = ", s.num_kv_heads);
+  KVSIFT_REQUIRE(s.batch >= 0, kInvalidArgument, "batch = ", s.batch, " must be >= 0");
+  return Status();
+}
+
+namespace detail {
 
 // The window-score parameters of a policy (SnapKV and ClusterAttn: the window; H2O: all queries).
 inline WindowScoreParams score_params(const PromptCompressionConfig& c, const PromptCompressionShape& s,
@@ -109,127 +138,164 @@ inline WindowScoreParams score_params(const PromptCompressionConfig& c, const Pr
   return p;
 }
 
-// Window-score scratch for the largest shape, from a stand-in view and query rows (only their
-// shapes matter).
-inline std::size_t compression_score_ws_bytes(const PromptCompressionConfig& c, const PromptCompressionShape& s,
-                                              bool lse_given, int q_capacity) {
-  if (c.policy == CompressionPolicy::kStreamingLLM || lse_given) return 0;
-  ContiguousKV<float> shape_kv;
-  shape_kv.batch = s.batch;
-  shape_kv.num_kv_heads = s.num_kv_heads;
-  QueryRows<float> shape_q;
-  shape_q.num_heads = s.num_q_heads;
-  shape_q.capacity = q_capacity;
-  return window_scores_workspace_bytes(shape_kv, shape_q, score_params(c, s, nullptr));
+// Scratch of the stages' ops for the largest shape. The stages run one after another on the exec's
+// stream, so they share one region, sized for the largest: the window scores' softmax partials
+// (sized for the worst case: no lse from the engine, every prompt row a query for H2O), the
+// clustering's block centres, and whatever the other ops' queries report. Stand-in views carry the
+// shapes; no memory is touched.
+template <class Exec>
+Status compression_stage_bytes(const Exec& exec, const PromptCompressionConfig& c, const PromptCompressionShape& s,
+                               std::size_t* bytes) {
+  const std::int64_t rows = s.rows(c), cols = s.max_prompt_len;
+  const int heads = s.score_heads(c), budget = c.budget() > 0 ? c.budget() : 0;
+  ContiguousKV<float> kv;
+  kv.batch = s.batch;
+  kv.num_kv_heads = s.num_kv_heads;
+  ContiguousKV<float> dst = kv;
+  dst.num_kv_heads = heads;
+  QueryRows<float> q;
+  q.num_heads = s.num_q_heads;
+  q.capacity = s.max_prompt_len;
+  const auto scores = make_strided_view<float>(nullptr, rows, cols);
+  const auto selection_scores = make_strided_view<const float>(nullptr, rows, cols);
+  const auto flags = make_strided_view<std::uint8_t>(nullptr, rows, cols);
+  const IndexSet kept = make_index_set(nullptr, nullptr, int(rows), budget);
+  TopKParams select;
+  select.k = budget;
+
+  std::size_t need = 0, op = 0;
+  KVSIFT_TRY(scored_prefix_lengths_workspace_bytes(exec, kv, c.window, heads, cols, nullptr, &op));
+  need = std::max(need, op);
+  if (c.policy != CompressionPolicy::kStreamingLLM) {
+    KVSIFT_TRY(window_scores_workspace_bytes(exec, kv, q, score_params(c, s, nullptr), scores, &op));
+    need = std::max(need, op);
+  }
+  if (c.policy == CompressionPolicy::kSnapKV) {
+    KVSIFT_TRY(pool_scores_workspace_bytes(exec, selection_scores, nullptr, c.pool, scores, &op));
+    need = std::max(need, op);
+  }
+  if (c.policy == CompressionPolicy::kClusterAttn) {
+    KVSIFT_TRY(cluster_flags_workspace_bytes(exec, selection_scores, nullptr, c.cluster(), flags, &op));
+    need = std::max(need, op);
+    KVSIFT_TRY((topk_workspace_bytes<float, FlagFirstKey<float>>(exec, selection_scores, select, kept, &op)));
+  } else {
+    KVSIFT_TRY(topk_workspace_bytes<float>(exec, selection_scores, select, kept, &op));
+  }
+  need = std::max(need, op);
+  KVSIFT_TRY(compact_kv_workspace_bytes(exec, kv, as_const(kept), c.window, dst, CompactOutputs{}, &op));
+  *bytes = std::max(need, op);
+  return Status();
 }
 
+// Buffers of the pipeline, carved from one workspace in a fixed order.
+struct CompressionScratch {
+  float* scores = nullptr;
+  float* pooled = nullptr;
+  std::uint8_t* flags = nullptr;
+  std::int32_t* row_lengths = nullptr;
+  std::int32_t* kept = nullptr;
+  std::int32_t* kept_counts = nullptr;
+  Workspace stage;  // the current stage's op scratch (compression_stage_bytes)
+};
+
 inline CompressionScratch carve_compression(WorkspaceCarver& ws, const PromptCompressionConfig& c,
-                                            const PromptCompressionShape& s) {
+                                            const PromptCompressionShape& s, std::size_t stage_bytes) {
   const std::int64_t rows = s.rows(c), cols = s.max_prompt_len;
   CompressionScratch x;
   x.scores = ws.take<float>(std::size_t(rows * cols));
   if (c.policy == CompressionPolicy::kSnapKV) x.pooled = ws.take<float>(std::size_t(rows * cols));
-  if (c.policy == CompressionPolicy::kClusterAttn) {
-    x.flags = ws.take<std::uint8_t>(std::size_t(rows * cols));
-    x.cluster_ws_bytes = cluster_flags_workspace_bytes(rows, cols);
-    x.cluster_ws = ws.take<unsigned char>(x.cluster_ws_bytes);
-  }
+  if (c.policy == CompressionPolicy::kClusterAttn) x.flags = ws.take<std::uint8_t>(std::size_t(rows * cols));
   x.row_lengths = ws.take<std::int32_t>(std::size_t(rows));
   x.kept = ws.take<std::int32_t>(std::size_t(rows * (c.budget() > 0 ? c.budget() : 0)));
   x.kept_counts = ws.take<std::int32_t>(std::size_t(rows));
-  // Sized for the worst case (no lse from the engine, every prompt row a query for H2O).
-  x.scores_ws_bytes = compression_score_ws_bytes(c, s, false, s.max_prompt_len);
-  x.scores_ws = ws.take<unsigned char>(x.scores_ws_bytes);
+  x.stage = Workspace{ws.take<unsigned char>(stage_bytes), stage_bytes};
   return x;
-}
-
-inline Status validate_compression_config(const PromptCompressionConfig& c, const PromptCompressionShape& s) {
-  KVSIFT_REQUIRE(c.window >= 1, kInvalidArgument, "window = ", c.window, " must be >= 1");
-  KVSIFT_REQUIRE(c.capacity > c.window, kInvalidArgument, "capacity = ", c.capacity, " must be > window = ",
-                 c.window, " (Cp <= W keeps no prefix)");
-  KVSIFT_REQUIRE(s.max_prompt_len > c.window, kInvalidArgument, "window = ", c.window,
-                 " must be < max_prompt_len = ", s.max_prompt_len, " (a window covering the prompt leaves nothing to score)");
-  KVSIFT_REQUIRE(s.num_kv_heads > 0 && s.num_q_heads > 0 && s.num_q_heads % s.num_kv_heads == 0, kInvalidArgument,
-                 "num_q_heads = ", s.num_q_heads, " must be a positive multiple of num_kv_heads = ", s.num_kv_heads);
-  KVSIFT_REQUIRE(c.policy != CompressionPolicy::kStreamingLLM || (c.sinks >= 0 && c.sinks <= c.budget()),
-                 kInvalidArgument, "sinks = ", c.sinks, " must be in [0, capacity - window = ", c.budget(), "]");
-  KVSIFT_REQUIRE(c.policy == CompressionPolicy::kClusterAttn || c.policy == CompressionPolicy::kSnapKV ||
-                     c.policy == CompressionPolicy::kStreamingLLM || c.policy == CompressionPolicy::kH2OPrefill,
-                 kInvalidArgument, "policy = ", static_cast<int>(c.policy), " is not a CompressionPolicy");
-  return Status();
 }
 
 }  // namespace detail
 
-inline std::size_t compress_prompt_workspace_bytes(const PromptCompressionConfig& config,
-                                                   const PromptCompressionShape& shape) {
+// Workspace compress_prompt needs for every call up to `shape`, from the shapes alone (no device
+// memory touched): the score matrix, the flags or pooled scores, the selection and the stages' op
+// scratch. Validates the configuration first.
+template <class Exec>
+Status compress_prompt_workspace_bytes(const Exec& exec, const PromptCompressionConfig& config,
+                                       const PromptCompressionShape& shape, std::size_t* bytes) {
+  KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
+  KVSIFT_TRY(validate(config, shape));
+  std::size_t stage_bytes = 0;
+  KVSIFT_TRY(detail::compression_stage_bytes(exec, config, shape, &stage_bytes));
   WorkspaceCarver ws(nullptr, 0);
-  detail::carve_compression(ws, config, shape);
-  return ws.required_bytes();
+  detail::carve_compression(ws, config, shape, stage_bytes);
+  *bytes = ws.required_bytes();
+  return Status();
 }
 
 // One layer. `queries` holds the window's post-RoPE queries (all prompt queries for H2O-prefill);
 // `lse` (optional) each scored query's log-sum-exp from the prefill; `dst` receives the compressed
 // cache (its heads: num_kv_heads, or num_q_heads with ScoreHeads::kQueryHead); `out` the new lengths
-// and, optionally, each slot's original position.
+// and, optionally, each slot's original position. `workspace` holds compress_prompt_workspace_bytes
+// bytes for this exec, config and shape.
 template <class Exec, class Src, class QT, class Dst>
-Status compress_prompt(Exec exec, const PromptCompressionConfig& config, const PromptCompressionShape& shape,
+Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, const PromptCompressionShape& shape,
                        const Src& src, const QueryRows<QT>& queries, const float* lse, const Dst& dst,
-                       CompactOutputs out, void* workspace, std::size_t workspace_bytes) {
-  KVSIFT_TRY(detail::validate_compression_config(config, shape));
+                       CompactOutputs out, Workspace workspace) {
+  KVSIFT_TRY(validate(config, shape));
+  KVSIFT_TRY(exec.device.validate("compress_prompt"));
   KVSIFT_REQUIRE(src.batch <= shape.batch && src.num_kv_heads == shape.num_kv_heads, kInvalidArgument,
                  "src (batch ", src.batch, ", kv heads ", src.num_kv_heads, ") does not match the shape (batch ",
                  shape.batch, ", kv heads ", shape.num_kv_heads, ")");
   const int heads = shape.score_heads(config);
   KVSIFT_REQUIRE(dst.num_kv_heads == heads, kInvalidArgument, "dst.num_kv_heads = ", dst.num_kv_heads,
                  " must be ", heads, " for this ScoreHeads mode");
-  WorkspaceCarver ws(workspace, workspace_bytes);
-  const detail::CompressionScratch x = detail::carve_compression(ws, config, shape);
-  KVSIFT_REQUIRE(workspace != nullptr, kNullPointer, "workspace is null (ask compress_prompt_workspace_bytes)");
+  std::size_t stage_bytes = 0;
+  KVSIFT_TRY(detail::compression_stage_bytes(exec, config, shape, &stage_bytes));
+  WorkspaceCarver ws(workspace);
+  const detail::CompressionScratch x = detail::carve_compression(ws, config, shape, stage_bytes);
+  KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
+                 "workspace.data is null (ask compress_prompt_workspace_bytes)");
   KVSIFT_TRY(ws.status());
 
   const std::int64_t rows = std::int64_t(src.batch) * heads, cols = shape.max_prompt_len;
   const int budget = config.budget();
-  KVSIFT_TRY(scored_prefix_lengths(exec, src, config.window, heads, cols, x.row_lengths));
+  KVSIFT_TRY(scored_prefix_lengths(exec, src, config.window, heads, cols, x.row_lengths, x.stage));
   auto scores = make_strided_view(x.scores, rows, cols);
   auto selection_scores = make_strided_view<const float>(x.scores, rows, cols);
   IndexSet kept = make_index_set(x.kept, x.kept_counts, int(rows), budget);
   TopKParams select;
   select.k = budget;
   select.lengths = x.row_lengths;
+  float* const no_values = nullptr;
 
   switch (config.policy) {
     case CompressionPolicy::kStreamingLLM:
       // Forced ranges fill the whole budget, so no score is read.
       select.sink = config.sinks;
       select.recent = budget - config.sinks;
-      KVSIFT_TRY(topk(exec, selection_scores, select, kept));
+      KVSIFT_TRY(topk(exec, selection_scores, select, kept, no_values, ScoreKey<float>{}, x.stage));
       break;
     case CompressionPolicy::kSnapKV:
     case CompressionPolicy::kH2OPrefill: {
-      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.scores_ws,
-                               x.scores_ws_bytes));
+      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.stage));
       if (config.policy == CompressionPolicy::kSnapKV) {
-        KVSIFT_TRY(pool_scores(exec, selection_scores, x.row_lengths, config.pool, make_strided_view(x.pooled, rows, cols)));
+        const auto pooled = make_strided_view(x.pooled, rows, cols);
+        KVSIFT_TRY(pool_scores(exec, selection_scores, x.row_lengths, config.pool, pooled, x.stage));
         selection_scores = make_strided_view<const float>(x.pooled, rows, cols);
       }
-      KVSIFT_TRY(topk(exec, selection_scores, select, kept));
+      KVSIFT_TRY(topk(exec, selection_scores, select, kept, no_values, ScoreKey<float>{}, x.stage));
       break;
     }
     case CompressionPolicy::kClusterAttn: {
-      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.scores_ws,
-                               x.scores_ws_bytes));
+      KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.stage));
       auto flags = make_strided_view(x.flags, rows, cols);
-      KVSIFT_TRY(cluster_flags(exec, selection_scores, x.row_lengths, config.cluster(), flags, x.cluster_ws,
-                               x.cluster_ws_bytes));
+      KVSIFT_TRY(cluster_flags(exec, selection_scores, x.row_lengths, config.cluster(), flags, x.stage));
       FlagFirstKey<float> key;
       key.flags = x.flags;
       key.row_stride = cols;
-      KVSIFT_TRY(topk(exec, selection_scores, select, kept, static_cast<float*>(nullptr), key));
+      KVSIFT_TRY(topk(exec, selection_scores, select, kept, no_values, key, x.stage));
       break;
     }
   }
-  return compact_kv(exec, src, as_const(kept), config.window, dst, out);
+  return compact_kv(exec, src, as_const(kept), config.window, dst, out, x.stage);
 }
 
 }  // namespace kvsift

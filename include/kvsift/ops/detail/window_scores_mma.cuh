@@ -1,7 +1,7 @@
 #pragma once
 // Tensor-core path of window_scores for 16-bit Q and K (bf16 or fp16, the same type) and head_dim 64,
 // 128 or 256. Same two passes, same results layout and the same fixed summation order as the CUDA-core
-// path in window_scores.cuh; only the logits tiles come from mma.sync m16n8k16 (fp32 accumulation).
+// path in window_scores_simt.cuh; only the logits tiles come from mma.sync m16n8k16 (fp32 accumulation).
 //
 // A block is 8 warps. Warp w owns 16 query rows (rows 16w.. of a 128-row tile) and computes their
 // logits against 64 keys at a time: 8 n-tiles of 8 keys x head_dim / 16 k-steps. The warp's Q
@@ -12,8 +12,11 @@
 
 #include <cstdint>
 
+#include <type_traits>
+
 #include "kvsift/core/dtype_cuda.cuh"
-#include "kvsift/ops/window_scores.hpp"
+#include "kvsift/core/online_softmax.hpp"
+#include "kvsift/ops/detail/window_scores_common.cuh"
 
 namespace kvsift {
 namespace detail {
@@ -123,12 +126,14 @@ __device__ __forceinline__ void logits_tile_mma(const KeyTile<D>& tile, const st
 // Pass 1 on tensor cores: per (128-row tile, key chunk, b * Hkv) the chunk's (max, sum) per row, in the
 // layout of lse_partials_kernel, so lse_merge_kernel folds both.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q, WindowScoreParams p,
-                                                                        std::int64_t cols, float scale, int num_chunks,
-                                                                        int row_capacity, float2* partials) {
+__global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, QueryRows<QT> q,
+                                                                       WindowScoresLaunch launch) {
+  const float scale = launch.plan.scale;
+  const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
+  float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
   __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(kv, q, p, cols, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int block_row0 = blockIdx.x * kMmaRowTile;
   if (block_row0 >= sp.rows() || sp.prefix <= 0) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -189,13 +194,16 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
 
 // Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoreParams p,
-                                                                       std::int64_t cols, float scale, int row_capacity,
-                                                                       const float* lse_rows, StridedView2D<float> out) {
+__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q,
+                                                                      WindowScoresLaunch launch) {
+  const WindowScoreParams& p = launch.params;
+  const float scale = launch.plan.scale;
+  const float* lse_rows = launch.scratch.lse_rows;
+  const StridedView2D<float>& out = launch.scores;
   __shared__ float col[kMmaThreads / 32][kMmaKeyTile];
   __shared__ __align__(16) KeyTile<D> tile;
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-  const ScoreProblem sp = score_problem(kv, q, p, cols, b);
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int block_key0 = blockIdx.x * kMmaKeysPerBlock;
   if (block_key0 >= sp.prefix) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
@@ -206,7 +214,8 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
   auto row_lse = [&](int row) {
     if (row >= sp.rows()) return INFINITY;
     const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
-    return p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i] : lse_rows[std::int64_t(bh) * row_capacity + row];
+    return p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i]
+                 : lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row];
   };
   const int passes = per_head ? sp.group : 1;
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
