@@ -42,8 +42,17 @@ class HeadRoleMask {
     bits_[h / 64] = sparse ? (bits_[h / 64] | bit) : (bits_[h / 64] & ~bit);
   }
   /// Whether head `h` (in [0, kMaxKvHeads), unchecked) is a sparse head.
-  KVSIFT_HD bool is_sparse(int h) const { return (bits_[h / 64] >> (h % 64)) & 1u; }
-  /// Whether head `h` is a retrieval head: !is_sparse(h).
+  KVSIFT_HD bool is_sparse(int h) const {
+    // The word is chosen by selects on constant indices, never by a computed index: a mask inside a
+    // kernel parameter then stays in registers / the parameter bank instead of forcing the whole
+    // parameter into addressable memory.
+    static_assert(kMaxKvHeads == 256, "four 64-bit words");
+    std::uint64_t word = bits_[0];
+    word = h >= 64 ? bits_[1] : word;
+    word = h >= 128 ? bits_[2] : word;
+    word = h >= 192 ? bits_[3] : word;
+    return (word >> (h & 63)) & 1u;
+  }
   KVSIFT_HD bool is_retrieval(int h) const { return !is_sparse(h); }
   /// Sparse heads among [0, num_kv_heads): the heads that need an index-set row.
   int count_sparse(int num_kv_heads) const {

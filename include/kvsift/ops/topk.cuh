@@ -61,7 +61,8 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   group_dim.val.clusterDim.z = 1;
   config.attrs = &group_dim;
   config.numAttrs = exec.device.clusters ? 1 : 0;
-  KVSIFT_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, launch));
+  KVSIFT_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, launch.scores, launch.params, launch.out, launch.values, launch.key,
+                                     launch.plan));
   return Status();
 }
 
