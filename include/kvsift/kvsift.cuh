@@ -1,5 +1,6 @@
 #pragma once
-// kvsift umbrella for CUDA translation units: the host-only API plus the CUDA backend (kvsift::cuda).
+/// \file
+/// \brief kvsift umbrella for CUDA translation units: the host-only API plus the CUDA backend (kvsift::cuda).
 
 #include "kvsift/kvsift.hpp"
 

@@ -1,6 +1,7 @@
 #pragma once
-// kvsift host-only umbrella: everything that compiles with a plain C++17 compiler (no nvcc, no CUDA
-// toolkit). The host reference backend (kvsift::host) of every primitive is here.
+/// \file
+/// \brief kvsift host-only umbrella: everything that compiles with a plain C++17 compiler (no nvcc, no CUDA
+/// toolkit). The host reference backend (kvsift::host) of every primitive is here.
 
 #include "kvsift/version.hpp"
 #include "kvsift/core/exec.hpp"

@@ -1,7 +1,8 @@
 #pragma once
-// CUDA backend of attention_cosine (contract in attention_similarity.hpp, plan and workspace query in
-// attention_similarity_plan.hpp, kernel in detail/attention_similarity_kernel.cuh). Meant for
-// calibration and fidelity reports, not the decode hot path.
+/// \file
+/// \brief CUDA backend of attention_cosine (contract in attention_similarity.hpp, plan and workspace query in
+/// attention_similarity_plan.hpp, kernel in detail/attention_similarity_kernel.cuh). Meant for
+/// calibration and fidelity reports, not the decode hot path.
 
 #include <cstdint>
 
@@ -15,7 +16,8 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::attention_cosine; pointers are device pointers. Asynchronous on exec.stream.
+/// Same contract as host::attention_cosine (fp32 accumulation); pointers are device pointers.
+/// Asynchronous on exec.stream; needs no workspace. kUnsupported when batch * q.num_heads > 65535.
 template <class View, class QT>
 Status attention_cosine(const Exec& exec, const View& kv, const QueryRows<QT>& q, int num_queries, float sm_scale,
                         const KeptPositions& kept, float* cosine, Workspace /*workspace: none needed*/ = {}) {

@@ -1,18 +1,22 @@
 #pragma once
-// attention_cosine: how close attention over a compressed cache stays to attention over the full one.
-//
-// For decode query t of sequence b and query head h (query rows q.row(b, t, h)), with logits
-// l_j = sm_scale * q . k_j over the full prompt cache [0, L):
-//   a_full = softmax over all j < L,   a_kept = softmax over the kept positions, 0 elsewhere,
-//   cosine[(b * Hq + h) * T + t] = <a_full, a_kept> / (|a_full| |a_kept|)
-// The kept positions of a head are positions.row(r) (r = b * H_kept + h_kept, h_kept = h or h / G as
-// the selection was per query head or per KV head), entries < 0 or >= L ignored: exactly what
-// compact_kv reports. This is ClusterAttn's criterion for choosing num_block (calibrate_num_block)
-// and the fidelity number the benchmarks and the quickstart print.
-//
-// This header is the contract (the kept-positions view, validation). The plan and workspace query are
-// in attention_similarity_plan.hpp, the host reference in attention_similarity_reference.hpp, the CUDA
-// launcher in attention_similarity.cuh (kernel in detail/attention_similarity_kernel.cuh).
+/// \file
+/// \brief attention_cosine: how close attention over a compressed cache stays to attention over the
+/// full one.
+///
+/// For decode query t < T = num_queries of sequence b and query head h (query rows q.row(b, t, h)),
+/// with logits l_j = sm_scale * q . k_j (sm_scale <= 0: 1 / sqrt(head_dim)) over the full prompt
+/// cache [0, L):
+///   a_full = softmax over all j < L,   a_kept = softmax over the kept positions, 0 elsewhere,
+///   cosine[(b * Hq + h) * T + t] = dot(a_full, a_kept) / (|a_full| |a_kept|)
+/// The kept positions of a head are kept.data[r * kept.stride + s], s < kept.count (r = b * H_kept +
+/// h_kept, h_kept = h or h / G as the selection was per query head or per KV head), entries outside
+/// [0, L) ignored: exactly what compact_kv reports in CompactOutputs::positions. The cosine is 0 when
+/// either distribution is empty. This is ClusterAttn's criterion for choosing num_block
+/// (calibrate_num_block) and the fidelity number the benchmarks and the quickstart print.
+///
+/// This header is the contract (the kept-positions view, validation). The plan and workspace query are
+/// in attention_similarity_plan.hpp, the host reference in attention_similarity_reference.hpp, the CUDA
+/// launcher in attention_similarity.cuh (kernel in detail/attention_similarity_kernel.cuh).
 
 #include <cstdint>
 
@@ -23,13 +27,14 @@
 
 namespace kvsift {
 
-// Kept original positions per row, as CompactOutputs::positions holds them.
+/// Kept original positions per row, as CompactOutputs::positions holds them: a const view in the
+/// backend's memory space; entries < 0 or >= L are ignored.
 struct KeptPositions {
-  const std::int32_t* data = nullptr;
-  int rows = 0;
-  int heads = 0;       // rows per sequence: kv heads or query heads
-  int count = 0;       // entries per row
-  std::int64_t stride = 0;
+  const std::int32_t* data = nullptr;  ///< [rows, stride]; may be null when count = 0
+  int rows = 0;        ///< >= batch * heads
+  int heads = 0;       ///< rows per sequence: kv heads or query heads
+  int count = 0;       ///< entries per row, >= 0
+  std::int64_t stride = 0;  ///< entries between rows, >= count
 };
 
 namespace detail {

@@ -1,8 +1,9 @@
 #pragma once
-// The launch plan of attention_cosine and its workspace query (contract in attention_similarity.hpp).
-// The CUDA kernel runs one block per (decode query, query head, sequence), keeps the scaled query in
-// dynamic shared memory and recomputes the logits in three passes over the keys: nothing of size L is
-// stored, so there is no scratch on either backend.
+/// \file
+/// \brief The launch plan of attention_cosine and its workspace query (contract in attention_similarity.hpp).
+/// The CUDA kernel runs one block per (decode query, query head, sequence), keeps the scaled query in
+/// dynamic shared memory and recomputes the logits in three passes over the keys: nothing of size L is
+/// stored, so there is no scratch on either backend.
 
 #include <cstddef>
 
@@ -26,8 +27,8 @@ AttentionCosinePlan plan_attention_cosine(const View& kv, float sm_scale) {
 
 }  // namespace detail
 
-// attention_cosine needs no scratch on either backend; callers still ask, so a later path can use
-// some without an API change.
+/// attention_cosine needs no scratch on either backend: `*bytes` = 0 (kNullPointer for a null
+/// `bytes`); callers still ask, so a later path can use some without an API change.
 template <class Exec, class View, class QT>
 Status attention_cosine_workspace_bytes(const Exec&, const View& /*kv*/, const QueryRows<QT>& /*q*/,
                                         int /*num_queries*/, float /*sm_scale*/, const KeptPositions& /*kept*/,

@@ -1,7 +1,8 @@
 #pragma once
-// Host reference of attention_cosine (contract in attention_similarity.hpp): both softmax
-// distributions in double over every key, then their cosine. Host memory for every pointer; no
-// workspace.
+/// \file
+/// \brief Host reference of attention_cosine (contract in attention_similarity.hpp): both softmax
+/// distributions in double over every key, then their cosine. Host memory for every pointer; no
+/// workspace.
 
 #include <algorithm>
 #include <cmath>
@@ -20,6 +21,10 @@
 namespace kvsift {
 namespace host {
 
+/// Writes cosine[(b * Hq + h) * num_queries + t] for the decode queries t < num_queries (num_queries
+/// in [0, q.capacity]) as the file comment of attention_similarity.hpp defines it, in double. Host
+/// memory for every pointer; no workspace. kInvalidArgument or kNullPointer naming the parameter
+/// otherwise.
 template <class View, class QT>
 Status attention_cosine(const Exec&, const View& kv, const QueryRows<QT>& q, int num_queries, float sm_scale,
                         const KeptPositions& kept, float* cosine, Workspace /*workspace: none needed*/ = {}) {

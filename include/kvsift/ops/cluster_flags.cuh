@@ -1,7 +1,8 @@
 #pragma once
-// CUDA backend of cluster_flags (contract in cluster_flags.hpp, scratch and workspace query in
-// cluster_flags_plan.hpp, kernels in detail/cluster_flags_kernels.cuh): two launches, both over
-// (columns / 256, rows) and both taking one ClusterFlagsLaunch by value.
+/// \file
+/// \brief CUDA backend of cluster_flags (contract in cluster_flags.hpp, scratch and workspace query in
+/// cluster_flags_plan.hpp, kernels in detail/cluster_flags_kernels.cuh): two launches, both over
+/// (columns / 256, rows) and both taking one ClusterFlagsLaunch by value.
 
 #include <cstdint>
 
@@ -15,8 +16,9 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::cluster_flags; pointers are device pointers. Asynchronous on exec.stream.
-// `workspace` must hold cluster_flags_workspace_bytes(exec, ...) bytes.
+/// Same contract as host::cluster_flags; pointers are device pointers. Asynchronous on exec.stream.
+/// `workspace` must hold cluster_flags_workspace_bytes(exec, ...) bytes (kNullPointer when its data is
+/// null and there is anything to flag); kUnsupported for more than 65535 rows.
 inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores, const std::int32_t* row_lengths,
                             const ClusterParams& params, StridedView2D<std::uint8_t> flags, Workspace workspace = {}) {
   KVSIFT_TRY(detail::validate_cluster_flags(scores, params, flags));

@@ -1,28 +1,32 @@
 #pragma once
-// cluster_flags: ClusterAttn's density clustering (DBAC) of per-token scores into contiguous clusters.
-//
-// For each row p[0, n) (n = row_lengths[r]):
-//   1. block max-pool: blocks of `block` tokens (the tail block may be shorter); for block k its
-//      maximum M[k] and the lowest position A[k] holding it;
-//   2. density threshold: block k is a cluster centre when M[k] > theta; the centre is at A[k];
-//   3. neighbourhood: token j is flagged when it lies within the radius of a centre;
-// and writes flags[r][j] = 1 for flagged tokens, 0 for the others. The shared top-k then ranks
-// flagged tokens ahead of all others (FlagFirstKey), which is exactly "keep the clusters; if they
-// overflow the budget keep their best tokens; if they underflow, fill from the gaps by score".
-//
-// The paper leaves two relations open, the block size and the neighbourhood radius; both are switchable:
-//   BlockRule::kPrefixSplit (A, default)  block = ceil(n / num_block)
-//   BlockRule::kBudgetSplit (B)           block = max(1, floor(budget / num_block))
-//   RadiusRule::kHalfBlock (r1, default)  tokens within floor(block / 2) of a centre
-//   RadiusRule::kBudgetBlocks (r2)        whole blocks within R = floor(ceil(budget / block) / (2 * centres))
-//                                         blocks of a centre's block
-//   RadiusRule::kFixed (r3)               tokens within `fixed_radius` of a centre
-// With no centre the flags are all 0 and the selection degenerates to plain top-k of the scores.
-//
-// This header is the contract (parameters, the per-row rules every backend evaluates the same way,
-// validation). The scratch layout and workspace query are in cluster_flags_plan.hpp, the host
-// reference in cluster_flags_reference.hpp, the CUDA launcher in cluster_flags.cuh (kernels in
-// detail/cluster_flags_kernels.cuh).
+/// \file
+/// \brief cluster_flags: ClusterAttn's density clustering (DBAC) of per-token scores into contiguous
+/// density clusters.
+///
+/// For each row p[0, n) (n = row_lengths[r] clamped to [0, scores.cols]; scores.cols when row_lengths
+/// is null):
+///   1. block max-pool: blocks of `block` tokens (the tail block may be shorter); for block k its
+///      maximum M[k] and the lowest position A[k] holding it;
+///   2. density threshold: block k is a cluster centre when M[k] > theta; the centre is at A[k];
+///   3. neighbourhood: token j is flagged when it lies within the radius of a centre;
+/// and writes flags[r][j] = 1 for flagged tokens, 0 for the others. The shared top-k then ranks
+/// flagged tokens ahead of all others (FlagFirstKey), which is exactly "keep the clusters; if they
+/// overflow the budget keep their best tokens; if they underflow, fill from the gaps by score".
+///
+/// The paper leaves two relations open, the block size and the neighbourhood radius; both are switchable:
+///   BlockRule::kPrefixSplit (A, default)  block = ceil(n / num_block)
+///   BlockRule::kBudgetSplit (B)           block = max(1, floor(budget / num_block))
+///   RadiusRule::kHalfBlock (r1, default)  tokens within floor(block / 2) of a centre
+///   RadiusRule::kBudgetBlocks (r2)        whole blocks within
+///                                         R = floor(ceil(budget / block) / (2 * centres))
+///                                         blocks of a centre's block
+///   RadiusRule::kFixed (r3)               tokens within `fixed_radius` of a centre
+/// With no centre the flags are all 0 and the selection degenerates to plain top-k of the scores.
+///
+/// This header is the contract (parameters, the per-row rules every backend evaluates the same way,
+/// validation). The scratch layout and workspace query are in cluster_flags_plan.hpp, the host
+/// reference in cluster_flags_reference.hpp, the CUDA launcher in cluster_flags.cuh (kernels in
+/// detail/cluster_flags_kernels.cuh).
 
 #include <cmath>
 #include <cstdint>
@@ -34,16 +38,22 @@
 
 namespace kvsift {
 
+/// The block size of the max-pool: kPrefixSplit (A, default) ceil(n / num_block), kBudgetSplit (B)
+/// max(1, floor(budget / num_block)); see the file comment.
 enum class BlockRule : int { kPrefixSplit, kBudgetSplit };
+/// The neighbourhood of a centre: kHalfBlock (r1, default) floor(block / 2) tokens, kBudgetBlocks (r2)
+/// whole blocks from the budget and the centre count, kFixed (r3) fixed_radius tokens.
 enum class RadiusRule : int { kHalfBlock, kBudgetBlocks, kFixed };
 
+/// Per-call parameters of cluster_flags (the density clustering of ClusterAttn); validated by every
+/// backend, each message naming the field.
 struct ClusterParams {
-  int num_block = 128;   // cluster granularity; calibrate per dataset (calibrate_num_block)
-  float theta = 2e-3f;   // density threshold on the block maximum (strict >)
-  int budget = 0;        // K: prefix tokens the selection will keep (Cp - W)
-  BlockRule block_rule = BlockRule::kPrefixSplit;
-  RadiusRule radius_rule = RadiusRule::kHalfBlock;
-  int fixed_radius = 0;  // tokens, for RadiusRule::kFixed
+  int num_block = 128;   ///< cluster granularity, >= 1; calibrate per dataset (calibrate_num_block)
+  float theta = 2e-3f;   ///< density threshold on the block maximum (strict >), >= 0
+  int budget = 0;        ///< K, >= 0: prefix tokens the selection will keep (Cp - W)
+  BlockRule block_rule = BlockRule::kPrefixSplit;  ///< how the block size follows from num_block
+  RadiusRule radius_rule = RadiusRule::kHalfBlock;  ///< how far a centre's density cluster reaches
+  int fixed_radius = 0;  ///< tokens, >= 0, for RadiusRule::kFixed
 };
 
 namespace detail {

@@ -1,10 +1,11 @@
 #pragma once
-// The scratch layout of cluster_flags and its workspace query (contract in cluster_flags.hpp).
-//
-// The CUDA path runs in two launches over a grid of (columns / 256, rows): the first writes every
-// block's centre and counts each row's centres, the second flags tokens from them. Between the two
-// the centres live in the workspace: int32 [rows, cols] (a row has at most cols blocks) and the
-// count per row. The host reference needs none.
+/// \file
+/// \brief The scratch layout of cluster_flags and its workspace query (contract in cluster_flags.hpp).
+///
+/// The CUDA path runs in two launches over a grid of (columns / 256, rows): the first writes every
+/// block's centre and counts each row's centres, the second flags tokens from them. Between the two
+/// the centres live in the workspace: int32 [rows, cols] (a row has at most cols blocks) and the
+/// count per row. The host reference needs none.
 
 #include <cstddef>
 #include <cstdint>
@@ -32,8 +33,9 @@ inline ClusterFlagsScratch carve_cluster_flags(WorkspaceCarver& ws, std::int64_t
 
 }  // namespace detail
 
-// Scratch memory cluster_flags needs, from the shape of `scores` alone (no device memory touched);
-// 0 for the host reference.
+/// Scratch memory cluster_flags needs, from the shape of `scores` alone (no device memory touched):
+/// int32 centres [rows, cols] and counts [rows] for cuda::Exec, 0 for the host reference. kNullPointer
+/// for a null `bytes`.
 template <class Exec>
 Status cluster_flags_workspace_bytes(const Exec&, const StridedView2D<const float>& scores,
                                      const std::int32_t* /*row_lengths*/, const ClusterParams& /*params*/,

@@ -1,7 +1,8 @@
 #pragma once
-// Host reference of cluster_flags (contract in cluster_flags.hpp): per row, every block's centre,
-// then every token's flag, with the same rules the CUDA kernels evaluate. Host memory for every
-// pointer; no workspace (cluster_flags_workspace_bytes reports 0 for host::Exec).
+/// \file
+/// \brief Host reference of cluster_flags (contract in cluster_flags.hpp): per row, every block's centre,
+/// then every token's flag, with the same rules the CUDA kernels evaluate. Host memory for every
+/// pointer; no workspace (cluster_flags_workspace_bytes reports 0 for host::Exec).
 
 #include <cstdint>
 #include <vector>
@@ -16,6 +17,10 @@
 namespace kvsift {
 namespace host {
 
+/// Writes flags(r, j) = 1 for the tokens of row r inside a density cluster and 0 for the others, for
+/// j < n (n = row_lengths[r] clamped to scores.cols; scores.cols when row_lengths is null); the rest
+/// is untouched. Host memory for every pointer; no workspace. kInvalidArgument for bad params or
+/// `flags` smaller than `scores`.
 inline Status cluster_flags(const Exec&, StridedView2D<const float> scores, const std::int32_t* row_lengths,
                             const ClusterParams& params, StridedView2D<std::uint8_t> flags,
                             Workspace /*workspace: the reference needs none*/ = {}) {

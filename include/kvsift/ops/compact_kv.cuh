@@ -1,6 +1,7 @@
 #pragma once
-// CUDA backend of compact_kv (contract in compact_kv.hpp, workspace query in compact_kv_plan.hpp,
-// kernel in detail/compact_kv_kernel.cuh).
+/// \file
+/// \brief CUDA backend of compact_kv (contract in compact_kv.hpp, workspace query in compact_kv_plan.hpp,
+/// kernel in detail/compact_kv_kernel.cuh).
 
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/exec_cuda.cuh"
@@ -12,7 +13,9 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::compact_kv; pointers are device pointers. Asynchronous on exec.stream.
+/// Same contract as host::compact_kv; pointers are device pointers. Asynchronous on exec.stream;
+/// needs no workspace. Slots are written in parallel, so dst must not alias src (no in-place
+/// compaction). kUnsupported for more than 65535 destination rows.
 template <class Src, class Dst>
 Status compact_kv(const Exec& exec, const Src& src, ConstIndexSet kept, int window, const Dst& dst, CompactOutputs out,
                   Workspace /*workspace: none needed*/ = {}) {

@@ -1,26 +1,27 @@
 #pragma once
-// compact_kv: write the kept part of a prompt's KV cache into a destination view.
-//
-// Stage 3 of prompt-cache compression. For destination row r = b * H_dst + h (H_dst = dst.num_kv_heads)
-// the kept prefix positions kept.row(r)[0, n) (ascending, n = kept.count(r)) go to destination slots
-// [0, n), then the last w = min(window, L) prompt tokens [L - w, L) to slots [n, n + w), where
-// L = src.length(b). Source head = h / (H_dst / H_src), so a destination with one head per query head
-// (the SnapKV reference layout) is filled from the shared KV head.
-//
-// Outputs: new_lengths[b] = n + w (same for every head of a sequence when the selection gave every
-// head the same count, as the compression policies do; the op writes the count of head 0), and
-// optionally positions[r * positions_stride + s], the original position of slot s. Keys are stored
-// post-RoPE, so nothing is re-rotated: decode continues at position L + t, not at new_length + t.
-//
-// Aliasing: the destination must not overlap the source rows still to be read. Compaction into fresh
-// pages (or a fresh tensor) is always safe; in-place compaction into the same storage is not supported
-// by the CUDA backend (slots are written in parallel).
-// Entries of `kept` outside [0, L - w) are skipped (their slots are not written) rather than read out
-// of bounds; the policies never produce them.
-//
-// This header is the contract (outputs, validation, the slot map every backend uses). The workspace
-// query is in compact_kv_plan.hpp, the host reference in compact_kv_reference.hpp, the CUDA launcher
-// in compact_kv.cuh (kernel in detail/compact_kv_kernel.cuh).
+/// \file
+/// \brief compact_kv: write the kept part of a prompt's KV cache into a destination view.
+///
+/// Stage 3 of prompt-cache compression. For destination row r = b * H_dst + h (H_dst = dst.num_kv_heads)
+/// the kept prefix positions kept.row(r)[0, n) (ascending, n = kept.count(r)) go to destination slots
+/// [0, n), then the last w = min(window, L) prompt tokens [L - w, L) to slots [n, n + w), where
+/// L = src.length(b). Source head = h / (H_dst / H_src), so a destination with one head per query head
+/// (the SnapKV reference layout) is filled from the shared KV head.
+///
+/// Outputs: new_lengths[b] = n + w (same for every head of a sequence when the selection gave every
+/// head the same count, as the compression policies do; the op writes the count of head 0), and
+/// optionally positions[r * positions_stride + s], the original position of slot s. Keys are stored
+/// post-RoPE, so nothing is re-rotated: decode continues at position L + t, not at new_length + t.
+///
+/// Aliasing: the destination must not overlap the source rows still to be read. Compaction into fresh
+/// pages (or a fresh tensor) is always safe; in-place compaction into the same storage is not supported
+/// by the CUDA backend (slots are written in parallel).
+/// Entries of `kept` outside [0, L - w) are skipped (their slots are not written) rather than read out
+/// of bounds; the policies never produce them.
+///
+/// This header is the contract (outputs, validation, the slot map every backend uses). The workspace
+/// query is in compact_kv_plan.hpp, the host reference in compact_kv_reference.hpp, the CUDA launcher
+/// in compact_kv.cuh (kernel in detail/compact_kv_kernel.cuh).
 
 #include <cstdint>
 
@@ -31,10 +32,13 @@
 
 namespace kvsift {
 
+/// Where compact_kv reports the compacted cache (see the file comment); pointers live in the
+/// backend's memory space.
 struct CompactOutputs {
-  std::int32_t* new_lengths = nullptr;   // [batch], required
-  std::int32_t* positions = nullptr;     // [dst rows, positions_stride], optional
-  std::int64_t positions_stride = 0;     // >= slots written per row (kept capacity + window)
+  std::int32_t* new_lengths = nullptr;   ///< [batch], required: n + w, the compacted length
+  /// [dst rows, positions_stride], optional: the original position of each slot, -1 for a slot left empty
+  std::int32_t* positions = nullptr;
+  std::int64_t positions_stride = 0;     ///< >= slots written per row (kept capacity + window)
 };
 
 namespace detail {

@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of compact_kv (contract in compact_kv.hpp): every destination slot from the same
-// slot map the CUDA kernel uses. Host memory for every pointer; no workspace.
+/// \file
+/// \brief Host reference of compact_kv (contract in compact_kv.hpp): every destination slot from the same
+/// slot map the CUDA kernel uses. Host memory for every pointer; no workspace.
 
 #include <cstdint>
 
@@ -15,6 +16,10 @@
 namespace kvsift {
 namespace host {
 
+/// Copies the kept prefix rows and the last `window` tokens of `src` into `dst` and fills `out`, as
+/// the file comment of compact_kv.hpp says. Host memory for every pointer; no workspace. Errors name
+/// the parameter: kInvalidArgument for mismatched views or a `kept` of block granularity, too few rows
+/// or a short positions_stride; kInsufficientSpace for a dst capacity below kept.capacity + window.
 template <class Src, class Dst>
 Status compact_kv(const Exec&, const Src& src, ConstIndexSet kept, int window, const Dst& dst, CompactOutputs out,
                   Workspace /*workspace: none needed*/ = {}) {

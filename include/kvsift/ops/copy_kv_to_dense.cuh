@@ -1,6 +1,7 @@
 #pragma once
-// CUDA backend of copy_kv_to_dense (contract in copy_kv_to_dense.hpp, workspace query in
-// copy_kv_to_dense_plan.hpp, kernel in detail/copy_kv_to_dense_kernel.cuh).
+/// \file
+/// \brief CUDA backend of copy_kv_to_dense (contract in copy_kv_to_dense.hpp, workspace query in
+/// copy_kv_to_dense_plan.hpp, kernel in detail/copy_kv_to_dense_kernel.cuh).
 
 #include <cstdint>
 #include <type_traits>
@@ -15,7 +16,8 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::copy_kv_to_dense; pointers are device pointers. Asynchronous on exec.stream.
+/// Same contract as host::copy_kv_to_dense; pointers are device pointers. Asynchronous on exec.stream;
+/// needs no workspace. kUnsupported when kv.batch or kv.num_kv_heads exceeds 65535.
 template <class View>
 Status copy_kv_to_dense(const Exec& exec, const View& kv, int max_tokens,
                         std::remove_const_t<typename View::value_type>* k_out,

@@ -1,12 +1,17 @@
 #pragma once
-// copy_kv_to_dense: read every live row of a KV view into dense [batch, kv_heads, max_tokens, head_dim]
-// K and V buffers. It is the simplest op that goes through a view's address map, so it serves to
-// check a custom view against a known layout, to export a paged cache, and as the model for how an
-// op is laid out: this header is the contract (validation), copy_kv_to_dense_plan.hpp the workspace
-// query, copy_kv_to_dense_reference.hpp the host reference, copy_kv_to_dense.cuh the CUDA launcher
-// with its kernel in detail/copy_kv_to_dense_kernel.cuh.
-//
-// Rows t < min(length(b), max_tokens) are written; the rest of the output is left untouched.
+/// \file
+/// \brief copy_kv_to_dense: read every live row of a KV view into dense
+/// [batch, kv_heads, max_tokens, head_dim] K and V buffers.
+///
+/// It is the simplest op that goes through a view's address map, so it serves to check a custom view
+/// against a known layout, to export a paged cache, and as the model for how an op is laid out: this
+/// header is the contract (validation), copy_kv_to_dense_plan.hpp the workspace query,
+/// copy_kv_to_dense_reference.hpp the host reference, copy_kv_to_dense.cuh the CUDA launcher with its
+/// kernel in detail/copy_kv_to_dense_kernel.cuh.
+///
+/// Rows t < min(length(b), max_tokens) are written; the rest of the output is left untouched.
+/// max_tokens >= 0; k_out and v_out (the view's element type, in the Exec's memory space) may be null
+/// only when nothing is copied.
 
 #include <cstdint>
 #include <type_traits>

@@ -1,7 +1,8 @@
 #pragma once
-// The workspace query of copy_kv_to_dense (contract in copy_kv_to_dense.hpp). The CUDA kernel runs
-// one warp per (token, head, sequence) row over a grid of (max_tokens / 8, kv heads, batch), from
-// shapes alone: no plan beyond the shape, no scratch.
+/// \file
+/// \brief The workspace query of copy_kv_to_dense (contract in copy_kv_to_dense.hpp). The CUDA kernel runs
+/// one warp per (token, head, sequence) row over a grid of (max_tokens / 8, kv heads, batch), from
+/// shapes alone: no plan beyond the shape, no scratch.
 
 #include <cstddef>
 #include <type_traits>
@@ -11,8 +12,8 @@
 
 namespace kvsift {
 
-// copy_kv_to_dense needs no scratch on either backend; callers still ask, so a later path can use
-// some without an API change.
+/// copy_kv_to_dense needs no scratch on either backend: `*bytes` = 0 (kNullPointer for a null
+/// `bytes`); callers still ask, so a later path can use some without an API change.
 template <class Exec, class View>
 Status copy_kv_to_dense_workspace_bytes(const Exec&, const View& /*kv*/, int /*max_tokens*/,
                                         const std::remove_const_t<typename View::value_type>* /*k_out*/,

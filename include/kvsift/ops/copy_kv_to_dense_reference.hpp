@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of copy_kv_to_dense (contract in copy_kv_to_dense.hpp). Host memory for every
-// pointer; no workspace.
+/// \file
+/// \brief Host reference of copy_kv_to_dense (contract in copy_kv_to_dense.hpp). Host memory for every
+/// pointer; no workspace.
 
 #include <cstdint>
 #include <type_traits>
@@ -15,6 +16,10 @@
 namespace kvsift {
 namespace host {
 
+/// Copies K and V row t of sequence b, KV head h, for t < min(kv.length(b), max_tokens), to element
+/// ((b * num_kv_heads + h) * max_tokens + t) * head_dim of k_out and v_out; the rest is untouched.
+/// Host memory for every pointer; no workspace. kInvalidArgument for max_tokens < 0, kNullPointer for
+/// a null output when there is anything to copy.
 template <class View>
 Status copy_kv_to_dense(const Exec&, const View& kv, int max_tokens,
                         std::remove_const_t<typename View::value_type>* k_out,

@@ -1,6 +1,7 @@
 #pragma once
-// CUDA backend of pool_scores (contract in score_pooling.hpp, workspace query in score_pooling_plan.hpp,
-// kernel in detail/score_pooling_kernel.cuh).
+/// \file
+/// \brief CUDA backend of pool_scores (contract in score_pooling.hpp, workspace query in
+/// score_pooling_plan.hpp, kernel in detail/score_pooling_kernel.cuh).
 
 #include <cstdint>
 
@@ -14,7 +15,8 @@
 namespace kvsift {
 namespace cuda {
 
-// Same contract as host::pool_scores; pointers are device pointers. Asynchronous on exec.stream.
+/// Same contract as host::pool_scores; pointers are device pointers. Asynchronous on exec.stream;
+/// needs no workspace. kUnsupported for more than 65535 rows.
 inline Status pool_scores(const Exec& exec, StridedView2D<const float> in, const std::int32_t* row_lengths,
                           PoolParams params, StridedView2D<float> out, Workspace /*workspace: none needed*/ = {}) {
   KVSIFT_TRY(detail::validate_pool_scores(in, params, out));

@@ -1,16 +1,17 @@
 #pragma once
-// pool_scores: SnapKV's smoothing of per-token scores before top-k, so neighbours of a strong token
-// are kept with it. A 1-D pool along each row with an odd kernel, stride 1 and "same" padding of
-// kernel / 2 on both sides, exactly as torch's avg_pool1d / max_pool1d with padding = kernel // 2:
-//
-//   kAvg:  out[j] = (sum of in[t], t in [j - p, j + p] and inside the row) / kernel   (pads count as 0)
-//   kMax:  out[j] = max of in[t], t in [j - p, j + p] and inside the row             (pads are -inf)
-//
-// Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
-//
-// This header is the contract (parameters, validation). The workspace query is in score_pooling_plan.hpp,
-// the host reference in score_pooling_reference.hpp, the CUDA launcher in score_pooling.cuh (kernel in
-// detail/score_pooling_kernel.cuh).
+/// \file
+/// \brief pool_scores: SnapKV's smoothing of per-token scores before top-k, so neighbours of a strong token
+/// are kept with it. A 1-D pool along each row with an odd kernel, stride 1 and "same" padding of
+/// kernel / 2 on both sides, exactly as torch's avg_pool1d / max_pool1d with padding = kernel // 2:
+///
+///   kAvg:  out[j] = (sum of in[t], t in [j - p, j + p] and inside the row) / kernel   (pads count as 0)
+///   kMax:  out[j] = max of in[t], t in [j - p, j + p] and inside the row             (pads are -inf)
+///
+/// Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
+///
+/// This header is the contract (parameters, validation). The workspace query is in score_pooling_plan.hpp,
+/// the host reference in score_pooling_reference.hpp, the CUDA launcher in score_pooling.cuh (kernel in
+/// detail/score_pooling_kernel.cuh).
 
 #include <cmath>
 #include <cstdint>
@@ -21,11 +22,13 @@
 
 namespace kvsift {
 
+/// The pool: kAvg (torch's avg_pool1d, pads count as 0) or kMax (max_pool1d, pads are -inf).
 enum class PoolKind : int { kAvg, kMax };
 
+/// The 1-D pool pool_scores applies along each row (see the file comment); SnapKV's is kMax, 7.
 struct PoolParams {
-  PoolKind kind = PoolKind::kMax;
-  int kernel = 7;  // odd, >= 1; 1 is the identity
+  PoolKind kind = PoolKind::kMax;  ///< kAvg or kMax
+  int kernel = 7;  ///< window width in columns: odd, >= 1; 1 is the identity
 };
 
 namespace detail {

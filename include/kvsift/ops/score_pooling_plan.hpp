@@ -1,6 +1,7 @@
 #pragma once
-// The workspace query of pool_scores (contract in score_pooling.hpp). The CUDA kernel runs one thread
-// per output element over a grid of (columns / 256, rows): no plan beyond the shape, no scratch.
+/// \file
+/// \brief The workspace query of pool_scores (contract in score_pooling.hpp). The CUDA kernel runs one thread
+/// per output element over a grid of (columns / 256, rows): no plan beyond the shape, no scratch.
 
 #include <cstddef>
 #include <cstdint>
@@ -11,8 +12,8 @@
 
 namespace kvsift {
 
-// pool_scores needs no scratch on either backend; callers still ask, so a later path can use some
-// without an API change.
+/// pool_scores needs no scratch on either backend: `*bytes` = 0 (kNullPointer for a null `bytes`);
+/// callers still ask, so a later path can use some without an API change.
 template <class Exec>
 Status pool_scores_workspace_bytes(const Exec&, const StridedView2D<const float>& /*in*/,
                                    const std::int32_t* /*row_lengths*/, const PoolParams& /*params*/,

@@ -1,6 +1,7 @@
 #pragma once
-// Host reference of pool_scores (contract in score_pooling.hpp): each output element from its window,
-// the same pool_at the CUDA kernel evaluates. Host memory for every pointer; no workspace.
+/// \file
+/// \brief Host reference of pool_scores (contract in score_pooling.hpp): each output element from its window,
+/// the same pool_at the CUDA kernel evaluates. Host memory for every pointer; no workspace.
 
 #include <cstdint>
 
@@ -14,6 +15,10 @@
 namespace kvsift {
 namespace host {
 
+/// Pools each row of `in` into the same row of `out` (columns [0, row_lengths[r]) clamped to
+/// in.cols; all of them when row_lengths is null; the rest untouched). Host memory for every pointer;
+/// no workspace. kInvalidArgument for a bad kernel or kind, an `out` smaller than `in`, or `out`
+/// aliasing `in`.
 inline Status pool_scores(const Exec&, StridedView2D<const float> in, const std::int32_t* row_lengths,
                           PoolParams params, StridedView2D<float> out, Workspace /*workspace: none needed*/ = {}) {
   KVSIFT_TRY(detail::validate_pool_scores(in, params, out));

@@ -1,12 +1,13 @@
 #pragma once
-// CUDA backend of window_scores and scored_prefix_lengths (contract in window_scores.hpp, plan and
-// workspace in window_scores_plan.hpp).
-//
-// Two passes per call, on tensor cores (16-bit Q and K of one type, head_dim 64/128/256, 16-byte
-// aligned K rows: detail/window_scores_mma.cuh) or CUDA cores (the rest: detail/window_scores_simt.cuh):
-// the log-sum-exp of each scored query (skipped when the caller gives lse), then the column sums.
-// Every kernel takes the views and one WindowScoresLaunch by value. Grids come from the plan (shapes and
-// params.max_length), never from lengths in device memory, so a call can be captured in a CUDA graph.
+/// \file
+/// \brief CUDA backend of window_scores and scored_prefix_lengths (contract in window_scores.hpp, plan and
+/// workspace in window_scores_plan.hpp).
+///
+/// Two passes per call, on tensor cores (16-bit Q and K of one type, head_dim 64/128/256, 16-byte
+/// aligned K rows: detail/window_scores_mma.cuh) or CUDA cores (the rest: detail/window_scores_simt.cuh):
+/// the log-sum-exp of each scored query (skipped when the caller gives lse), then the column sums.
+/// Every kernel takes the views and one WindowScoresLaunch by value. Grids come from the plan (shapes and
+/// params.max_length), never from lengths in device memory, so a call can be captured in a CUDA graph.
 
 #include <algorithm>
 #include <cstdint>
@@ -54,9 +55,10 @@ Status launch_window_score_passes(cudaStream_t stream, const View& kv, const Que
 
 namespace cuda {
 
-// Same contract as host::window_scores; pointers are device pointers. Asynchronous on exec.stream:
-// no allocation, no synchronization, no read of device data by the host. Unless params.lse is given,
-// `workspace` must hold window_scores_workspace_bytes(exec, ...) bytes.
+/// Same contract as host::window_scores; pointers are device pointers. Asynchronous on exec.stream:
+/// no allocation, no synchronization, no read of device data by the host. Unless params.lse is given,
+/// `workspace` must hold window_scores_workspace_bytes(exec, ...) bytes (kNullPointer when its data
+/// is null). kUnsupported when batch * num_kv_heads > 65535 or the prompt is too long for one launch.
 template <class View, class QT>
 Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params,
                      StridedView2D<float> scores, Workspace workspace = {}) {
@@ -89,7 +91,8 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
   return detail::launch_window_score_passes<0>(exec.stream, kv, q, launch);
 }
 
-// Same contract as host::scored_prefix_lengths; row_lengths is a device pointer. Needs no workspace.
+/// Same contract as host::scored_prefix_lengths; row_lengths is a device pointer. Asynchronous on
+/// exec.stream; needs no workspace.
 template <class View>
 Status scored_prefix_lengths(const Exec& exec, const View& kv, int window, int heads_per_sequence, std::int64_t cols,
                              std::int32_t* row_lengths, Workspace /*workspace: none needed*/ = {}) {

@@ -1,33 +1,34 @@
 #pragma once
-// window_scores: how much attention the last queries of a prompt pay to each earlier token.
-//
-// Stage 1 of prompt-cache compression (SnapKV, ClusterAttn, H2O-prefill). For sequence b of prompt
-// length L = kv.length(b), the scored queries are the last nq positions (nq = params.num_queries, or
-// all L when params.num_queries == kAllQueries), query i sitting at absolute position L - nq + i and
-// attending causally to keys [0, L - nq + i]. With logits l_ij = sm_scale * q_i . k_j and each
-// query's softmax taken over every key it sees (fp32, natural log),
-//
-//   P[h][j] = sum_i exp(l_ij - lse_i)          for prefix columns j in [0, L - window)
-//
-// i.e. the column sums of the softmax over the scored queries, restricted to the prefix that
-// compression may drop (the last `window` tokens are always kept). Nothing of size nq x L is
-// materialised: a first pass computes each query's log-sum-exp (skipped when the engine passes the
-// ones its prefill attention already produced), a second accumulates exp(l - lse) per column.
-//
-// Heads: ScoreHeads::kKvHeadMean (default) writes one row per KV head, the mean of its G query heads'
-// rows, so a selection serves the whole group; kQueryHead writes one row per query head, the layout of
-// the SnapKV reference (whose cache becomes query-head granular).
-// Output row r = b * H + h (H = kv heads or query heads), columns [0, min(L - window, scores.cols));
-// other columns are left untouched. Cost: nq * L * head_dim multiply-adds per query head per pass; for H2O-prefill
-// (all queries) that is O(L^2 * head_dim).
-//
-// scored_prefix_lengths(exec, kv, window, heads_per_sequence, cols, row_lengths) writes the row
-// lengths of that score matrix, min(L_b - window, cols) for row b * heads_per_sequence + h: the later
-// stages (pooling, clustering, top-k) read them.
-//
-// This header is the contract (parameters, validation). The launch plan and workspace queries are in
-// window_scores_plan.hpp, the host reference in window_scores_reference.hpp, the CUDA launcher in
-// window_scores.cuh (kernels in detail/window_scores_*.cuh).
+/// \file
+/// \brief window_scores: how much attention the last queries of a prompt pay to each earlier token.
+///
+/// Stage 1 of prompt-cache compression (SnapKV, ClusterAttn, H2O-prefill). For sequence b of prompt
+/// length L = kv.length(b), the scored queries are the last nq positions (nq = params.num_queries, or
+/// all L when params.num_queries == kAllQueries), query i sitting at absolute position L - nq + i and
+/// attending causally to keys [0, L - nq + i]. With logits l_ij = sm_scale * q_i . k_j and each
+/// query's softmax taken over every key it sees (fp32, natural log),
+///
+///   P[h][j] = sum_i exp(l_ij - lse_i)          for prefix columns j in [0, L - window)
+///
+/// i.e. the column sums of the softmax over the scored queries, restricted to the prefix that
+/// compression may drop (the last `window` tokens are always kept). Nothing of size nq x L is
+/// materialised: a first pass computes each query's log-sum-exp (skipped when the engine passes the
+/// ones its prefill attention already produced), a second accumulates exp(l - lse) per column.
+///
+/// Heads: ScoreHeads::kKvHeadMean (default) writes one row per KV head, the mean of its G query heads'
+/// rows, so a selection serves the whole group; kQueryHead writes one row per query head, the layout of
+/// the SnapKV reference (whose cache becomes query-head granular).
+/// Output row r = b * H + h (H = kv heads or query heads), columns [0, min(L - window, scores.cols));
+/// other columns are left untouched. Cost: nq * L * head_dim multiply-adds per query head per pass;
+/// for H2O-prefill (all queries) that is O(L^2 * head_dim).
+///
+/// scored_prefix_lengths(exec, kv, window, heads_per_sequence, cols, row_lengths) writes the row
+/// lengths of that score matrix, min(L_b - window, cols) for row b * heads_per_sequence + h: the later
+/// stages (pooling, clustering, top-k) read them.
+///
+/// This header is the contract (parameters, validation). The launch plan and workspace queries are in
+/// window_scores_plan.hpp, the host reference in window_scores_reference.hpp, the CUDA launcher in
+/// window_scores.cuh (kernels in detail/window_scores_*.cuh).
 
 #include <cmath>
 #include <cstdint>
@@ -40,23 +41,33 @@
 
 namespace kvsift {
 
+/// What a score row stands for: kKvHeadMean (default) one row per KV head, the mean of its G query
+/// heads' rows (the compressed cache keeps num_kv_heads heads); kQueryHead one row per query head, the
+/// SnapKV reference layout (the compressed cache keeps num_q_heads heads).
 enum class ScoreHeads : int { kKvHeadMean, kQueryHead };
 
-// The scored queries are QueryRows (core/query_rows.hpp): for SnapKV/ClusterAttn the last W prompt
-// queries ([B, W, Hq, D] by default); for H2O-prefill, all prompt queries ([B, L, Hq, D], query i =
-// position i).
+/// WindowScoreParams::num_queries value that scores every prompt position (H2O-prefill).
+///
+/// The scored queries are QueryRows (core/query_rows.hpp): for SnapKV/ClusterAttn the last W prompt
+/// queries ([B, W, Hq, D] by default); for H2O-prefill, all prompt queries ([B, L, Hq, D], query i =
+/// position i).
 inline constexpr int kAllQueries = -1;
 
+/// Per-call parameters of window_scores (see the file comment for the semantics). Pointers live in
+/// the backend's memory space (host memory for host::Exec, device memory for cuda::Exec).
 struct WindowScoreParams {
-  int window = 32;        // W: the last W tokens are kept anyway, so only [0, L - W) is scored
-  int num_queries = 32;   // scored queries: the last num_queries positions; kAllQueries = every position
-  float sm_scale = 0.f;   // logit scale; <= 0 means 1 / sqrt(head_dim)
-  ScoreHeads heads = ScoreHeads::kKvHeadMean;
-  // Optional [batch, num_q_heads, query capacity] natural-log log-sum-exp of each scored query's
-  // scaled logits over the keys it sees, as flash-attention prefill returns it; saves one pass over K.
+  int window = 32;        ///< W, >= 0: the last W tokens are kept anyway, so only [0, L - W) is scored
+  /// Scored queries: the last num_queries positions, >= 1 and <= q.capacity; kAllQueries = every
+  /// position.
+  int num_queries = 32;
+  float sm_scale = 0.f;   ///< logit scale; <= 0 means 1 / sqrt(head_dim)
+  ScoreHeads heads = ScoreHeads::kKvHeadMean;  ///< one row per KV head (group mean) or per query head
+  /// Optional [batch, num_q_heads, query capacity] natural-log log-sum-exp of each scored query's
+  /// scaled logits over the keys it sees, as flash-attention prefill returns it; saves one pass over K
+  /// (and the CUDA workspace). Null: computed.
   const float* lse = nullptr;
-  // Upper bound on kv.length(b), used only for the CUDA launch geometry (which must not depend on the
-  // lengths in device memory); 0 takes the view's capacity.
+  /// Upper bound on kv.length(b), used only for the CUDA launch geometry (which must not depend on the
+  /// lengths in device memory); 0 takes the view's capacity (a custom view without one must set it).
   int max_length = 0;
 };
 

@@ -1,13 +1,14 @@
 #pragma once
-// The launch plan of window_scores and the workspace queries of window_scores and
-// scored_prefix_lengths (contract in window_scores.hpp).
-//
-// The CUDA passes are sized from shapes alone: the query rows a (sequence, KV head) can have (the
-// window queries of its G query heads, or every prompt position for H2O-prefill), the key chunks of
-// the log-sum-exp pass, both from params.max_length (or the view's capacity), never from the lengths
-// in device memory, so a call can be captured in a CUDA graph. The workspace holds the log-sum-exp
-// pass's per-(row, chunk) softmax partials and per-row results; nothing when the caller gives lse,
-// nothing for the host reference.
+/// \file
+/// \brief The launch plan of window_scores and the workspace queries of window_scores and
+/// scored_prefix_lengths (contract in window_scores.hpp).
+///
+/// The CUDA passes are sized from shapes alone: the query rows a (sequence, KV head) can have (the
+/// window queries of its G query heads, or every prompt position for H2O-prefill), the key chunks of
+/// the log-sum-exp pass, both from params.max_length (or the view's capacity), never from the lengths
+/// in device memory, so a call can be captured in a CUDA graph. The workspace holds the log-sum-exp
+/// pass's per-(row, chunk) softmax partials and per-row results; nothing when the caller gives lse,
+/// nothing for the host reference.
 
 #include <cstddef>
 #include <cstdint>
@@ -78,8 +79,10 @@ WindowScoreScratch carve_window_scores(WorkspaceCarver& ws, const View& kv, cons
 
 }  // namespace detail
 
-// Scratch memory window_scores needs, from shapes alone (no device memory touched): 0 when
-// params.lse is given and for the host reference.
+/// Scratch memory window_scores needs, from shapes alone (no device memory touched): 0 when
+/// params.lse is given and for the host reference; otherwise the log-sum-exp pass's partials, sized
+/// from params.max_length (or the view's capacity), q.capacity and the head counts. kNullPointer for a
+/// null `bytes`.
 template <class Exec, class View, class QT>
 Status window_scores_workspace_bytes(const Exec& exec, const View& kv, const QueryRows<QT>& q,
                                      const WindowScoreParams& params, const StridedView2D<float>& scores,
@@ -99,7 +102,8 @@ Status window_scores_workspace_bytes(const Exec& exec, const View& kv, const Que
   return Status();
 }
 
-// scored_prefix_lengths needs no scratch on either backend.
+/// scored_prefix_lengths needs no scratch on either backend: `*bytes` = 0 (kNullPointer for a null
+/// `bytes`).
 template <class Exec, class View>
 Status scored_prefix_lengths_workspace_bytes(const Exec&, const View&, int /*window*/, int /*heads_per_sequence*/,
                                              std::int64_t /*cols*/, const std::int32_t* /*row_lengths*/,

@@ -1,8 +1,9 @@
 #pragma once
-// Host reference of window_scores and scored_prefix_lengths (contract in window_scores.hpp): per
-// query, logits in double, its log-sum-exp (or the given one), then the column sums. Plain and
-// obviously correct: the oracle the CUDA passes are tested against. Host memory for every pointer;
-// no workspace (the queries in window_scores_plan.hpp report 0).
+/// \file
+/// \brief Host reference of window_scores and scored_prefix_lengths (contract in window_scores.hpp): per
+/// query, logits in double, its log-sum-exp (or the given one), then the column sums. Plain and
+/// obviously correct: the oracle the CUDA passes are tested against. Host memory for every pointer;
+/// no workspace (the queries in window_scores_plan.hpp report 0).
 
 #include <cmath>
 #include <cstdint>
@@ -21,6 +22,10 @@
 namespace kvsift {
 namespace host {
 
+/// Writes the column sums P[h][j] of the file comment of window_scores.hpp into `scores` (row
+/// b * H + h, H = KV heads or query heads as params.heads says, columns [0, min(L_b - window,
+/// scores.cols)); the rest is untouched). Host memory for every pointer (views, lengths, q,
+/// params.lse, scores); no workspace. kInvalidArgument or kNullPointer naming the parameter otherwise.
 template <class View, class QT>
 Status window_scores(const Exec&, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params,
                      StridedView2D<float> scores, Workspace /*workspace: the reference needs none*/ = {}) {
@@ -78,7 +83,9 @@ Status window_scores(const Exec&, const View& kv, const QueryRows<QT>& q, const 
   return Status();
 }
 
-// Row lengths of the score matrix: row b * heads_per_sequence + h scores [0, min(L_b - window, cols)).
+/// Row lengths of the score matrix: row_lengths[b * heads_per_sequence + h] = min(L_b - window, cols),
+/// clamped at 0 (L_b = kv.length(b)). Host memory; heads_per_sequence > 0 (kInvalidArgument), and
+/// row_lengths non-null unless the batch is empty (kNullPointer).
 template <class View>
 Status scored_prefix_lengths(const Exec&, const View& kv, int window, int heads_per_sequence, std::int64_t cols,
                              std::int32_t* row_lengths, Workspace /*workspace: none needed*/ = {}) {

@@ -1,16 +1,17 @@
 #pragma once
-// calibrate_num_block: ClusterAttn's offline choice of cluster granularity.
-//
-// The paper picks num_block per dataset by maximising the cosine similarity between full and
-// compressed attention distributions on a sample of the data. For one batch of prompts this runs
-// the ClusterAttn compression once per candidate num_block and scores it with attention_cosine over
-// the given decode queries (driving decode with the full cache, so both sides see the same queries):
-//
-//   score(num_block) = mean over sequences, query heads and decode queries of cos(a_full, a_kept)
-//
-// To calibrate over a dataset, call it per batch and average the tables' scores (the table keeps
-// the candidates' order). This is an offline procedure: it reads the scores back to the host, which
-// synchronises a CUDA stream; never call it inside a decode step.
+/// \file
+/// \brief calibrate_num_block: ClusterAttn's offline choice of cluster granularity.
+///
+/// The paper picks num_block per dataset by maximising the cosine similarity between full and
+/// compressed attention distributions on a sample of the data. For one batch of prompts this runs
+/// the ClusterAttn compression once per candidate num_block and scores it with attention_cosine over
+/// the given decode queries (driving decode with the full cache, so both sides see the same queries):
+///
+///   score(num_block) = mean over sequences, query heads and decode queries of cos(a_full, a_kept)
+///
+/// To calibrate over a dataset, call it per batch and average the tables' scores (the table keeps
+/// the candidates' order). This is an offline procedure: it reads the scores back to the host, which
+/// synchronises a CUDA stream; never call it inside a decode step.
 
 #include <algorithm>
 #include <cstddef>
@@ -29,15 +30,17 @@
 
 namespace kvsift {
 
+/// One candidate's row of the calibration table.
 struct NumBlockScore {
-  int num_block = 0;
-  double mean_cosine = 0.0;
+  int num_block = 0;         ///< the candidate
+  double mean_cosine = 0.0;  ///< score(num_block) of the file comment, in [0, 1] (0 for an empty batch)
 };
 
+/// What calibrate_num_block returns: the table and its best entry (host memory).
 struct NumBlockCalibration {
-  int best_num_block = 0;
-  double best_mean_cosine = -1.0;
-  std::vector<NumBlockScore> table;  // one entry per candidate, in the given order
+  int best_num_block = 0;          ///< the candidate with the highest mean cosine; the first on ties
+  double best_mean_cosine = -1.0;  ///< its mean cosine (-1 until a candidate is scored)
+  std::vector<NumBlockScore> table;  ///< one entry per candidate, in the given order
 };
 
 namespace detail {
@@ -82,7 +85,10 @@ Status calibration_stage_bytes(const Exec& exec, const PromptCompressionConfig& 
 
 }  // namespace detail
 
-// Workspace calibrate_num_block needs, from the shapes alone (no device memory touched).
+/// Workspace calibrate_num_block needs, from the shapes alone (no device memory touched): the
+/// positions, new lengths and cosines of one candidate plus the larger of compress_prompt's and
+/// attention_cosine's workspace. Fails as compress_prompt_workspace_bytes does (a bad config or shape,
+/// kNullPointer for a null `bytes`).
 template <class Exec>
 Status calibrate_num_block_workspace_bytes(const Exec& exec, const PromptCompressionConfig& config,
                                            const PromptCompressionShape& shape, int num_decode_queries,
@@ -96,9 +102,14 @@ Status calibrate_num_block_workspace_bytes(const Exec& exec, const PromptCompres
   return Status();
 }
 
-// `scratch_dst` receives each candidate's compressed cache (capacity >= config.capacity; its contents
-// are overwritten). `decode_queries` holds num_decode_queries post-RoPE queries per sequence.
-// `workspace` holds calibrate_num_block_workspace_bytes bytes for this exec, config and shape.
+/// Runs compress_prompt with each of `candidates` as config.num_block (config.policy must be
+/// kClusterAttn; each candidate >= 1), scores it with attention_cosine and fills `*result` (host
+/// memory). `window_queries` and `lse` are compress_prompt's `queries` and `lse`.
+/// `scratch_dst` receives each candidate's compressed cache (capacity >= config.capacity; its contents
+/// are overwritten). `decode_queries` holds num_decode_queries (>= 1) post-RoPE queries per sequence.
+/// `workspace` holds calibrate_num_block_workspace_bytes bytes for this exec, config and shape.
+/// Synchronises: it reads each candidate's cosines back to the host (offline use only). Errors:
+/// kInvalidArgument or kNullPointer naming the parameter, or those of the stages.
 template <class Exec, class Src, class QT, class Dst>
 Status calibrate_num_block(const Exec& exec, PromptCompressionConfig config, const PromptCompressionShape& shape,
                            const Src& src, const QueryRows<QT>& window_queries, const float* lse,

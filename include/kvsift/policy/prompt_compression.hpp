@@ -1,21 +1,22 @@
 #pragma once
-// Prompt KV-cache compression: ClusterAttn and its baselines SnapKV, StreamingLLM and H2O-prefill,
-// as one three-stage pipeline of shared ops, written once for both backends.
-//
-//   1. scores      window_scores           (ClusterAttn, SnapKV: last W queries; H2O: all queries)
-//   2. transform   pool_scores             (SnapKV)
-//                  cluster_flags           (ClusterAttn: flagged cluster tokens rank first)
-//   3. select      topk                    (budget K = Cp - W per row, ties to the lower position;
-//                                           StreamingLLM: forced 4 sinks + K - 4 recent, no scores)
-//      compact     compact_kv              (kept prefix + the W window tokens -> destination view)
-//
-// Call compress_prompt once per layer after prefill, with that layer's post-RoPE window queries and
-// prompt cache. Every head of a sequence keeps the same count, min(K, L - W) + min(W, L), so the
-// compressed cache is an ordinary cache of that length; a prompt with L <= Cp is copied whole. Decode
-// continues at the original positions L + t (keys keep their RoPE). One call handles a ragged batch.
-// No allocation and no host synchronisation inside: with cuda::Exec the call is graph-capturable;
-// size the workspace first with compress_prompt_workspace_bytes (from the shape alone, once).
-// validate(config) and validate(config, shape) check a configuration before any buffer is sized.
+/// \file
+/// \brief Prompt KV-cache compression: ClusterAttn and its baselines SnapKV, StreamingLLM and H2O-prefill,
+/// as one three-stage pipeline of shared ops, written once for both backends.
+///
+///   1. scores      window_scores           (ClusterAttn, SnapKV: last W queries; H2O: all queries)
+///   2. transform   pool_scores             (SnapKV)
+///                  cluster_flags           (ClusterAttn: flagged cluster tokens rank first)
+///   3. select      topk                    (budget K = Cp - W per row, ties to the lower position;
+///                                           StreamingLLM: forced 4 sinks + K - 4 recent, no scores)
+///      compact     compact_kv              (kept prefix + the W window tokens -> destination view)
+///
+/// Call compress_prompt once per layer after prefill, with that layer's post-RoPE window queries and
+/// prompt cache. Every head of a sequence keeps the same count, min(K, L - W) + min(W, L), so the
+/// compressed cache is an ordinary cache of that length; a prompt with L <= Cp is copied whole. Decode
+/// continues at the original positions L + t (keys keep their RoPE). One call handles a ragged batch.
+/// No allocation and no host synchronisation inside: with cuda::Exec the call is graph-capturable;
+/// size the workspace first with compress_prompt_workspace_bytes (from the shape alone, once).
+/// validate(config) and validate(config, shape) check a configuration before any buffer is sized.
 
 #include <cstddef>
 #include <cstdint>
@@ -47,8 +48,10 @@
 
 namespace kvsift {
 
+/// Which prompt-compression method compress_prompt runs (the stages of each are in the file comment).
 enum class CompressionPolicy : int { kClusterAttn, kSnapKV, kStreamingLLM, kH2OPrefill };
 
+/// "ClusterAttn", "SnapKV", "StreamingLLM" or "H2O-prefill" ("unknown" outside the enumeration).
 inline const char* to_string(CompressionPolicy p) {
   switch (p) {
     case CompressionPolicy::kClusterAttn: return "ClusterAttn";
@@ -59,44 +62,52 @@ inline const char* to_string(CompressionPolicy p) {
   return "unknown";
 }
 
+/// What compress_prompt does to every layer: the policy, its budget and the parameters of its stages;
+/// validate(config) checks it. Fields of the other policies' stages are ignored.
 struct PromptCompressionConfig {
-  CompressionPolicy policy = CompressionPolicy::kClusterAttn;
-  int capacity = 1024;  // Cp: tokens kept per head, window included
-  int window = 32;      // W: observation window = the last W prompt tokens, always kept
-  float sm_scale = 0.f; // <= 0: 1 / sqrt(head_dim)
-  ScoreHeads heads = ScoreHeads::kKvHeadMean;
+  CompressionPolicy policy = CompressionPolicy::kClusterAttn;  ///< the method
+  int capacity = 1024;  ///< Cp: tokens kept per head, window included; > window
+  int window = 32;      ///< W: observation window = the last W prompt tokens, always kept; >= 1
+  float sm_scale = 0.f; ///< logit scale of the window scores; <= 0: 1 / sqrt(head_dim)
+  ScoreHeads heads = ScoreHeads::kKvHeadMean;  ///< the score rows and so the heads of the compressed cache
   // ClusterAttn (budget is filled in from capacity - window)
-  int num_block = 128;
-  float theta = 2e-3f;
-  BlockRule block_rule = BlockRule::kPrefixSplit;
-  RadiusRule radius_rule = RadiusRule::kHalfBlock;
-  int fixed_radius = 0;
+  int num_block = 128;  ///< ClusterAttn: ClusterParams::num_block, >= 1 (calibrate_num_block picks it)
+  float theta = 2e-3f;  ///< ClusterAttn: ClusterParams::theta, the density threshold on P, >= 0
+  BlockRule block_rule = BlockRule::kPrefixSplit;  ///< ClusterAttn: ClusterParams::block_rule
+  RadiusRule radius_rule = RadiusRule::kHalfBlock;  ///< ClusterAttn: ClusterParams::radius_rule
+  int fixed_radius = 0;  ///< ClusterAttn: ClusterParams::fixed_radius (RadiusRule::kFixed), >= 0
   // SnapKV
-  PoolParams pool = {PoolKind::kMax, 7};
+  PoolParams pool = {PoolKind::kMax, 7};  ///< SnapKV: the pool applied to the scores before top-k
   // StreamingLLM
-  int sinks = 4;
+  int sinks = 4;  ///< StreamingLLM: sink tokens kept, in [0, budget()]; the rest of the budget is recent
 
+  /// K = Cp - W: prefix tokens kept per head (the budget of top-k).
   int budget() const { return capacity - window; }
+  /// The ClusterAttn fields as the ClusterParams of cluster_flags, with budget = budget().
   ClusterParams cluster() const {
     return ClusterParams{num_block, theta, budget(), block_rule, radius_rule, fixed_radius};
   }
 };
 
-// Shapes the workspace is sized for: the largest batch and prompt the call will see.
+/// Shapes the workspace is sized for: the largest batch and prompt the call will see.
 struct PromptCompressionShape {
-  int batch = 0;
-  int num_kv_heads = 0;
-  int num_q_heads = 0;
-  int max_prompt_len = 0;
+  int batch = 0;           ///< sequences, >= 0: an upper bound on src.batch
+  int num_kv_heads = 0;    ///< KV heads per sequence, > 0: src.num_kv_heads
+  int num_q_heads = 0;     ///< query heads, a positive multiple of num_kv_heads
+  int max_prompt_len = 0;  ///< upper bound on every prompt length L, > window
 
+  /// Heads of the score rows and of the compressed cache: num_kv_heads, or num_q_heads with
+  /// ScoreHeads::kQueryHead.
   int score_heads(const PromptCompressionConfig& c) const {
     return c.heads == ScoreHeads::kKvHeadMean ? num_kv_heads : num_q_heads;
   }
+  /// Score rows: batch * score_heads(c).
   std::int64_t rows(const PromptCompressionConfig& c) const { return std::int64_t(batch) * score_heads(c); }
 };
 
-// The configuration alone: window, capacity, the policy and the parameters of its stages (StreamingLLM's
-// sinks, ClusterAttn's clustering, SnapKV's pooling), each message naming the field.
+/// The configuration alone: window, capacity, the policy and the parameters of its stages
+/// (StreamingLLM's sinks, ClusterAttn's clustering, SnapKV's pooling); kInvalidArgument with a message
+/// naming the field.
 inline Status validate(const PromptCompressionConfig& c) {
   KVSIFT_REQUIRE(c.window >= 1, kInvalidArgument, "window = ", c.window, " must be >= 1");
   KVSIFT_REQUIRE(c.capacity > c.window, kInvalidArgument, "capacity = ", c.capacity, " must be > window = ",
@@ -112,7 +123,8 @@ inline Status validate(const PromptCompressionConfig& c) {
   return Status();
 }
 
-// The configuration against the shapes the workspace is sized for.
+/// validate(c), then the configuration against the shapes the workspace is sized for (window <
+/// max_prompt_len, head counts, batch >= 0); kInvalidArgument naming the field.
 inline Status validate(const PromptCompressionConfig& c, const PromptCompressionShape& s) {
   KVSIFT_TRY(validate(c));
   KVSIFT_REQUIRE(s.max_prompt_len > c.window, kInvalidArgument, "window = ", c.window, " must be < max_prompt_len = ",
@@ -214,9 +226,9 @@ inline CompressionScratch carve_compression(WorkspaceCarver& ws, const PromptCom
 
 }  // namespace detail
 
-// Workspace compress_prompt needs for every call up to `shape`, from the shapes alone (no device
-// memory touched): the score matrix, the flags or pooled scores, the selection and the stages' op
-// scratch. Validates the configuration first.
+/// Workspace compress_prompt needs for every call up to `shape`, from the shapes alone (no device
+/// memory touched): the score matrix, the flags or pooled scores, the selection and the stages' op
+/// scratch. Validates the configuration first (validate(config, shape)); kNullPointer for a null `bytes`.
 template <class Exec>
 Status compress_prompt_workspace_bytes(const Exec& exec, const PromptCompressionConfig& config,
                                        const PromptCompressionShape& shape, std::size_t* bytes) {
@@ -230,11 +242,13 @@ Status compress_prompt_workspace_bytes(const Exec& exec, const PromptCompression
   return Status();
 }
 
-// One layer. `queries` holds the window's post-RoPE queries (all prompt queries for H2O-prefill);
-// `lse` (optional) each scored query's log-sum-exp from the prefill; `dst` receives the compressed
-// cache (its heads: num_kv_heads, or num_q_heads with ScoreHeads::kQueryHead); `out` the new lengths
-// and, optionally, each slot's original position. `workspace` holds compress_prompt_workspace_bytes
-// bytes for this exec, config and shape.
+/// One layer. `queries` holds the window's post-RoPE queries (all prompt queries for H2O-prefill);
+/// `lse` (optional) each scored query's log-sum-exp from the prefill; `dst` receives the compressed
+/// cache (its heads: num_kv_heads, or num_q_heads with ScoreHeads::kQueryHead); `out` the new lengths
+/// and, optionally, each slot's original position. `workspace` holds compress_prompt_workspace_bytes
+/// bytes for this exec, config and shape. Pointers are in the Exec's memory space. Fails before any
+/// launch with a Status naming the parameter: a bad config or shape, src or dst not matching the
+/// shape, an Exec without device facts, a null or short workspace.
 template <class Exec, class Src, class QT, class Dst>
 Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, const PromptCompressionShape& shape,
                        const Src& src, const QueryRows<QT>& queries, const float* lse, const Dst& dst,
