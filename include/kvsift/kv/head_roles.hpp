@@ -53,6 +53,7 @@ class HeadRoleMask {
     word = h >= 192 ? bits_[3] : word;
     return (word >> (h & 63)) & 1u;
   }
+  /// Whether head `h` is a retrieval head (the complement of is_sparse).
   KVSIFT_HD bool is_retrieval(int h) const { return !is_sparse(h); }
   /// Sparse heads among [0, num_kv_heads): the heads that need an index-set row.
   int count_sparse(int num_kv_heads) const {
