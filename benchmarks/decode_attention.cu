@@ -1,5 +1,5 @@
 // decode_attention on a Llama-3-8B layer (32 query heads, 8 KV heads, head_dim 128, bf16), cold L2.
-// Bytes counted: K and V rows the op must read (dense: every token; gathered: the selected ones),
+// Bytes counted: K and V rows the op must read (retrieval heads: every token; sparse heads: the selected ones),
 // plus q, out and the index rows. Baselines (torch SDPA cuDNN / flash, gather + SDPA) come from
 // benchmarks/torch_decode_attention.py on the same shapes.
 #include <benchmark/benchmark.h>

@@ -227,7 +227,7 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
       ++bad;
       FAIL_CHECK("lse[" << i << "] = " << lse[i] << ", reference " << lse_ref[i]);
     }
-  // Scores: where the reference left the poison (gathered heads, row padding) the kernel must too.
+  // Scores: where the reference left the poison (sparse heads, row padding) the kernel must too.
   for (std::size_t i = 0; i < n_scores && bad < 8; ++i) {
     const bool ok = std::isnan(scores_ref[i]) ? std::memcmp(&scores_ref[i], &scores[i], 4) == 0
                                               : close(scores[i], scores_ref[i], Tolerance<KT>::score);

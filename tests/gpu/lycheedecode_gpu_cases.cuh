@@ -29,7 +29,7 @@
 #include "support/device_buffer.cuh"
 #include "support/random.hpp"
 
-namespace lychee_test {
+namespace lycheedecode_test {
 
 using kvsift::LycheeDecodeConfig;
 using kvsift::LycheeDecodePolicy;
@@ -274,4 +274,4 @@ void run_case(const Case& c, std::uint64_t salt) {
   CHECK(device.state.next_layer == 0);
 }
 
-}  // namespace lychee_test
+}  // namespace lycheedecode_test

@@ -6,13 +6,13 @@
 #include "gpu/lycheedecode_gpu_cases.cuh"
 
 using kvsift::bfloat16_t;
-using lychee_test::Case;
-using lychee_test::Layout;
+using lycheedecode_test::Case;
+using lycheedecode_test::Layout;
 using kvsift::LycheeDecodeSelection;
 
 TEST_CASE("LycheeDecode bf16: token mode, contiguous cache, mixed roles") {
   Case c;
-  lychee_test::run_case<bfloat16_t>(c, 801);
+  lycheedecode_test::run_case<bfloat16_t>(c, 801);
 }
 
 TEST_CASE("LycheeDecode bf16: token mode, paged cache, few SMs (many splits per head)") {
@@ -20,7 +20,7 @@ TEST_CASE("LycheeDecode bf16: token mode, paged cache, few SMs (many splits per 
   c.layout = Layout::kPagedNHD;
   c.roles = "RRRR/SSSR/SRSS/SSSS/RSSS";
   c.num_sms = 3;
-  lychee_test::run_case<bfloat16_t>(c, 802);
+  lycheedecode_test::run_case<bfloat16_t>(c, 802);
 }
 
 TEST_CASE("LycheeDecode bf16: block mode 64, paged cache with 16-token pages") {
@@ -30,7 +30,7 @@ TEST_CASE("LycheeDecode bf16: block mode 64, paged cache with 16-token pages") {
   c.block_size = 64;
   c.num_blocks = 5;
   c.lengths = {640, 65, 0, 128};  // a partial last block, one past a block, exactly two blocks
-  lychee_test::run_case<bfloat16_t>(c, 803);
+  lycheedecode_test::run_case<bfloat16_t>(c, 803);
 }
 
 TEST_CASE("LycheeDecode bf16: block mode 16, contiguous cache") {
@@ -39,7 +39,7 @@ TEST_CASE("LycheeDecode bf16: block mode 16, contiguous cache") {
   c.block_size = 16;
   c.num_blocks = 8;
   c.sink_blocks = 2;
-  lychee_test::run_case<bfloat16_t>(c, 804);
+  lycheedecode_test::run_case<bfloat16_t>(c, 804);
 }
 
 TEST_CASE("LycheeDecode bf16: ratio mode, the budget grows with the length") {
@@ -50,7 +50,7 @@ TEST_CASE("LycheeDecode bf16: ratio mode, the budget grows with the length") {
   c.rho = 0.75;
   c.lengths = {500, 33, 0, 129};
   c.steps = 4;
-  lychee_test::run_case<bfloat16_t>(c, 805);
+  lycheedecode_test::run_case<bfloat16_t>(c, 805);
 }
 
 TEST_CASE("LycheeDecode bf16: head_dim 256 and 64") {
@@ -60,12 +60,12 @@ TEST_CASE("LycheeDecode bf16: head_dim 256 and 64") {
   c.lengths = {320, 100, 0, 31};
   c.roles = "RR/SR/RS";
   c.group = 2;
-  lychee_test::run_case<bfloat16_t>(c, 806);
+  lycheedecode_test::run_case<bfloat16_t>(c, 806);
   c.d = 64;
   c.group = 8;
   c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 32;
-  lychee_test::run_case<bfloat16_t>(c, 807);
+  lycheedecode_test::run_case<bfloat16_t>(c, 807);
 }
 
 namespace {
@@ -74,7 +74,7 @@ namespace {
 using LayerOutputs = std::vector<std::vector<bfloat16_t>>;
 
 void graph_replay(LycheeDecodeSelection selection, Layout layout) {
-  using lychee_test::DeviceBuffer;
+  using lycheedecode_test::DeviceBuffer;
   Case c;
   c.selection = selection;
   c.layout = layout;
@@ -82,9 +82,9 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
   auto rng = kvsift_test::make_rng(810 + int(selection));
   INFO(c.describe());
   const auto config = c.config();
-  lychee_test::Caches<bfloat16_t> caches(rng, c);
-  lychee_test::HostPolicy host;
-  lychee_test::DevicePolicy device;
+  lycheedecode_test::Caches<bfloat16_t> caches(rng, c);
+  lycheedecode_test::HostPolicy host;
+  lycheedecode_test::DevicePolicy device;
   host.init<bfloat16_t>(config);
   device.init<bfloat16_t>(config);
   const int B = caches.B, Hq = caches.H * c.group, D = c.d, L = c.layers();
@@ -125,19 +125,19 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
     dlengths.upload(lengths);
     std::vector<std::vector<bfloat16_t>> q(L);
     for (int l = 0; l < L; ++l) {
-      q[l] = lychee_test::quarter_steps<bfloat16_t>(rng, n);
+      q[l] = lycheedecode_test::quarter_steps<bfloat16_t>(rng, n);
       dq[l]->upload(q[l]);
       graph_out[l]->poison();
       eager_out[l]->poison();
     }
     KVSIFT_TEST_CUDA(cudaGraphLaunch(graph_exec, stream));
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
-    const auto graph_table = lychee_test::device_table_rows(device.state.table, B * caches.H);
+    const auto graph_table = lycheedecode_test::device_table_rows(device.state.table, B * caches.H);
     std::vector<kvsift::Status> eager;
     run_step(eager_out, eager);
     for (const auto& st : eager) REQUIRE_MESSAGE(st.ok(), st.to_string());
     kvsift_test::sync_and_check();
-    CHECK(lychee_test::device_table_rows(device.state.table, B * caches.H) == graph_table);
+    CHECK(lycheedecode_test::device_table_rows(device.state.table, B * caches.H) == graph_table);
 
     for (int l = 0; l < L; ++l) {
       CAPTURE(l);
@@ -150,10 +150,10 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
       const auto replayed = graph_out[l]->download();
       const auto eager_l = eager_out[l]->download();
       CHECK(std::memcmp(replayed.data(), eager_l.data(), n * sizeof(bfloat16_t)) == 0);  // identical bits
-      CHECK(lychee_test::compare_outputs(replayed, want, "replayed out") == 0);
+      CHECK(lycheedecode_test::compare_outputs(replayed, want, "replayed out") == 0);
     }
     const auto& ht = host.state.table;
-    CHECK(lychee_test::table_rows(ht, B * caches.H, ht.indices, ht.counts) == graph_table);
+    CHECK(lycheedecode_test::table_rows(ht, B * caches.H, ht.indices, ht.counts) == graph_table);
   }
   cudaGraphExecDestroy(graph_exec);
   cudaGraphDestroy(graph);
@@ -173,12 +173,12 @@ TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays w
 TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state without launching") {
   Case c;
   auto rng = kvsift_test::make_rng(820);
-  lychee_test::Caches<bfloat16_t> caches(rng, c);
-  lychee_test::DevicePolicy device;
+  lycheedecode_test::Caches<bfloat16_t> caches(rng, c);
+  lycheedecode_test::DevicePolicy device;
   device.init<bfloat16_t>(c.config());
   const int Hq = caches.H * c.group;
-  lychee_test::DeviceBuffer<std::int32_t> dlengths(c.lengths);
-  lychee_test::DeviceBuffer<bfloat16_t> dq(std::size_t(caches.B) * Hq * c.d), dout(dq.size());
+  lycheedecode_test::DeviceBuffer<std::int32_t> dlengths(c.lengths);
+  lycheedecode_test::DeviceBuffer<bfloat16_t> dq(std::size_t(caches.B) * Hq * c.d), dout(dq.size());
   caches.with_device_view(0, dlengths.get(), [&](const auto& kv) {
     const auto io = kvsift::make_query_io(dq.get(), dout.get(), 1, Hq, c.d);
     auto st = device.decoder.decode_layer(device.exec, device.state, 0, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size() - 1});

@@ -5,14 +5,14 @@
 
 using kvsift::half_t;
 using kvsift::LycheeDecodeSelection;
-using lychee_test::Case;
-using lychee_test::Layout;
+using lycheedecode_test::Case;
+using lycheedecode_test::Layout;
 
 TEST_CASE("LycheeDecode fp16: token mode, paged cache") {
   Case c;
   c.layout = Layout::kPagedNHD;
   c.roles = "RRRR/RSRS/SSSS/SRSR";
-  lychee_test::run_case<half_t>(c, 851);
+  lycheedecode_test::run_case<half_t>(c, 851);
 }
 
 TEST_CASE("LycheeDecode fp16: ratio mode, contiguous cache") {
@@ -20,7 +20,7 @@ TEST_CASE("LycheeDecode fp16: ratio mode, contiguous cache") {
   c.selection = LycheeDecodeSelection::kRatio;
   c.rho = 0.6;
   c.steps = 4;
-  lychee_test::run_case<half_t>(c, 852);
+  lycheedecode_test::run_case<half_t>(c, 852);
 }
 
 TEST_CASE("LycheeDecode fp16: block mode, paged cache with 64-token pages, head_dim 128") {
@@ -31,7 +31,7 @@ TEST_CASE("LycheeDecode fp16: block mode, paged cache with 64-token pages, head_
   c.block_size = 64;
   c.num_blocks = 4;
   c.lengths = {640, 64, 0, 129};
-  lychee_test::run_case<half_t>(c, 853);
+  lycheedecode_test::run_case<half_t>(c, 853);
 }
 
 TEST_CASE("LycheeDecode fp16: head_dim 64, block mode 16, all-retrieval and all-sparse layers") {
@@ -41,5 +41,5 @@ TEST_CASE("LycheeDecode fp16: head_dim 64, block mode 16, all-retrieval and all-
   c.selection = LycheeDecodeSelection::kBlock;
   c.block_size = 16;
   c.num_blocks = 10;
-  lychee_test::run_case<half_t>(c, 854);
+  lycheedecode_test::run_case<half_t>(c, 854);
 }
