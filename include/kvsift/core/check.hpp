@@ -22,3 +22,10 @@
 /// Returns `StatusCode::kNullPointer` with the message "<name> is null" when `ptr` is null.
 #define KVSIFT_REQUIRE_NOT_NULL(ptr, name) \
   KVSIFT_REQUIRE((ptr) != nullptr, kNullPointer, name, " is null")
+
+namespace kvsift {
+namespace detail {
+/// True for 1, 2, 4, ...: the block and page sizes the validators accept.
+constexpr bool is_power_of_two(long long x) { return x > 0 && (x & (x - 1)) == 0; }
+}  // namespace detail
+}  // namespace kvsift

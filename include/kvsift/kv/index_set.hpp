@@ -55,7 +55,7 @@ struct IndexSetT {
     } else {
       KVSIFT_REQUIRE(granularity == Granularity::kBlock, kInvalidArgument, name, ".granularity = ",
                      static_cast<int>(granularity), " is not token or block");
-      KVSIFT_REQUIRE(block_size > 0 && (block_size & (block_size - 1)) == 0, kInvalidArgument, name,
+      KVSIFT_REQUIRE(detail::is_power_of_two(block_size), kInvalidArgument, name,
                      ".block_size = ", block_size, " must be a power of two");
     }
     if (rows == 0) return Status();

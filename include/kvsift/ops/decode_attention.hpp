@@ -89,7 +89,6 @@ namespace detail {
 
 inline int ceil_div(std::int64_t a, std::int64_t b) { return int((a + b - 1) / b); }
 inline int round_up(int a, int b) { return ceil_div(a, b) * b; }
-inline bool is_pow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
 /// Tokens a view can hold (kv_capacity), 0 for a view that does not say: sizes the grid when
 /// max_kv_length = 0.
@@ -133,7 +132,7 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
                    "index_set.block_size = ", p.index_set.block_size, " must be a power of two >= 16");
   }
   if (p.scores) {
-    KVSIFT_REQUIRE(p.score_block_size == 1 || (is_pow2(p.score_block_size) && p.score_block_size >= 16),
+    KVSIFT_REQUIRE(p.score_block_size == 1 || (is_power_of_two(p.score_block_size) && p.score_block_size >= 16),
                    kInvalidArgument, "score_block_size = ", p.score_block_size, " must be 1 or a power of two >= 16");
     const int cols = ceil_div(decode_max_length(kv, p), p.score_block_size);
     KVSIFT_REQUIRE(p.score_row_stride >= cols, kInvalidArgument, "score_row_stride = ", p.score_row_stride,

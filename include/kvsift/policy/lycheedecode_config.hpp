@@ -93,8 +93,6 @@ inline int max_blocks_touched(int recent, int block_size) {
   return recent <= 0 ? 0 : (recent - 1 + block_size - 1) / block_size + 1;
 }
 
-inline bool is_power_of_two(int x) { return x > 0 && (x & (x - 1)) == 0; }
-
 }  // namespace detail
 
 /// Tokens per index entry: 1, or block_size in block mode.
