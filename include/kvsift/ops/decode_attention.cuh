@@ -58,9 +58,10 @@ Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionP
                         Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
   static_assert(is_supported_dtype<T>::value, "decode_attention: Q must be float, half or bfloat16");
-  KVSIFT_TRY(detail::validate_decode_attention(kv, p));
   detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr};
+  // The plan validates the shapes and values; what it cannot see without data is checked here.
   KVSIFT_TRY(detail::plan_decode_attention(exec.device, kv, p, &launch.plan));
+  KVSIFT_TRY(detail::validate_decode_attention_rows(kv, p));
   if (kv.batch == 0) return Status();
   KVSIFT_TRY(check_rows_16byte_aligned(kv));  // the kernels move rows with 16-byte loads
   KVSIFT_REQUIRE_NOT_NULL(workspace.data, "workspace.data (ask decode_attention_workspace_bytes)");

@@ -104,6 +104,15 @@ int decode_max_length(const View& kv, const DecodeAttentionParams<T>& p) {
   return p.max_kv_length > 0 ? p.max_kv_length : view_capacity(kv);
 }
 
+/// The query and output rows a call with sequences must have (the part of validation the size query skips).
+template <class View, class T>
+Status validate_decode_attention_rows(const View& kv, const DecodeAttentionParams<T>& p) {
+  if (kv.batch == 0) return Status();
+  KVSIFT_REQUIRE_NOT_NULL(p.io.q.data, "io.q.data");
+  KVSIFT_REQUIRE_NOT_NULL(p.io.out.data, "io.out.data");
+  return Status();
+}
+
 /// Shapes and values; `check_pointers` is off for the workspace-size query, which needs no data.
 template <class View, class T>
 Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>& p, bool check_pointers = true) {
@@ -138,10 +147,7 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
     KVSIFT_REQUIRE(p.score_row_stride >= cols, kInvalidArgument, "score_row_stride = ", p.score_row_stride,
                    " must be >= ceil(max_kv_length / score_block_size) = ", cols);
   }
-  if (kv.batch == 0 || !check_pointers) return Status();
-  KVSIFT_REQUIRE_NOT_NULL(p.io.q.data, "io.q.data");
-  KVSIFT_REQUIRE_NOT_NULL(p.io.out.data, "io.out.data");
-  return Status();
+  return check_pointers ? validate_decode_attention_rows(kv, p) : Status();
 }
 
 }  // namespace detail
