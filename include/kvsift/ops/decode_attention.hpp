@@ -139,6 +139,9 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
                    p.index_set.rows, " must be >= batch * num_kv_heads = ", kv.batch * kv.num_kv_heads);
     KVSIFT_REQUIRE(p.index_set.granularity == Granularity::kToken || p.index_set.block_size >= 16, kInvalidArgument,
                    "index_set.block_size = ", p.index_set.block_size, " must be a power of two >= 16");
+    KVSIFT_REQUIRE(std::int64_t(p.index_set.capacity) * p.index_set.block_size <= INT32_MAX, kUnsupported,
+                   "index_set.capacity * block_size = ", std::int64_t(p.index_set.capacity) * p.index_set.block_size,
+                   " exceeds the int32 position range");
   }
   if (p.scores) {
     KVSIFT_REQUIRE(p.score_block_size == 1 || (is_power_of_two(p.score_block_size) && p.score_block_size >= 16),

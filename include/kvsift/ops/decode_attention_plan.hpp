@@ -36,7 +36,7 @@ constexpr bool decode_uses_tensor_cores() {
 struct DecodePlan {
   int batch = 0, num_kv_heads = 0, group = 0, head_dim = 0;
   int max_len = 0;        ///< tokens a retrieval head covers
-  int sparse_tokens = 0;  ///< tokens a sparse head covers (index capacity * block size, capped)
+  int sparse_tokens = 0;  ///< positions a sparse head covers: index capacity * block size
   int rows = 0;           ///< query rows per KV head: q_len * group, plus the score row
   int row_tile = 0;       ///< rows per block (8 or 16)
   int row_tiles = 0;
@@ -94,9 +94,10 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
     pl.rank_of[h] = std::uint8_t(pl.num_sparse);
     pl.head_at[pl.num_retrieval + pl.num_sparse++] = std::uint8_t(h);
   }
-  if (pl.num_sparse > 0)
-    pl.sparse_tokens =
-        int(std::min<std::int64_t>(std::int64_t(p.index_set.capacity) * p.index_set.block_size, pl.max_len));
+  // A sparse head covers every position its index row can list. Capping that at max_len would be
+  // right only for sorted, distinct, in-range rows: a row with duplicates, unsorted entries or
+  // entries past the sequence can hold in-range keys beyond its first max_len positions.
+  if (pl.num_sparse > 0) pl.sparse_tokens = int(std::int64_t(p.index_set.capacity) * p.index_set.block_size);
 
   int quantum = kDecodeCtaTokens;
   if (pl.num_sparse > 0) quantum = std::max(quantum, p.index_set.block_size);
