@@ -116,6 +116,7 @@ void BM_Paged(benchmark::State& state, Mode mode, int block) {
 }
 
 void dense_shapes(benchmark::internal::Benchmark* b) {
+  b->Args({1, 1024, 0});  // a short context: the fixed cost of a call
   for (int batch : {1, 8})
     for (int s : {32768, 131072}) b->Args({batch, s, 0});
   b->Args({1, 131072, 1});  // BHSD
@@ -126,7 +127,7 @@ void batch_shapes(benchmark::internal::Benchmark* b) {
 void paged_shapes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8})
     for (int page : {16, 64}) b->Args({batch, 131072, page});
-  b->Args({1, 32768, 16});
+  for (int batch : {1, 8}) b->Args({batch, 32768, 16});
 }
 void paged_gather_shapes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8}) b->Args({batch, 131072, 16});

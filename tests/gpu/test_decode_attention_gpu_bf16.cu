@@ -105,15 +105,32 @@ TEST_CASE("decode_attention replays from a CUDA graph with new lengths") {
   cudaStreamDestroy(stream);
 }
 
-TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace") {
+TEST_CASE("decode_attention CUDA launcher: a call with one split per head needs no workspace") {
   std::vector<std::int32_t> lh = {4};
   kvsift_test::DeviceBuffer<bfloat16_t> k(4 * 128), q(4 * 128), out(4 * 128);
   kvsift_test::DeviceBuffer<std::int32_t> len(lh);
   const auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, 4, 128, len.get());
   const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);
   const auto exec = kvsift::cuda::Exec::for_current_device();
+  std::size_t bytes = 1;
+  REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
+  CHECK(bytes == 0);
+  CHECK(kvsift::cuda::decode_attention(exec, kv, p).ok());
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace") {
+  // 64K tokens of one head split over many blocks, so the call needs partials and tickets.
+  constexpr int kCap = 65536;
+  std::vector<std::int32_t> lh = {kCap};
+  kvsift_test::DeviceBuffer<bfloat16_t> k(std::size_t(kCap) * 128), q(4 * 128), out(4 * 128);
+  kvsift_test::DeviceBuffer<std::int32_t> len(lh);
+  const auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, kCap, 128, len.get());
+  const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
   std::size_t bytes = 0;
   REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
+  REQUIRE(bytes > 0);
   kvsift_test::DeviceBuffer<unsigned char> ws(bytes);
   auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), bytes - 1});
   CHECK(st.code() == kvsift::StatusCode::kInsufficientSpace);

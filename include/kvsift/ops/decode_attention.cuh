@@ -3,10 +3,11 @@
 /// \brief CUDA backend of decode_attention (contract in decode_attention.hpp, plan in
 /// decode_attention_plan.hpp; guide in docs/ops/decode_attention.md).
 ///
-/// Two launches on exec.stream: a split kernel (one block per batch x KV head x split x row tile;
-/// tensor cores for 16-bit K/V, CUDA cores for float K/V) writes normalised partial outputs and their
-/// log-sum-exp to the workspace, and a merge kernel combines them into `out` and `lse`. Nothing is
-/// allocated, nothing waits on the host, and the grid comes from host values only.
+/// One kernel launch on exec.stream (plus a memset of the split tickets when some head has more than
+/// one split): one block per batch x KV head x split x row tile, tensor cores for 16-bit K/V, CUDA
+/// cores for float K/V. A head with one split writes `out` and `lse` directly; otherwise each block
+/// writes its normalised partial and log-sum-exp to the workspace and the head's last block merges
+/// them. Nothing is allocated, nothing waits on the host, and the grid comes from host values only.
 ///
 /// Every K and V row must be 16-byte aligned (checked for ContiguousKV and PagedKV).
 
@@ -38,9 +39,25 @@ Status dispatch_head_dim(int head_dim, F&& f) {
   return make_status(StatusCode::kUnsupported, "head_dim = ", head_dim, " is not supported (64, 128 or 256)");
 }
 
-template <int D, int R, bool kPrefetch, class View, class QT>
-Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, std::size_t smem, cudaStream_t stream) {
-  decode_split_mma_kernel<D, R, kPrefetch, View, QT><<<grid, kDecodeThreads, smem, stream>>>(launch);
+// Opts the kernel into the dynamic shared memory it needs (static shared memory counts against the
+// 48 KiB default too, so it is set for every size). Called on every launch: the attribute is per
+// device, the call is cheap, idempotent and safe from several host threads, and it enqueues nothing,
+// so a captured graph is unaffected.
+template <class Kernel>
+Status allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
+  KVSIFT_TRY(from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+                       "decode_attention: cudaFuncSetAttribute"));
+  // The plan counts on kDecodeCtasPerSm resident blocks; ask for the shared-memory carveout that holds them.
+  return from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        int(cudaSharedmemCarveoutMaxShared)),
+                   "decode_attention: cudaFuncSetAttribute (carveout)");
+}
+
+template <int D, int R, class View, class QT>
+Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, int score_blocks, cudaStream_t stream) {
+  const std::size_t smem = mma_smem_bytes<D, R>(score_blocks);
+  KVSIFT_TRY(allow_dynamic_smem(decode_split_mma_kernel<D, R, View, QT>, smem));
+  decode_split_mma_kernel<D, R, View, QT><<<grid, kDecodeThreads, smem, stream>>>(launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }
@@ -58,47 +75,40 @@ Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionP
                         Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
   static_assert(is_supported_dtype<T>::value, "decode_attention: Q must be float, half or bfloat16");
-  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr};
+  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr, nullptr};
   // The plan validates the shapes and values; what it cannot see without data is checked here.
   KVSIFT_TRY(detail::plan_decode_attention(exec.device, kv, p, &launch.plan));
   KVSIFT_TRY(detail::validate_decode_attention_rows(kv, p));
   if (kv.batch == 0) return Status();
-  KVSIFT_TRY(check_rows_16byte_aligned(kv));  // the kernels move rows with 16-byte loads
-  KVSIFT_REQUIRE_NOT_NULL(workspace.data, "workspace.data (ask decode_attention_workspace_bytes)");
-  WorkspaceCarver ws(workspace);
-  launch.plan.carve(ws, &launch.partial_out, &launch.partial_lse);
-  KVSIFT_TRY(ws.status());
-  KVSIFT_REQUIRE(kv.batch <= 65535, kUnsupported, "kv.batch = ", kv.batch, " must be <= 65535");
-
+  KVSIFT_TRY(check_rows_16byte_aligned(kv));  // the kernels move rows with 16-byte copies
   const detail::DecodePlan& plan = launch.plan;
+  if (plan.splits_any()) {
+    KVSIFT_REQUIRE_NOT_NULL(workspace.data, "workspace.data (ask decode_attention_workspace_bytes)");
+    WorkspaceCarver ws(workspace);
+    plan.carve(ws, &launch.partial_out, &launch.partial_lse, &launch.tickets);
+    KVSIFT_TRY(ws.status());
+  }
+  KVSIFT_REQUIRE(kv.batch <= 65535, kUnsupported, "kv.batch = ", kv.batch, " must be <= 65535");
+  if (plan.splits_any())
+    KVSIFT_TRY(from_cuda(cudaMemsetAsync(launch.tickets, 0, plan.ticket_bytes(), exec.stream),
+                           "decode_attention: zeroing the split tickets"));
+
   const dim3 grid(plan.ctas_per_tile, plan.row_tiles, kv.batch);
   const int score_blocks = p.scores && p.score_block_size > 1 ? plan.chunk / p.score_block_size : 0;
-  KVSIFT_TRY(detail::dispatch_head_dim(p.head_dim, [&](auto head_dim) -> Status {
+  return detail::dispatch_head_dim(p.head_dim, [&](auto head_dim) -> Status {
     constexpr int D = decltype(head_dim)::value;
     if constexpr (detail::decode_uses_tensor_cores<View>()) {
-      // Double-buffered fragments fit the register budget up to 128 dims with 8-row tiles.
-      if (plan.row_tile == 8) {
-        const std::size_t smem = detail::SplitSmem<D, 8>::bytes(score_blocks);
-        return detail::launch_decode_split_mma<D, 8, (D <= 128)>(launch, grid, smem, exec.stream);
-      }
-      if constexpr (D != 256) {
-        const std::size_t smem = detail::SplitSmem<D, 16>::bytes(score_blocks);
-        return detail::launch_decode_split_mma<D, 16, (D <= 64)>(launch, grid, smem, exec.stream);
-      }
+      if (plan.row_tile == 8) return detail::launch_decode_split_mma<D, 8>(launch, grid, score_blocks, exec.stream);
+      if constexpr (D != 256) return detail::launch_decode_split_mma<D, 16>(launch, grid, score_blocks, exec.stream);
       return make_status(StatusCode::kInternal, "no 16-row tile at head_dim 256");
     } else {
       const std::size_t smem = detail::SplitSmem<D, 8>::bytes(score_blocks);
+      KVSIFT_TRY(detail::allow_dynamic_smem(detail::decode_split_simt_kernel<D, View, T>, smem));
       detail::decode_split_simt_kernel<D, View, T><<<grid, detail::kDecodeThreads, smem, exec.stream>>>(launch);
       KVSIFT_CHECK_LAUNCH();
       return Status();
     }
-  }));
-
-  const std::int64_t out_rows = std::int64_t(kv.batch) * p.q_len * p.num_q_heads;
-  const unsigned merge_blocks = unsigned((out_rows + detail::kMergeWarps - 1) / detail::kMergeWarps);
-  detail::decode_merge_kernel<View, T><<<merge_blocks, detail::kMergeWarps * 32, 0, exec.stream>>>(launch);
-  KVSIFT_CHECK_LAUNCH();
-  return Status();
+  });
 }
 
 }  // namespace cuda

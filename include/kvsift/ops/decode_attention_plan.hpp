@@ -4,10 +4,10 @@
 ///
 /// The CUDA launcher runs one block per (batch, KV head, split, row tile): every head's keys are cut
 /// into splits of `chunk` tokens so that about one wave of kDecodeCtasPerSm blocks per SM covers the
-/// whole call, and a merge kernel combines the splits' partial softmax states by log-sum-exp. The
-/// plan is a pure function of host values (shapes, capacities, roles, the Exec's SM count), so the
-/// workspace query, the launcher and the merge agree by construction, and a captured graph replays for
-/// any device lengths.
+/// whole call (a head gets one split when its blocks alone fill the GPU), and the last block of a head
+/// to finish combines the splits' partial softmax states by log-sum-exp. The plan is a pure function
+/// of host values (shapes, capacities, roles, the Exec's SM count), so the workspace query and the
+/// launcher agree by construction, and a captured graph replays for any device lengths.
 
 #include <algorithm>
 #include <cstddef>
@@ -23,9 +23,19 @@
 namespace kvsift {
 namespace detail {
 
-inline constexpr int kDecodeCtasPerSm = 2;     ///< blocks resident per SM the split plan assumes
 inline constexpr int kDecodeCtaTokens = 64;    ///< tokens one block consumes per step (4 warps x 16)
 inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch in shared memory
+
+/// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds).
+/// Measured on the H200 at head_dim 128: two 32 KiB stages with three blocks per SM match three
+/// stages with two blocks on dense calls and are 10% faster on token gathers (more blocks hide the
+/// index and block-table loads); one block with four stages was 20-60% slower. A stage at head_dim
+/// 256 is 64 KiB, so three stages leave room for one block.
+template <int D>
+inline constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 2 : 3;
+/// Blocks resident per SM the split plan assumes (see kDecodeStages).
+template <int D>
+inline constexpr int kDecodeCtasPerSm = D <= 128 ? 3 : 1;
 
 /// The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
 template <class View>
@@ -50,16 +60,25 @@ struct DecodePlan {
   std::uint8_t rank_of[kMaxKvHeads] = {};  ///< position of a head among those of its role
 
   std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
-  /// Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
+  /// True when some head has more than one split (partials, tickets and their zeroing are needed).
+  bool splits_any() const { return (num_retrieval > 0 && retrieval_splits > 1) || (num_sparse > 0 && sparse_splits > 1); }
+  /// Workspace: normalised partial outputs [partials, row_tile, head_dim], their base-2 LSE, and one
+  /// ticket per (batch, row tile, KV head) counting the head's finished splits.
   template <class Carve>
-  void carve(Carve& ws, float** partial_out, float** partial_lse) const {
-    *partial_out = ws.template take<float>(partials() * row_tile * head_dim);
-    *partial_lse = ws.template take<float>(partials() * row_tile);
+  void carve(Carve& ws, float** partial_out, float** partial_lse, unsigned** tickets) const {
+    const std::size_t n = splits_any() ? partials() : 0;
+    *partial_out = ws.template take<float>(n * row_tile * head_dim);
+    *partial_lse = ws.template take<float>(n * row_tile);
+    *tickets = ws.template take<unsigned>(splits_any() ? std::size_t(batch) * row_tiles * num_kv_heads : 0);
+  }
+  std::size_t ticket_bytes() const {
+    return splits_any() ? std::size_t(batch) * row_tiles * num_kv_heads * sizeof(unsigned) : 0;
   }
   std::size_t workspace_bytes() const {
     WorkspaceCarver ws(nullptr, 0);
     float *o, *l;
-    carve(ws, &o, &l);
+    unsigned* t;
+    carve(ws, &o, &l, &t);
     return ws.required_bytes();
   }
 };
@@ -102,7 +121,8 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   int quantum = kDecodeCtaTokens;
   if (pl.num_sparse > 0) quantum = std::max(quantum, p.index_set.block_size);
   if (p.scores) quantum = std::max(quantum, p.score_block_size);
-  const std::int64_t target = std::int64_t(device.num_sms) * kDecodeCtasPerSm;
+  const int ctas_per_sm = !mma ? 2 : p.head_dim <= 64 ? kDecodeCtasPerSm<64> : p.head_dim <= 128 ? kDecodeCtasPerSm<128> : kDecodeCtasPerSm<256>;
+  const std::int64_t target = std::int64_t(device.num_sms) * ctas_per_sm;
   const std::int64_t work = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles *
                             (std::int64_t(pl.num_retrieval) * pl.max_len + std::int64_t(pl.num_sparse) * pl.sparse_tokens);
   const double per_cta = std::max(1.0, double(work) / double(target));

@@ -1,8 +1,10 @@
 #pragma once
 // Pieces shared by the decode-attention kernels: the launch arguments, the map from a block to its
-// (batch, KV head, split), the token source of a split (a retrieval head's token range or a sparse head's index entries), row
-// locators for the shipped views, the in-block merge of the warps' partial softmax states, and the
-// log-sum-exp merge of the splits.
+// (batch, KV head, split), the token source of a split (a retrieval head's token range or a sparse
+// head's index entries), row locators for the shipped views, and the epilogue: the in-block merge of
+// the warps' softmax states, then either the final output (a head with one split) or a partial whose
+// log-sum-exp merge is done by the head's last block to finish (an atomic ticket), so no call pays a
+// second launch.
 
 #include <cuda_runtime.h>
 
@@ -33,6 +35,7 @@ struct DecodeLaunch {
   DecodePlan plan;
   float* partial_out;  // [batch, row_tiles, ctas_per_tile, row_tile, head_dim]
   float* partial_lse;  // [batch, row_tiles, ctas_per_tile, row_tile], base 2
+  unsigned* tickets;   // [batch, row_tiles, num_kv_heads], zeroed by the launcher when any head splits
 };
 
 // What one block works on.
@@ -99,14 +102,22 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
 
 // Row addresses of one (batch, KV head): the generic form asks the view per token; the shipped
 // views hoist the per-head part and, for power-of-two pages, replace the division by a shift.
+//
+// A Handle is what a row address needs besides the token id: a kernel that streams computes handles a
+// stage ahead (for a paged view that is where the block-table load happens) and forms the addresses
+// when it issues the copies.
 template <class View>
 struct KvRows {
   using T = std::remove_const_t<typename View::value_type>;
+  using Handle = int;  // the token
   View kv;
   int b, h;
   __device__ KvRows(const View& v, int b_, int h_) : kv(v), b(b_), h(h_) {}
   __device__ __forceinline__ const T* k(int t) const { return kv.k_row(b, h, t); }
   __device__ __forceinline__ const T* v(int t) const { return kv.v_row(b, h, t); }
+  __device__ __forceinline__ Handle handle(int t) const { return t; }
+  __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
+  __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
 };
 
 template <class E>
@@ -119,6 +130,10 @@ struct KvRows<ContiguousKV<E>> {
       : k_base(kv.k_row(b, h, 0)), v_base(kv.v_row(b, h, 0)), k_stride(kv.k_token_stride), v_stride(kv.v_token_stride) {}
   __device__ __forceinline__ const T* k(int t) const { return k_base + t * k_stride; }
   __device__ __forceinline__ const T* v(int t) const { return v_base + t * v_stride; }
+  using Handle = int;  // the token: its address is arithmetic
+  __device__ __forceinline__ Handle handle(int t) const { return t; }
+  __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
+  __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
 };
 
 template <class E>
@@ -151,6 +166,10 @@ struct KvRows<PagedKV<E>> {
   }
   __device__ __forceinline__ const T* k(int t) const { return k_pages + offset(t); }
   __device__ __forceinline__ const T* v(int t) const { return v_pages + offset(t); }
+  using Handle = std::int64_t;  // the row's offset, the same in the K and the V pool
+  __device__ __forceinline__ Handle handle(int t) const { return offset(t); }
+  __device__ __forceinline__ const T* k_at(Handle o) const { return k_pages + o; }
+  __device__ __forceinline__ const T* v_at(Handle o) const { return v_pages + o; }
 };
 
 // 16-byte streaming load: K/V are read once, so they skip L1; the L2 hint fetches whole 256-byte
@@ -191,8 +210,8 @@ __device__ __forceinline__ unsigned* block_max_scratch(SplitSmem<D, R>& s) {
 
 // Scores of the split's tokens past the sequence (and of blocks nothing wrote) become -inf; for
 // block maxima, the scratch of the whole split is flushed. Called by every thread after a barrier.
-template <int D, int R, class View, class QT>
-__device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, SplitSmem<D, R>& s) {
+template <class View, class QT>
+__device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, const unsigned* scratch) {
   float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
   if (a.p.score_block_size == 1) {
     const int from = w.len > w.base ? w.len : w.base;
@@ -201,99 +220,134 @@ __device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork&
   } else {
     const int blocks = a.plan.chunk / a.p.score_block_size;
     const int first = w.base / a.p.score_block_size;
-    const unsigned* scratch = block_max_scratch(s);
     for (int i = threadIdx.x; i < blocks && first + i < a.plan.score_cols; i += blockDim.x)
       row[first + i] = ordered_value(scratch[i]);
   }
 }
 
-// Merge the warps' softmax states of one block and store the normalised partial and its base-2 LSE.
-// s.o holds each warp's output scaled by 2^-m; s.m / s.l its row maxima and sums.
-template <int D, int R>
-__device__ void store_block_partial(SplitSmem<D, R>& s, float* partial_out, float* partial_lse, std::size_t partial) {
-  __syncthreads();
-  for (int i = threadIdx.x; i < R * D; i += blockDim.x) {
-    const int r = i / D, c = i % D;
-    float m = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) m = fmaxf(m, s.m[w][r]);
-    float l = 0.f, o = 0.f;
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float f = s.m[w][r] == -INFINITY ? 0.f : exp2f(s.m[w][r] - m);
-        l += s.l[w][r] * f;
-        o += s.o[w][r][c] * f;
-      }
-    }
-    partial_out[(partial * R + r) * D + c] = l > 0.f ? o / l : 0.f;
-    if (c == 0) partial_lse[partial * R + r] = l > 0.f ? m + log2f(l) : -INFINITY;
-  }
-}
-
-// ---- merge of the splits: one warp per output row (batch, query position, query head) ----
-
-inline constexpr int kMergeWarps = 4;
 inline constexpr int kDecodeMaxHeadDim = 256;
 
-template <class View, class QT>
-__global__ void __launch_bounds__(kMergeWarps * 32) decode_merge_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
-  const int lane = threadIdx.x % 32;
-  const std::int64_t orow = std::int64_t(blockIdx.x) * kMergeWarps + threadIdx.x / 32;
-  if (orow >= std::int64_t(a.plan.batch) * a.p.q_len * a.p.num_q_heads) return;
-  const int hq = int(orow % a.p.num_q_heads);
-  const int qpos = int((orow / a.p.num_q_heads) % a.p.q_len);
-  const int b = int(orow / (std::int64_t(a.p.num_q_heads) * a.p.q_len));
-  const int h = hq / a.plan.group;
-  const int r = qpos * a.plan.group + hq % a.plan.group;
-  const int tile = r / a.plan.row_tile, rr = r % a.plan.row_tile;
-  int first, count;
-  if (!a.p.roles.is_sparse(h)) {
-    first = a.plan.rank_of[h] * a.plan.retrieval_splits;
-    count = a.plan.retrieval_splits;
-  } else {
-    first = a.plan.num_retrieval * a.plan.retrieval_splits + a.plan.rank_of[h] * a.plan.sparse_splits;
-    count = a.plan.sparse_splits;
-  }
-  const std::size_t p0 = (std::size_t(b) * a.plan.row_tiles + tile) * a.plan.ctas_per_tile + first;
-  float m = -INFINITY;
-  for (int x = lane; x < count; x += 32) m = fmaxf(m, a.partial_lse[(p0 + x) * a.plan.row_tile + rr]);
-  m = warp_max(m);
-  float sum = 0.f;
-  if (m != -INFINITY)
-    for (int x = lane; x < count; x += 32) {
-      const float v = a.partial_lse[(p0 + x) * a.plan.row_tile + rr];
-      sum += v == -INFINITY ? 0.f : exp2f(v - m);
-    }
-  sum = warp_sum(sum);
-  const float total = sum > 0.f ? m + log2f(sum) : -INFINITY;
-  QT* o = a.p.io.out.row(b, qpos, hq);
-  // Weighted sum over the splits. Each lane owns columns lane, lane + 32, ...; the weights of 32
-  // splits at a time sit one per lane and are broadcast, so the loads of consecutive splits are
-  // independent and many are in flight (a split-serial loop here costs ~0.3 us per split).
-  constexpr int kMaxCols = kDecodeMaxHeadDim / 32;
-  float acc[kMaxCols];
+// The block's epilogue, called by every thread once its warps' states are in `s`: s.o holds each
+// warp's output scaled by 2^-m, s.m / s.l its row maxima and sums (base 2).
+//  1. Merge the warps: per row the base-2 LSE and, in place of s.l, each warp's weight.
+//  2. A head with one split writes its final rows. Otherwise the block stores its normalised partial,
+//     takes a ticket, and the head's last block to finish merges every split of the head by LSE.
+// The ticket needs release/acquire ordering between blocks: each block's partial is fenced before
+// its ticket, and the merging block reads the partials through L2 (ld.cg), never a stale L1 line.
+template <int D, int R, class View, class QT>
+__device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& w, SplitSmem<D, R>& s) {
+  constexpr int kVec = D / 4;  // float4 columns per row
+  __shared__ float lse2[R];
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x < R) {
+    const int r = threadIdx.x;
+    float m = -INFINITY;
 #pragma unroll
-  for (int k = 0; k < kMaxCols; ++k) acc[k] = 0.f;
-  for (int x0 = 0; x0 < count; x0 += 32) {
-    const int x = x0 + lane;
-    const float v = x < count ? a.partial_lse[(p0 + x) * a.plan.row_tile + rr] : -INFINITY;
-    const float weight = (v == -INFINITY || total == -INFINITY) ? 0.f : exp2f(v - total);
-    const int n = count - x0 < 32 ? count - x0 : 32;
+    for (int wp = 0; wp < kDecodeWarps; ++wp) m = fmaxf(m, s.m[wp][r]);
+    float f[kDecodeWarps], l = 0.f;
+#pragma unroll
+    for (int wp = 0; wp < kDecodeWarps; ++wp) {
+      f[wp] = (m == -INFINITY || s.m[wp][r] == -INFINITY) ? 0.f : exp2f(s.m[wp][r] - m);
+      l += s.l[wp][r] * f[wp];
+    }
+#pragma unroll
+    for (int wp = 0; wp < kDecodeWarps; ++wp) s.l[wp][r] = l > 0.f ? f[wp] / l : 0.f;
+    lse2[r] = l > 0.f ? m + log2f(l) : -INFINITY;
+  }
+  __syncthreads();
+
+  const int q_rows = a.p.q_len * a.plan.group;
+  const int first_row = w.tile * R;
+  const int out_rows = min(R, q_rows - first_row);  // the score row, if in this tile, has no output
+  const int splits = w.sparse ? a.plan.sparse_splits : a.plan.retrieval_splits;
+  auto store_row = [&](int r, int c4, float4 v) {
+    const int row = first_row + r, qpos = row / a.plan.group;
+    QT* o = a.p.io.out.row(w.b, qpos, w.h * a.plan.group + row % a.plan.group) + 4 * c4;
+    o[0] = from_float<QT>(v.x);
+    o[1] = from_float<QT>(v.y);
+    o[2] = from_float<QT>(v.z);
+    o[3] = from_float<QT>(v.w);
+  };
+  auto store_lse = [&](int r, float l2) {
+    const int row = first_row + r, qpos = row / a.plan.group;
+    if (a.p.io.lse)
+      a.p.io.lse[(std::int64_t(w.b) * a.p.q_len + qpos) * a.p.num_q_heads + w.h * a.plan.group + row % a.plan.group] =
+          l2 == -INFINITY ? -INFINITY : l2 * kLn2;
+  };
+
+  for (int i = threadIdx.x; i < R * kVec; i += blockDim.x) {
+    const int r = i / kVec, c4 = i % kVec;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int wp = 0; wp < kDecodeWarps; ++wp) {
+      const float f = s.l[wp][r];
+      if (f == 0.f) continue;  // an empty warp's s.o may hold nothing meaningful
+      const float4 v = *reinterpret_cast<const float4*>(&s.o[wp][r][4 * c4]);
+      o.x = fmaf(f, v.x, o.x);
+      o.y = fmaf(f, v.y, o.y);
+      o.z = fmaf(f, v.z, o.z);
+      o.w = fmaf(f, v.w, o.w);
+    }
+    if (splits == 1) {
+      if (r < out_rows) store_row(r, c4, o);
+    } else {
+      *reinterpret_cast<float4*>(a.partial_out + (w.partial * R + r) * D + 4 * c4) = o;
+    }
+  }
+  if (splits == 1) {
+    if (threadIdx.x < out_rows) store_lse(threadIdx.x, lse2[threadIdx.x]);
+    return;
+  }
+  if (threadIdx.x < R) a.partial_lse[w.partial * R + threadIdx.x] = lse2[threadIdx.x];
+
+  __threadfence();
+  __syncthreads();
+  unsigned* ticket = a.tickets + (std::size_t(w.b) * gridDim.y + w.tile) * a.kv.num_kv_heads + w.h;
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == unsigned(splits - 1);
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+
+  // The head's splits are blocks first .. first + splits - 1 of this row tile.
+  const int x = int(blockIdx.x);
+  const int first = x - w.split;  // a head's splits are consecutive blocks of the grid
+  const std::size_t p0 = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + first;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int r = warp; r < out_rows; r += kDecodeWarps) {
+    float m = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) m = fmaxf(m, __ldcg(a.partial_lse + (p0 + sp) * R + r));
+    m = warp_max(m);
+    float sum = 0.f;
+    if (m != -INFINITY)
+      for (int sp = lane; sp < splits; sp += 32) {
+        const float v = __ldcg(a.partial_lse + (p0 + sp) * R + r);
+        sum += v == -INFINITY ? 0.f : exp2f(v - m);
+      }
+    sum = warp_sum(sum);
+    if (lane == 0) lse2[r] = sum > 0.f ? m + log2f(sum) : -INFINITY;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < out_rows * kVec; i += blockDim.x) {
+    const int r = i / kVec, c4 = i % kVec;
+    const float total = lse2[r];
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (total != -INFINITY) {
 #pragma unroll 4
-    for (int i = 0; i < n; ++i) {
-      const float wi = __shfl_sync(0xffffffffu, weight, i);
-      // Empty splits store zeros, so a zero weight never meets a NaN.
-      const float* src = a.partial_out + ((p0 + x0 + i) * a.plan.row_tile + rr) * a.p.head_dim;
-#pragma unroll
-      for (int k = 0; k < kMaxCols; ++k)
-        if (lane + 32 * k < a.p.head_dim) acc[k] = fmaf(wi, src[lane + 32 * k], acc[k]);
+      for (int sp = 0; sp < splits; ++sp) {
+        const float v = __ldcg(a.partial_lse + (p0 + sp) * R + r);
+        // Empty splits store zeros, so a zero weight never meets a NaN.
+        const float f = v == -INFINITY ? 0.f : exp2f(v - total);
+        const float4 po = __ldcg(reinterpret_cast<const float4*>(a.partial_out + ((p0 + sp) * R + r) * D) + c4);
+        o.x = fmaf(f, po.x, o.x);
+        o.y = fmaf(f, po.y, o.y);
+        o.z = fmaf(f, po.z, o.z);
+        o.w = fmaf(f, po.w, o.w);
+      }
     }
+    store_row(r, c4, o);
   }
-#pragma unroll
-  for (int k = 0; k < kMaxCols; ++k)
-    if (lane + 32 * k < a.p.head_dim) o[lane + 32 * k] = from_float<QT>(acc[k]);
-  if (a.p.io.lse && lane == 0) a.p.io.lse[orow] = total == -INFINITY ? -INFINITY : total * kLn2;
+  if (threadIdx.x < out_rows) store_lse(threadIdx.x, lse2[threadIdx.x]);
 }
 
 }  // namespace detail

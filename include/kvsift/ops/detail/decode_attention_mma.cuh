@@ -1,25 +1,26 @@
 #pragma once
-// Tensor-core split kernel for 16-bit K/V (fp16 or bf16).
+// Tensor-core split kernel for 16-bit K/V (fp16 or bf16), streaming K and V through a cp.async ring.
 //
-// One block = one (batch, KV head, split, row tile); its 4 warps take 16-token steps in turn, so the
-// block reads 64 consecutive positions at a time. A warp computes, with mma.m16n8k16:
-//   S   = Q K^T       M = 16 query rows (R = 8 or 16 used), N = 8 tokens, K = head_dim
-//   O^T = V^T P^T     M = 16 output dims, N = 8 query rows, K = 16 tokens
-// so every K/V element is read once from HBM for all G query heads of the group (GQA), straight
-// into registers with 16-byte loads, and the next step's loads are issued before this step's math.
+// One block = one (batch, KV head, split, row tile), 4 warps. The split's positions are consumed in
+// stages of 64: all 128 threads copy a stage's K and V rows into one slot of a kDecodeStages-deep
+// shared-memory ring with cp.async, and the warps compute on the oldest slot while the newer ones
+// fill. Registers no longer bound the bytes in flight (the previous design prefetched into
+// registers, 242 of them, and streamed at 64-82% of the read ceiling). Each warp takes 16 positions
+// of a stage:
+//   S   = Q K^T       mma.m16n8k16, M = 16 query rows (R = 8 or 16 used), N = 8 positions, K = head_dim
+//   O^T = V^T P^T     M = 16 output dims, N = 8 query rows, K = 16 positions
+// K fragments come from ldmatrix, V^T fragments from ldmatrix.trans, Q from registers loaded once;
+// the accumulator layout of S equals the B-operand layout of P^T, so P never leaves registers. Every
+// K/V element is read once from HBM for all G query heads of the group (GQA in the MMA rows).
 //
-// Why the operands need no shared memory: a dot product does not care in which order the head_dim
-// terms are summed, and an output dimension can be written wherever it lives. So each thread loads
-// whole 16-byte pieces of its K and V rows and we *define* the k-index (QK) and the m-index (PV) of
-// the mma to be whatever those registers hold; Q is loaded with the same permutation, and the
-// epilogue writes each output dimension to its true place. The S accumulator layout of QK equals the
-// B-operand layout of P in the transposed PV, so P never leaves registers.
+// Shared-memory rows are XOR-swizzled by 16-byte chunk (chunk c of position p sits at c ^ (p & 7)),
+// so the eight rows an ldmatrix phase reads fall in eight different bank groups.
 //
-// Thread (g = lane / 4, j = lane % 4) of a warp, per 16-token step at positions pos .. pos + 15:
-//   K: tokens pos + g and pos + 8 + g, 16-byte chunks j, j + 4, j + 8, ... of the row (D / 32 of them)
-//   V: tokens pos + {2j, 2j+1, 8+2j, 9+2j}, chunks g, g + 8, ... (D / 64 of them)
-//   S: rows g (and g + 8), tokens pos + {2j, 2j+1, 8+2j, 9+2j}: the same tokens as its V rows
-//   O: query rows 2j, 2j + 1 (and + 8), dims 8 (g + 8 ci) + 2 w + {0, 1}
+// A position becomes a row address through a lookahead chain, so no thread waits on a dependent load
+// inside the loop: the token ids of a stage (an index-entry load for sparse heads) are read two
+// stages before its copies are issued, its row handles (the block-table load of a paged view) one
+// stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
+// never put a NaN into P V; their token id -1 in the slot's id table masks their scores.
 
 #include "kvsift/ops/detail/decode_attention_common.cuh"
 
@@ -55,82 +56,181 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], std::uint32_t a0, std::
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ std::uint32_t word_of(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
+// 16-byte global-to-shared copy through L2 only (K/V are read once); `bytes` 0 zero-fills the
+// destination and reads nothing. The L2::128B hint measured best on the H200 (dense B=8 128K: 1230 us
+// against 1453 with L2::256B and 1333 with no hint).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+inline constexpr int kStageTokens = kDecodeWarps * 16;  // one 16-position step per warp
+// Threads sharing one row's copies: eight lanes move 128 contiguous bytes per instruction (16 per
+// row measured no better).
 template <int D>
-struct MmaFrag {
-  static constexpr int kKChunks = D / 32;
-  static constexpr int kVChunks = D / 64;
-  uint4 k[2][kKChunks];  // tokens pos + g, pos + 8 + g
-  uint4 v[4][kVChunks];  // tokens pos + {2j, 2j+1, 8+2j, 9+2j}
-  int tok[4];            // those four tokens, -1 when masked out
+inline constexpr int kLoadThreadsPerRow = 8 < D / 8 ? 8 : D / 8;
+template <int D>
+inline constexpr int kLoadRowsPerPass = kDecodeThreads / kLoadThreadsPerRow<D>;
+template <int D>
+inline constexpr int kLoadTokensPerThread = kStageTokens / kLoadRowsPerPass<D>;
+
+// One ring slot: K and V of kStageTokens positions (swizzled rows of D elements), then their tokens.
+template <int D>
+struct StageLayout {
+  static constexpr int kRowBytes = D * 2;
+  static constexpr int kKBytes = kStageTokens * kRowBytes;
+  static constexpr int kSlotBytes = 2 * kKBytes + kStageTokens * int(sizeof(int));
+  static constexpr int kRingBytes = kDecodeStages<D> * kSlotBytes;
+  // Byte offset of chunk c of position p inside a K or V tile.
+  static __device__ __forceinline__ unsigned at(int p, int c) { return unsigned(p * kRowBytes + ((c ^ (p & 7)) << 4)); }
 };
 
-template <int D, int R, bool kPrefetch, class View, class QT>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
+/// Dynamic shared memory of the tensor-core kernel: the ring (the epilogue's SplitSmem reuses it), then
+/// the block-max scratch of score emission.
+template <int D, int R>
+constexpr std::size_t mma_smem_bytes(int score_blocks) {
+  const std::size_t ring = std::size_t(StageLayout<D>::kRingBytes);
+  const std::size_t merge = sizeof(SplitSmem<D, R>);
+  return (ring > merge ? ring : merge) + std::size_t(score_blocks) * sizeof(unsigned);
+}
+
+template <int D, int R, class View, class QT>
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
     decode_split_mma_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
   using T = std::remove_const_t<typename View::value_type>;
+  using L = StageLayout<D>;
   constexpr bool kBF16 = is_bf16_v<T>;
+  constexpr int kStages = kDecodeStages<D>;
   constexpr int kKSteps = D / 16;
-  constexpr int kKChunks = D / 32;
-  constexpr int kVChunks = D / 64;
   constexpr int kMTiles = D / 16;
   constexpr int kHalves = R / 8;
+  constexpr int kLoadThreadsPerRow = detail::kLoadThreadsPerRow<D>;
+  constexpr int kLoadRowsPerPass = detail::kLoadRowsPerPass<D>;
+  constexpr int kLoadTokensPerThread = detail::kLoadTokensPerThread<D>;
+  constexpr int kChunksPerThread = D / 8 / kLoadThreadsPerRow;  // 16-byte chunks of a row per thread
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);
+  auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);  // valid only after the loop
+  unsigned* scratch = reinterpret_cast<unsigned*>(smem_raw + (L::kRingBytes > int(sizeof(SplitSmem<D, R>))
+                                                                  ? std::size_t(L::kRingBytes)
+                                                                  : sizeof(SplitSmem<D, R>)));
+  const unsigned ring = unsigned(__cvta_generic_to_shared(smem_raw));
+  auto slot_k = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes); };
+  auto slot_v = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes + L::kKBytes); };
+  auto slot_tok = [&](int slot) { return reinterpret_cast<int*>(smem_raw + slot * L::kSlotBytes + 2 * L::kKBytes); };
 
   const DecodeWork w = locate_work(a);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2, j = lane & 3;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, j = lane & 3;
   const KvRows<View> rows(a.kv, w.b, w.h);
+  using Handle = typename KvRows<View>::Handle;
 
   // The score row (group-mean query of the last position) is row q_rows of the head.
   const int q_rows = a.p.q_len * a.plan.group;
   const bool score_tile = a.p.scores != nullptr && !w.sparse && q_rows / R == w.tile;
   const int score_row = q_rows - w.tile * R;  // in this tile, when score_tile
   const bool block_scores = a.p.score_block_size > 1;
-  unsigned* scratch = block_max_scratch(sm);
   if (score_tile && block_scores)
-    for (int i = threadIdx.x; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
-  __syncthreads();
+    for (int i = tid; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
 
-  // Q as mma A fragments in the K permutation, rounded to the KV type; rows past the head's rows are 0.
+  // ---- the copy side: this thread's positions and chunks within every stage ----
+  const int load_row = tid / kLoadThreadsPerRow, load_chunk = tid % kLoadThreadsPerRow;
+  const int steps = (w.positions + kStageTokens - 1) / kStageTokens;
+  int tok_next[kLoadTokensPerThread];   // token ids of the stage after the one to issue
+  int tok_issue[kLoadTokensPerThread];  // token ids of the stage to issue
+  Handle hdl_issue[kLoadTokensPerThread];
+  auto read_tokens = [&](int (&tok)[kLoadTokensPerThread], int stage) {
+#pragma unroll
+    for (int i = 0; i < kLoadTokensPerThread; ++i)
+      tok[i] = w.token(stage * kStageTokens + load_row + i * kLoadRowsPerPass);
+  };
+  auto advance = [&](int stage_after_next) {
+#pragma unroll
+    for (int i = 0; i < kLoadTokensPerThread; ++i) {
+      tok_issue[i] = tok_next[i];
+      hdl_issue[i] = tok_issue[i] >= 0 ? rows.handle(tok_issue[i]) : Handle();
+    }
+    read_tokens(tok_next, stage_after_next);
+  };
+  // A valid global address for the zero-filling copies of masked positions (nothing is read).
+  const void* dummy = a.p.io.q.data;
+  auto issue = [&](int stage) {
+    const int slot = stage % kStages;
+    const unsigned kd = slot_k(slot), vd = slot_v(slot);
+    int* ids = slot_tok(slot);
+#pragma unroll
+    for (int i = 0; i < kLoadTokensPerThread; ++i) {
+      const int p = load_row + i * kLoadRowsPerPass;
+      const bool ok = tok_issue[i] >= 0;
+      const T* kp = ok ? rows.k_at(hdl_issue[i]) : nullptr;
+      const T* vp = ok ? rows.v_at(hdl_issue[i]) : nullptr;
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u) {
+        const int c = load_chunk + u * kLoadThreadsPerRow;
+        cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 8) : dummy, ok ? 16 : 0);
+        cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 8) : dummy, ok ? 16 : 0);
+      }
+      if (load_chunk == 0) ids[p] = tok_issue[i];
+    }
+  };
+
+  // Start the ring before touching Q, so the first bytes are in flight during the prologue.
+  read_tokens(tok_next, 0);
+  advance(1);
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) issue(s);
+    cp_async_commit();
+    advance(s + 2);
+  }
+
+  // Q as mma A fragments, rounded to the KV type; rows past the head's rows are 0.
   std::uint32_t qa[kKSteps][kHalves][2];
   int limit[kHalves];  // last token each of this thread's S rows may see
 #pragma unroll
   for (int rh = 0; rh < kHalves; ++rh) {
     const int r = w.tile * R + rh * 8 + g;
-    float f[kKChunks][8];
+    float f[kKSteps][4];
 #pragma unroll
-    for (int i = 0; i < kKChunks; ++i)
+    for (int ks = 0; ks < kKSteps; ++ks)
 #pragma unroll
-      for (int e = 0; e < 8; ++e) f[i][e] = 0.f;
+      for (int e = 0; e < 4; ++e) f[ks][e] = 0.f;
     limit[rh] = w.len - 1;
+    // Thread (g, j) holds dims 16 ks + 2j + {0, 1} and 16 ks + 8 + 2j + {0, 1} of its row.
+    auto add_row = [&](const QT* q, float scale) {
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks) {
+        f[ks][0] += scale * to_float(q[16 * ks + 2 * j]);
+        f[ks][1] += scale * to_float(q[16 * ks + 2 * j + 1]);
+        f[ks][2] += scale * to_float(q[16 * ks + 8 + 2 * j]);
+        f[ks][3] += scale * to_float(q[16 * ks + 9 + 2 * j]);
+      }
+    };
     if (r < q_rows) {
       const int qpos = r / a.plan.group;
-      const QT* q = a.p.io.q.row(w.b, qpos, w.h * a.plan.group + r % a.plan.group);
-#pragma unroll
-      for (int i = 0; i < kKChunks; ++i)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) f[i][e] = to_float(q[(j + 4 * i) * 8 + e]);
+      add_row(a.p.io.q.row(w.b, qpos, w.h * a.plan.group + r % a.plan.group), 1.f);
       limit[rh] = w.len - a.p.q_len + qpos;
     } else if (r == q_rows && a.p.scores != nullptr) {
       const float inv = 1.f / a.plan.group;
-      for (int gg = 0; gg < a.plan.group; ++gg) {
-        const QT* q = a.p.io.q.row(w.b, a.p.q_len - 1, w.h * a.plan.group + gg);
-#pragma unroll
-        for (int i = 0; i < kKChunks; ++i)
-#pragma unroll
-          for (int e = 0; e < 8; ++e) f[i][e] += to_float(q[(j + 4 * i) * 8 + e]) * inv;
-      }
+      for (int gg = 0; gg < a.plan.group; ++gg) add_row(a.p.io.q.row(w.b, a.p.q_len - 1, w.h * a.plan.group + gg), inv);
     }
 #pragma unroll
-    for (int i = 0; i < kKChunks; ++i) {
-      qa[2 * i][rh][0] = pack_pair<kBF16>(f[i][0], f[i][1]);
-      qa[2 * i][rh][1] = pack_pair<kBF16>(f[i][2], f[i][3]);
-      qa[2 * i + 1][rh][0] = pack_pair<kBF16>(f[i][4], f[i][5]);
-      qa[2 * i + 1][rh][1] = pack_pair<kBF16>(f[i][6], f[i][7]);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      qa[ks][rh][0] = pack_pair<kBF16>(f[ks][0], f[ks][1]);
+      qa[ks][rh][1] = pack_pair<kBF16>(f[ks][2], f[ks][3]);
     }
   }
 
@@ -146,55 +246,42 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
       for (int c = 0; c < 4; ++c) o[rh][mt][c] = 0.f;
   }
 
-  auto load = [&](MmaFrag<D>& fr, int pos) {
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-      const int t = w.token(pos + nt * 8 + g);
-      if (t >= 0) {
-        const T* p = rows.k(t);
-#pragma unroll
-        for (int i = 0; i < kKChunks; ++i) fr.k[nt][i] = load_stream16(p + (j + 4 * i) * 8);
-      } else {
-#pragma unroll
-        for (int i = 0; i < kKChunks; ++i) fr.k[nt][i] = make_uint4(0, 0, 0, 0);
-      }
-    }
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int t = w.token(pos + (s >> 1) * 8 + 2 * j + (s & 1));
-      fr.tok[s] = t;
-      if (t >= 0) {
-        const T* p = rows.v(t);
-#pragma unroll
-        for (int ci = 0; ci < kVChunks; ++ci) fr.v[s][ci] = load_stream16(p + (g + 8 * ci) * 8);
-      } else {
-#pragma unroll
-        for (int ci = 0; ci < kVChunks; ++ci) fr.v[s][ci] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
-
-  auto compute = [&](const MmaFrag<D>& fr, int pos) {
+  // One warp's 16 positions of a ring slot; `pos` is the first one's position in the split.
+  auto compute = [&](int slot, int pos) {
+    const unsigned kb = slot_k(slot), vb = slot_v(slot);
+    const int p0 = warp * 16;
     float s[2][4];
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[nt][c] = 0.f;
 #pragma unroll
-      for (int ks = 0; ks < kKSteps; ++ks) {
-        const uint4& kc = fr.k[nt][ks / 2];
-        const std::uint32_t b0 = (ks & 1) ? kc.z : kc.x;
-        const std::uint32_t b1 = (ks & 1) ? kc.w : kc.y;
-        const std::uint32_t a1 = kHalves > 1 ? qa[ks][kHalves - 1][0] : 0u;
-        const std::uint32_t a3 = kHalves > 1 ? qa[ks][kHalves - 1][1] : 0u;
-        mma_16816<kBF16>(s[nt], qa[ks][0][0], a1, qa[ks][0][1], a3, b0, b1);
+      for (int kp = 0; kp < kKSteps / 2; ++kp) {
+        std::uint32_t b[4];
+        ldmatrix_x4(b, kb + L::at(p0 + 8 * nt + (lane & 7), 4 * kp + (lane >> 3)));
+#pragma unroll
+        for (int h2 = 0; h2 < 2; ++h2) {
+          const int ks = 2 * kp + h2;
+          const std::uint32_t a1 = kHalves > 1 ? qa[ks][kHalves - 1][0] : 0u;
+          const std::uint32_t a3 = kHalves > 1 ? qa[ks][kHalves - 1][1] : 0u;
+          mma_16816<kBF16>(s[nt], qa[ks][0][0], a1, qa[ks][0][1], a3, b[2 * h2], b[2 * h2 + 1]);
+        }
       }
     }
+    // This thread's S columns: positions 2j, 2j + 1 (n-tile 0) and 8 + 2j, 9 + 2j (n-tile 1).
+    const int* ids = slot_tok(slot);
+    const int2 t01 = *reinterpret_cast<const int2*>(ids + p0 + 2 * j);
+    const int2 t89 = *reinterpret_cast<const int2*>(ids + p0 + 8 + 2 * j);
+    const int tok[4] = {t01.x, t01.y, t89.x, t89.y};
     if (score_tile) {  // raw group-mean scores, before masking by causality
-      const int rh = score_row / 8, gs = score_row % 8;
+      const bool upper = score_row >= 8;  // which half of the S rows holds the score row
+      const int gs = score_row % 8;
       float v[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) v[q] = fr.tok[q] >= 0 ? s[q >> 1][rh * 2 + (q & 1)] : -INFINITY;
+      for (int q = 0; q < 4; ++q) {
+        const float sv = upper ? s[q >> 1][2 + (q & 1)] : s[q >> 1][q & 1];
+        v[q] = tok[q] >= 0 ? sv : -INFINITY;
+      }
       if (block_scores) {
         float mx = fmaxf(fmaxf(v[0], v[1]), fmaxf(v[2], v[3]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -204,7 +291,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
         float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
 #pragma unroll
         for (int q = 0; q < 4; ++q)
-          if (fr.tok[q] >= 0) row[fr.tok[q]] = v[q];
+          if (tok[q] >= 0) row[tok[q]] = v[q];
       }
     }
     std::uint32_t pb[kHalves][2];
@@ -212,10 +299,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
     for (int rh = 0; rh < kHalves; ++rh) {
       float x[4];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int t = fr.tok[q];
-        x[q] = (t >= 0 && t <= limit[rh]) ? s[q >> 1][rh * 2 + (q & 1)] * a.plan.scale_log2 : -INFINITY;
-      }
+      for (int q = 0; q < 4; ++q)
+        x[q] = (tok[q] >= 0 && tok[q] <= limit[rh]) ? s[q >> 1][rh * 2 + (q & 1)] * a.plan.scale_log2 : -INFINITY;
       float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -240,40 +325,31 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
         o[rh][mt][3] *= a_odd;
       }
     }
+    // V^T fragments: matrices (positions 0-7 | 8-15) x (dims 16 mt + 0-7 | 8-15), transposed.
+    const int vp = p0 + (lane & 7) + 8 * (lane >> 4);
+    const int vc = (lane >> 3) & 1;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      const int ci = mt / 4, wd = mt % 4;
-      const std::uint32_t va0 = word_of(fr.v[0][ci], wd), vb0 = word_of(fr.v[1][ci], wd);
-      const std::uint32_t va1 = word_of(fr.v[2][ci], wd), vb1 = word_of(fr.v[3][ci], wd);
-      const std::uint32_t a0 = __byte_perm(va0, vb0, 0x5410), a1 = __byte_perm(va0, vb0, 0x7632);
-      const std::uint32_t a2 = __byte_perm(va1, vb1, 0x5410), a3 = __byte_perm(va1, vb1, 0x7632);
+      std::uint32_t va[4];
+      ldmatrix_x4_trans(va, vb + L::at(vp, 2 * mt + vc));
 #pragma unroll
-      for (int rh = 0; rh < kHalves; ++rh) mma_16816<kBF16>(o[rh][mt], a0, a1, a2, a3, pb[rh][0], pb[rh][1]);
+      for (int rh = 0; rh < kHalves; ++rh) mma_16816<kBF16>(o[rh][mt], va[0], va[1], va[2], va[3], pb[rh][0], pb[rh][1]);
     }
   };
 
-  int pos = warp * 16;
-  if (pos < w.positions) {
-    MmaFrag<D> cur;
-    load(cur, pos);
-    for (;;) {
-      const bool more = pos + kDecodeWarps * 16 < w.positions;
-      if constexpr (kPrefetch) {
-        MmaFrag<D> next;
-        if (more) load(next, pos + kDecodeWarps * 16);
-        compute(cur, pos);
-        if (!more) break;
-        cur = next;
-      } else {
-        compute(cur, pos);
-        if (!more) break;
-        load(cur, pos + kDecodeWarps * 16);
-      }
-      pos += kDecodeWarps * 16;
-    }
+  for (int st = 0; st < steps; ++st) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
+    const int next = st + kStages - 1;
+    if (next < steps) issue(next);
+    cp_async_commit();
+    advance(next + 2);
+    compute(st % kStages, st * kStageTokens + warp * 16);
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring becomes the epilogue's SplitSmem
 
-  // Warp state to shared memory: m and the quad-summed l per S row, O^T back in true dimensions.
+  // Warp state to shared memory: m and the quad-summed l per S row, O^T back to [row][dim].
 #pragma unroll
   for (int rh = 0; rh < kHalves; ++rh) {
     float lsum = l[rh];
@@ -283,16 +359,17 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm)
       sm.m[warp][rh * 8 + g] = m[rh];
       sm.l[warp][rh * 8 + g] = lsum;
     }
+    const int row = rh * 8 + 2 * j;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      const int dim = 8 * (g + 8 * (mt / 4)) + 2 * (mt % 4);
-      const int row = rh * 8 + 2 * j;
-      *reinterpret_cast<float2*>(&sm.o[warp][row][dim]) = make_float2(o[rh][mt][0], o[rh][mt][2]);
-      *reinterpret_cast<float2*>(&sm.o[warp][row + 1][dim]) = make_float2(o[rh][mt][1], o[rh][mt][3]);
+      sm.o[warp][row][16 * mt + g] = o[rh][mt][0];
+      sm.o[warp][row + 1][16 * mt + g] = o[rh][mt][1];
+      sm.o[warp][row][16 * mt + g + 8] = o[rh][mt][2];
+      sm.o[warp][row + 1][16 * mt + g + 8] = o[rh][mt][3];
     }
   }
-  store_block_partial(sm, a.partial_out, a.partial_lse, w.partial);
-  if (score_tile) finish_scores(a, w, sm);
+  finish_split(a, w, sm);
+  if (score_tile) finish_scores(a, w, scratch);
 }
 
 }  // namespace detail

@@ -104,8 +104,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
 #pragma unroll
     for (int i = 0; i < kPer; ++i) sm.o[warp][rr][lane * kPer + i] = o[rr][i];
   }
-  store_block_partial(sm, a.partial_out, a.partial_lse, w.partial);
-  if (score_tile) finish_scores(a, w, sm);
+  finish_split(a, w, sm);
+  if (score_tile) finish_scores(a, w, scratch);
 }
 
 }  // namespace detail
