@@ -147,7 +147,7 @@ inline Coverage& coverage() {
   static Coverage c;
   return c;
 }
-inline void report_coverage(const char* what) {
+inline void report_coverage(const std::string& what) {
   const Coverage& c = coverage();
   MESSAGE(what << ": " << c.cases << " cases, " << c.cases_with_cut_rows << " with index rows the old split plan cut ("
                 << c.cut_rows << " of " << c.rows << " sparse rows)");
@@ -387,6 +387,7 @@ void run_case(const Case& c, std::mt19937_64& rng) {
 // gathered and mixed variants draw adversarial index rows, and some cap the lengths by max_kv_length.
 template <class KT, class QT>
 void run_matrix(std::uint64_t salt) {
+  coverage() = Coverage();
   auto rng = kvsift_test::make_rng(salt);
   const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND};
   int n = 0;
@@ -437,6 +438,7 @@ void run_matrix(std::uint64_t salt) {
 template <class KT, class QT>
 void run_random(std::uint64_t salt, int cases) {
   using kvsift_test::uniform_int;
+  coverage() = Coverage();
   auto rng = kvsift_test::make_rng(salt);
   const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND};
   const int dims[] = {64, 128, 256}, groups[] = {1, 2, 4, 8}, pages[] = {16, 32, 64}, blocks[] = {16, 32, 64};
@@ -486,6 +488,7 @@ void run_random(std::uint64_t salt, int cases) {
 // dense, mixed and all-sparse; each also replayed from a CUDA graph.
 template <class KT, class QT>
 void run_boundary(std::uint64_t salt) {
+  coverage() = Coverage();
   auto rng = kvsift_test::make_rng(salt);
   enum Roles { kDense, kMixedToken, kSparseBlock64, kMixedBlock16, kSparseToken };
   struct Row {
@@ -537,6 +540,16 @@ void run_boundary(std::uint64_t salt) {
     }
     run_case<KT, QT>(c, rng);
   }
+  report_coverage("split boundaries");
+}
+
+// A regression case from issue 14: it must hold index rows the pre-9b81d59 plan cut (else it no
+// longer tests what it is named for), and the CUDA op must match the reference on it.
+template <class KT, class QT>
+void run_regression(const Case& c, std::mt19937_64& rng) {
+  coverage() = Coverage();
+  run_case<KT, QT>(c, rng);
+  CHECK_MESSAGE(coverage().cases_with_cut_rows == 1, c.label << ": no index row the old split plan would have cut");
 }
 
 }  // namespace decode_test

@@ -80,7 +80,7 @@ TEST_CASE("decode_attention bf16 regression: paged NHD, block-gathered rows with
            -5, 0,   0,       0,   // 14 count 2
            2, 1,    1,       0};  // 15
   c.counts = {-2, 0, -1, 3, 7, 2, 4, 1, 5, 3, 2, 4, 9, 3, 2, 4};
-  decode_test::run_case<bfloat16_t, bfloat16_t>(c, rng);
+  decode_test::run_regression<bfloat16_t, bfloat16_t>(c, rng);
 }
 
 // Issue 14 case 3: max_kv_length 52 below every length; the pre-fix plan covered 52 positions of a
@@ -114,7 +114,7 @@ TEST_CASE("decode_attention bf16 regression: BHSD, duplicate blocks, max_kv_leng
     c.idx.insert(c.idx.end(), variants[v].begin(), variants[v].end());
     c.counts.push_back(c.roles.is_sparse(r % c.hkv) ? variant_counts[v] : -1);
   }
-  decode_test::run_case<bfloat16_t, bfloat16_t>(c, rng);
+  decode_test::run_regression<bfloat16_t, bfloat16_t>(c, rng);
 }
 
 TEST_CASE("decode_attention bf16 K/V with float queries") {

@@ -56,5 +56,5 @@ TEST_CASE("decode_attention fp16 regression: paged NHD, G 8, in-range blocks aft
            kMax, 0, 0,     // 14 count 2
            0, 0, 0};       // 15 count -7
   c.counts = {3, 3, 3, 0, 1000, 2, -1, 2, 3, 3, 3, 3, 2, 3, 2, -7};
-  decode_test::run_case<half_t, half_t>(c, rng);
+  decode_test::run_regression<half_t, half_t>(c, rng);
 }

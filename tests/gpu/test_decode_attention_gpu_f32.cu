@@ -46,5 +46,5 @@ TEST_CASE("decode_attention fp32 regression: BSHD, mixed roles, duplicate blocks
            0, 0, 0, 0, 0,    // row 6 (dense)
            2, 0, 0, 0, 0};   // row 7 count 3: two listings
   c.counts = {0, 5, 0, 6, 0, 2, 0, 3};
-  decode_test::run_case<float, float>(c, rng);
+  decode_test::run_regression<float, float>(c, rng);
 }
