@@ -2,19 +2,24 @@
 // Shared harness of the decode_attention GPU tests (one .cu per KV dtype keeps each translation
 // unit's kernel instantiations few). A case builds random K/V/Q on the host, lays the cache out as
 // contiguous BHSD/BSHD or paged NHD/HND with a random page permutation, runs the host reference on
-// host memory and the CUDA op on device copies with every output poisoned, and compares.
+// host memory and the CUDA op on device copies with every output poisoned, and compares; then replays
+// the same call from a captured CUDA graph and requires bit-identical outputs. Index rows of
+// gathered and mixed cases come from the adversarial mix of support/index_rows.hpp (issue 14).
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
 #include "kvsift/ops/decode_attention.cuh"
 #include "support/device_buffer.cuh"
+#include "support/index_rows.hpp"
 #include "support/random.hpp"
 
 namespace decode_test {
@@ -46,12 +51,28 @@ struct Case {
   int score_block = 0;  // 0: no scores; 1: per token; >= 16: block max
   int num_sms = 0;
   int max_kv_length = 0;  // 0: the view's capacity (a user view must set it)
+  // Index rows. idx_cap 0: units / 2 + 2 (units: index entries the view spans); idx_slack: row_stride
+  // - capacity (slots a kernel must never read). `idx`/`counts` empty: rows drawn from the adversarial
+  // mix of support/index_rows.hpp; else explicit rows [batch * hkv][idx_cap + idx_slack] and raw counts.
+  int idx_cap = 0, idx_slack = 0;
+  std::vector<std::int32_t> idx, counts;
+  // Split-boundary case: lengths (and sparse counts) are built from the plan's chunk for this very
+  // call (chunk - 1, chunk, chunk + 1, 2 chunk + 1, ...), rotated by boundary_shift; `lengths` unused.
+  bool boundary = false;
+  int boundary_shift = 0;
+  bool graph = true;  // also replay the call from a captured CUDA graph: must be bit-identical
+  std::string label;
 
   std::string describe() const {
-    std::string s = std::string(name(layout)) + " d=" + std::to_string(d) + " G=" + std::to_string(group) +
-                    " q_len=" + std::to_string(q_len) + " page=" + std::to_string(page_size) +
-                    " gather=" + std::to_string(int(gather)) + " score_block=" + std::to_string(score_block) +
-                    " num_sms=" + std::to_string(num_sms) + " lengths=";
+    std::string s = label + (label.empty() ? "" : ": ") + std::string(name(layout)) + " B=" + std::to_string(batch) +
+                    " Hkv=" + std::to_string(hkv) + " d=" + std::to_string(d) + " G=" + std::to_string(group) +
+                    " q_len=" + std::to_string(q_len) + " cap=" + std::to_string(cap) +
+                    " page=" + std::to_string(page_size) + " gather=" + std::to_string(int(gather)) +
+                    " block=" + std::to_string(gather_block) + " score_block=" + std::to_string(score_block) +
+                    " num_sms=" + std::to_string(num_sms) + " max_kv_length=" + std::to_string(max_kv_length) +
+                    " sparse=";
+    for (int h = 0; h < hkv; ++h) s += roles.is_sparse(h) ? "1" : "0";
+    s += " lengths=";
     for (int l : lengths) s += std::to_string(l) + ",";
     return s;
   }
@@ -97,9 +118,11 @@ inline float poison_float() {
   return f;
 }
 
+// Tolerances follow the arithmetic: fp32 K/V run the softmax and both products in fp32 (the
+// reference in fp64), 16-bit K/V round P to 16 bits for the P.V product and the output to 16 bits.
 template <class KT>
 struct Tolerance {
-  static constexpr double out = 2e-2, lse = 2e-2, score = 5e-2;
+  static constexpr double out = 1e-2, lse = 1e-2, score = 5e-2;
 };
 template <>
 struct Tolerance<kvsift::half_t> {
@@ -107,68 +130,64 @@ struct Tolerance<kvsift::half_t> {
 };
 template <>
 struct Tolerance<float> {
-  static constexpr double out = 1e-4, lse = 1e-4, score = 1e-3;
+  static constexpr double out = 1e-5, lse = 1e-5, score = 1e-5;
 };
 
 inline bool close(double got, double want, double tol) {
   if (std::isinf(want) || std::isinf(got)) return got == want;
-  return std::abs(got - want) <= tol * (1.0 + std::abs(want));
+  return std::abs(got - want) <= tol * (1.0 + std::abs(want));  // false for NaN (the poison)
+}
+
+// Cases whose rows hold an in-range key past the first min(capacity * block, max_len) listed
+// positions: what the split plan before 9b81d59 dropped. Counted so a run shows the bug class is hit.
+struct Coverage {
+  int cases = 0, cases_with_cut_rows = 0, rows = 0, cut_rows = 0;
+};
+inline Coverage& coverage() {
+  static Coverage c;
+  return c;
+}
+inline void report_coverage(const std::string& what) {
+  const Coverage& c = coverage();
+  MESSAGE(what << ": " << c.cases << " cases, " << c.cases_with_cut_rows << " with index rows the old split plan cut ("
+                << c.cut_rows << " of " << c.rows << " sparse rows)");
 }
 
 // Builds the case, runs both backends, compares; `make_view` picks the view type from the cache.
 template <class KT, class QT, class MakeView>
-void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, MakeView make_view) {
-  INFO(c.describe());
+void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeView make_view) {
   const int B = c.batch, H = c.hkv, Hq = H * c.group, D = c.d, QL = c.q_len;
   auto q = kvsift_test::random_values<QT>(rng, std::size_t(B) * QL * Hq * D, -2.f, 2.f);
-  std::vector<std::int32_t> lengths = c.lengths;
-  REQUIRE(int(lengths.size()) == B);
-
-  // Index set: sorted random picks plus an out-of-range entry and a duplicate per row.
-  std::vector<std::int32_t> idx, counts;
-  int idx_cap = 0, gblock = 1;
-  if (c.gather != Gather::kNone) {
-    gblock = c.gather == Gather::kBlock ? c.gather_block : 1;
-    const int units = (cache.S + gblock - 1) / gblock;
-    idx_cap = std::max(2, units / 2 + 2);
-    idx.assign(std::size_t(B) * H * idx_cap, -7);
-    counts.assign(std::size_t(B) * H, 0);
-    for (int r = 0; r < B * H; ++r) {
-      const int len = lengths[r / H];
-      const int live_units = (len + gblock - 1) / gblock;
-      std::vector<std::int32_t> row;
-      for (int u = 0; u < live_units; ++u)
-        if (kvsift_test::uniform_int(rng, 0, 2) != 0) row.push_back(u);
-      if (!row.empty() && int(row.size()) + 2 <= idx_cap) row.push_back(row[row.size() / 2]);  // duplicate
-      std::sort(row.begin(), row.end());
-      if (int(row.size()) + 1 <= idx_cap) row.push_back(units + 5);  // past the sequence: skipped
-      if (r % 3 == 2) row.clear();                                       // an empty row
-      row.resize(std::min<std::size_t>(row.size(), idx_cap));
-      counts[r] = int(row.size());
-      std::copy(row.begin(), row.end(), idx.begin() + std::size_t(r) * idx_cap);
-    }
-  }
-
+  const bool gathered = c.gather != Gather::kNone;
+  const int gblock = c.gather == Gather::kBlock ? c.gather_block : 1;
+  const int units = (cache.S + gblock - 1) / gblock;
+  int idx_cap = 0;
+  if (gathered) idx_cap = c.idx_cap ? c.idx_cap : c.boundary ? units + 2 : std::max(2, units / 2 + 2);
+  const int stride = idx_cap + c.idx_slack;
+  const int M = c.max_kv_length > 0 ? c.max_kv_length : cache.S;  // the lengths this call covers
   const int sb = c.score_block ? c.score_block : 1;
-  const int score_cols = (cache.S + sb - 1) / sb;
-  const std::size_t n_out = q.size(), n_lse = std::size_t(B) * QL * Hq, n_scores = std::size_t(B) * H * (score_cols + 3);
+  const int score_cols = (std::max(cache.S, M) + sb - 1) / sb;
 
-  // Host reference.
-  std::vector<QT> out_ref(n_out);
-  std::vector<float> lse_ref(n_lse), scores_ref(n_scores, poison_float());
-  std::vector<KT> hk = cache.k, hv = cache.v;
+  // A smaller num_sms than the GPU's stresses other split plans on the same hardware.
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  if (c.num_sms > 0) exec.device.num_sms = c.num_sms;
+
+  DeviceBuffer<KT> dk(cache.k), dv(cache.v);
+  std::vector<std::int32_t> table = cache.table.empty() ? std::vector<std::int32_t>{0} : cache.table;
+  DeviceBuffer<std::int32_t> dtab(table);
+  DeviceBuffer<QT> dq(q);
   auto params_for = [&](const QT* qp, QT* op, float* lp, float* sp, const std::int32_t* ip, const std::int32_t* cp) {
     auto p = kvsift::make_decode_attention_params(qp, op, QL, Hq, D);
     p.io.lse = lp;
     p.roles = c.roles;
     p.max_kv_length = c.max_kv_length;
-    if (c.gather != Gather::kNone) {
+    if (gathered) {
       kvsift::ConstIndexSet s;
       s.indices = ip;
       s.counts = cp;
       s.rows = B * H;
       s.capacity = idx_cap;
-      s.row_stride = idx_cap;
+      s.row_stride = stride;
       s.granularity = c.gather == Gather::kBlock ? Granularity::kBlock : Granularity::kToken;
       s.block_size = gblock;
       p.index_set = s;
@@ -180,33 +199,114 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
     }
     return p;
   };
+
+  // Split-boundary lengths from the plan the launch will make (same view, params and DeviceFacts);
+  // when the GPU's SM count gives a chunk too long for the cache, more "SMs" shorten it.
+  std::vector<std::int32_t> force_counts;
+  if (c.boundary) {
+    c.lengths.assign(std::size_t(B), 0);
+    DeviceBuffer<std::int32_t> dzero(std::vector<std::int32_t>(std::size_t(B) * H + 1, 0));
+    kvsift::detail::DecodePlan plan;
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const auto kv = make_view(dk.get(), dv.get(), dtab.get(), dzero.get());
+      const auto p = params_for(dq.get(), reinterpret_cast<QT*>(dq.get()), nullptr, reinterpret_cast<float*>(dzero.get()),
+                                dzero.get(), dzero.get());
+      const auto st = kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+      if (2 * plan.chunk + 1 <= std::min(cache.S, M)) break;
+      exec.device.num_sms *= 2;
+    }
+    const int ch = plan.chunk;
+    INFO(c.describe());
+    REQUIRE_MESSAGE(2 * ch + 1 <= std::min(cache.S, M), "chunk " << ch << " too long for the case");
+    c.num_sms = exec.device.num_sms;
+    const std::int32_t pattern[] = {ch - 1, ch, ch + 1, 2 * ch + 1, 2 * ch, QL, 0, cache.S};
+    for (int b = 0; b < B; ++b) c.lengths[std::size_t(b)] = pattern[(b + c.boundary_shift) % 8];
+    const int cu = ch / gblock;  // entries per split of a sparse head
+    const int cpat[] = {cu - 1, cu, cu + 1, 2 * cu + 1, 0, idx_cap};
+    for (int r = 0; r < B * H; ++r) force_counts.push_back(std::max(0, cpat[(r + c.boundary_shift) % 6]));
+    c.label += " chunk=" + std::to_string(ch);
+  }
+  std::vector<std::int32_t> lengths = c.lengths;
+  REQUIRE(int(lengths.size()) == B);
+  auto visible = [&](int b) { return std::min(std::max(lengths[std::size_t(b)], 0), std::min(cache.S, M)); };
+
+  // Index set: explicit rows, or the adversarial mix (sorted-distinct rows among unsorted ones,
+  // duplicates, entries outside the sequence, counts outside [0, capacity], decoys past the count).
+  std::vector<std::int32_t> idx, counts;
+  if (gathered) {
+    if (!c.idx.empty()) {
+      idx = c.idx;
+      counts = c.counts;
+    } else {
+      for (int r = 0; r < B * H; ++r) {
+        const int f = c.boundary ? force_counts[std::size_t(r)] : -1;
+        const auto row = kvsift_test::make_index_row(rng, kvsift_test::draw_row_kind(rng), visible(r / H), cache.S,
+                                                     gblock, idx_cap, stride, f);
+        idx.insert(idx.end(), row.slots.begin(), row.slots.end());
+        counts.push_back(row.count);
+      }
+    }
+    REQUIRE(idx.size() == std::size_t(B) * H * stride);
+    REQUIRE(counts.size() == std::size_t(B) * H);
+  }
+  // Coverage: rows holding a visible key past what the pre-fix plan covered.
   {
+    auto& cov = coverage();
+    ++cov.cases;
+    bool cut = false;
+    const int old_cover = int((std::min<long long>((long long)idx_cap * gblock, M) + gblock - 1) / gblock);  // entries read
+    for (int r = 0; gathered && r < B * H; ++r) {
+      if (!c.roles.is_sparse(r % H)) continue;
+      ++cov.rows;
+      const int n = std::min(std::max(counts[std::size_t(r)], 0), idx_cap), len = visible(r / H);
+      bool row_cut = false;
+      for (int e = old_cover; e < n && !row_cut; ++e) {
+        const long long first = (long long)idx[std::size_t(r) * stride + e] * gblock;
+        row_cut = first + gblock > 0 && first < len;
+      }
+      cov.cut_rows += row_cut;
+      cut = cut || row_cut;
+    }
+    cov.cases_with_cut_rows += cut;
+  }
+  INFO(c.describe());
+  INFO("index rows:" << (gathered ? kvsift_test::describe_rows(idx, counts, stride) : std::string(" none")));
+
+  const std::size_t n_out = q.size(), n_lse = std::size_t(B) * QL * Hq, n_scores = std::size_t(B) * H * (score_cols + 3);
+
+  // Host reference.
+  std::vector<QT> out_ref(n_out, kvsift::from_float<QT>(NAN));
+  std::vector<float> lse_ref(n_lse, NAN), scores_ref(n_scores, poison_float());
+  {
+    std::vector<KT> hk = cache.k, hv = cache.v;
     const auto kv = make_view(hk.data(), hv.data(), cache.table.data(), lengths.data());
     const auto p = params_for(q.data(), out_ref.data(), lse_ref.data(), scores_ref.data(), idx.data(), counts.data());
     const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
     REQUIRE_MESSAGE(st.ok(), st.to_string());
   }
+  for (std::size_t i = 0; i < n_out; ++i) REQUIRE(!std::isnan(kvsift::to_float(out_ref[i])));
+  for (std::size_t i = 0; i < n_lse; ++i) REQUIRE(!std::isnan(lse_ref[i]));
 
-  // CUDA, outputs poisoned.
-  DeviceBuffer<KT> dk(cache.k), dv(cache.v);
-  std::vector<std::int32_t> table = cache.table.empty() ? std::vector<std::int32_t>{0} : cache.table;
+  // CUDA, outputs and workspace poisoned.
   std::vector<std::int32_t> idx_h = idx.empty() ? std::vector<std::int32_t>{0} : idx;
   std::vector<std::int32_t> counts_h = counts.empty() ? std::vector<std::int32_t>{0} : counts;
-  DeviceBuffer<std::int32_t> dtab(table), dlen(lengths), didx(idx_h), dcnt(counts_h);
-  DeviceBuffer<QT> dq(q), dout(n_out);
+  DeviceBuffer<std::int32_t> dlen(lengths), didx(idx_h), dcnt(counts_h);
+  DeviceBuffer<QT> dout(n_out);
   DeviceBuffer<float> dlse(n_lse), dscores(n_scores);
-  dout.poison();
-  dlse.poison();
-  dscores.poison();
   const auto kv = make_view(dk.get(), dv.get(), dtab.get(), dlen.get());
   const auto p = params_for(dq.get(), dout.get(), dlse.get(), dscores.get(), didx.get(), dcnt.get());
-  // A smaller num_sms than the GPU's stresses other split plans on the same hardware.
-  auto exec = kvsift::cuda::Exec::for_current_device();
-  if (c.num_sms > 0) exec.device.num_sms = c.num_sms;
   std::size_t ws_bytes = 0;
   REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &ws_bytes).ok());
   DeviceBuffer<unsigned char> ws(ws_bytes);
-  ws.poison();
+  auto poison_all = [&] {
+    dout.poison();
+    dlse.poison();
+    dscores.poison();
+    ws.poison();
+    kvsift_test::sync_and_check();
+  };
+  poison_all();
   const auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), ws_bytes});
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   kvsift_test::sync_and_check();
@@ -219,13 +319,16 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
     const double got = kvsift::to_float(out[i]), want = kvsift::to_float(out_ref[i]);
     if (!close(got, want, Tolerance<KT>::out)) {
       ++bad;
-      FAIL_CHECK("out[" << i << "] = " << got << ", reference " << want);
+      const std::size_t row = i / D;  // [b, qi, hq]
+      FAIL_CHECK("out[b " << row / (QL * Hq) << ", qi " << row / Hq % QL << ", hq " << row % Hq << "][" << i % D
+                          << "] = " << got << (std::isnan(got) ? " (still the poison)" : "") << ", reference " << want);
     }
   }
   for (std::size_t i = 0; i < n_lse && bad < 8; ++i)
     if (!close(lse[i], lse_ref[i], Tolerance<KT>::lse)) {
       ++bad;
-      FAIL_CHECK("lse[" << i << "] = " << lse[i] << ", reference " << lse_ref[i]);
+      FAIL_CHECK("lse[b " << i / (QL * Hq) << ", qi " << i / Hq % QL << ", hq " << i % Hq << "] = " << lse[i]
+                          << (std::isnan(lse[i]) ? " (still the poison)" : "") << ", reference " << lse_ref[i]);
     }
   // Scores: where the reference left the poison (sparse heads, row padding) the kernel must too.
   for (std::size_t i = 0; i < n_scores && bad < 8; ++i) {
@@ -237,6 +340,34 @@ void run_case_with(const Case& c, std::mt19937_64& rng, const Cache<KT>& cache, 
     }
   }
   CHECK(bad == 0);
+
+  // The same call captured in a CUDA graph and replayed (outputs and workspace poisoned again):
+  // bit-identical to the direct launch.
+  if (c.graph) {
+    cudaStream_t stream;
+    KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const auto gst = kvsift::cuda::decode_attention(exec.on(stream), kv, p, kvsift::Workspace{ws.get(), ws_bytes});
+    KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+    REQUIRE_MESSAGE(gst.ok(), gst.to_string());
+    cudaGraphExec_t gexec;
+    KVSIFT_TEST_CUDA(cudaGraphInstantiate(&gexec, graph, 0));
+    poison_all();
+    KVSIFT_TEST_CUDA(cudaGraphLaunch(gexec, stream));
+    KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+    kvsift_test::sync_and_check();
+    const auto gout = dout.download();
+    const auto glse = dlse.download();
+    const auto gscores = dscores.download();
+    CHECK_MESSAGE(std::memcmp(gout.data(), out.data(), n_out * sizeof(QT)) == 0, "graph replay: out differs");
+    CHECK_MESSAGE(std::memcmp(glse.data(), lse.data(), n_lse * sizeof(float)) == 0, "graph replay: lse differs");
+    CHECK_MESSAGE(std::memcmp(gscores.data(), scores.data(), n_scores * sizeof(float)) == 0,
+                  "graph replay: scores differ");
+    cudaGraphExecDestroy(gexec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 template <class KT, class QT>
@@ -252,9 +383,11 @@ void run_case(const Case& c, std::mt19937_64& rng) {
     });
 }
 
-// The matrix every KV dtype runs: head_dim x group x layout x lengths x roles x q_len x scores.
+// The matrix every KV dtype runs: head_dim x group x layout x lengths x roles x q_len x scores; the
+// gathered and mixed variants draw adversarial index rows, and some cap the lengths by max_kv_length.
 template <class KT, class QT>
 void run_matrix(std::uint64_t salt) {
+  coverage() = Coverage();
   auto rng = kvsift_test::make_rng(salt);
   const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND};
   int n = 0;
@@ -262,6 +395,7 @@ void run_matrix(std::uint64_t salt) {
     for (int group : {1, 4, 8})
       for (int variant = 0; variant < 3; ++variant, ++n) {
         Case c;
+        c.label = "matrix " + std::to_string(n);
         c.d = d;
         c.group = group;
         c.layout = layouts[n % 4];
@@ -275,20 +409,147 @@ void run_matrix(std::uint64_t salt) {
           c.cap = 700;
           c.lengths = std::vector<std::int32_t>{700, 0, 333, 65};
           c.score_block = 1;
+          if (n % 2) c.max_kv_length = 500;  // below the longest length
         } else if (variant == 1) {  // mixed roles, token gather, causal q_len 8, block-max scores
           c.q_len = 8;
           c.lengths = std::vector<std::int32_t>{8, 63, 64, 65};
           c.roles.set_sparse(1, true);
           c.gather = Gather::kToken;
           c.score_block = 16;
+          if (n % 2) c.max_kv_length = 40;
+          c.idx_slack = n % 3 == 1 ? 3 : 0;
         } else {  // every head gathered in blocks
           c.roles = kvsift::HeadRoleMask::all_sparse(c.hkv);
           c.gather = Gather::kBlock;
           c.gather_block = (n % 2) ? 16 : 64;
           c.lengths = std::vector<std::int32_t>{130, 63, 64, 1};
+          if (n % 3 == 2) c.max_kv_length = 50;
+          if (n % 4 == 0) c.idx_cap = (c.cap + c.gather_block - 1) / c.gather_block * 2 + 1;  // room for duplicates
         }
         run_case<KT, QT>(c, rng);
       }
+  report_coverage("matrix");
+}
+
+// Randomized shapes with adversarial index rows, in the spirit of the independent check that found
+// issue 14's defect: every view, head_dim, group, q_len 1-4, mixed or all-sparse roles with token or
+// block gather, counts and entries outside range, max_kv_length below the lengths, lengths outside
+// [0, capacity], several split plans.
+template <class KT, class QT>
+void run_random(std::uint64_t salt, int cases) {
+  using kvsift_test::uniform_int;
+  coverage() = Coverage();
+  auto rng = kvsift_test::make_rng(salt);
+  const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND};
+  const int dims[] = {64, 128, 256}, groups[] = {1, 2, 4, 8}, pages[] = {16, 32, 64}, blocks[] = {16, 32, 64};
+  const int sms[] = {0, 1, 3, 7, 132, 1000}, score_blocks[] = {0, 0, 1, 16, 64};
+  for (int i = 0; i < cases; ++i) {
+    Case c;
+    c.label = "random " + std::to_string(i);
+    c.d = dims[uniform_int(rng, 0, 2)];
+    c.hkv = uniform_int(rng, 1, 4);
+    c.group = groups[uniform_int(rng, 0, 3)];
+    c.batch = uniform_int(rng, 1, 5);
+    c.q_len = uniform_int(rng, 0, 2) ? 1 : uniform_int(rng, 2, 4);
+    c.layout = layouts[uniform_int(rng, 0, 3)];
+    c.page_size = pages[uniform_int(rng, 0, 2)];
+    c.cap = uniform_int(rng, 4, 320);
+    const bool paged = c.layout == Layout::kPagedNHD || c.layout == Layout::kPagedHND;
+    const int S = paged ? (c.cap + c.page_size - 1) / c.page_size * c.page_size : c.cap;
+    for (int h = 0; h < c.hkv; ++h) c.roles.set_sparse(h, uniform_int(rng, 0, 4) < 3);
+    if (c.roles.count_sparse(c.hkv) == 0 && uniform_int(rng, 0, 4)) c.roles.set_sparse(uniform_int(rng, 0, c.hkv - 1), true);
+    if (c.roles.count_sparse(c.hkv) > 0) {
+      c.gather = uniform_int(rng, 0, 1) ? Gather::kToken : Gather::kBlock;
+      c.gather_block = blocks[uniform_int(rng, 0, 2)];
+      const int block = c.gather == Gather::kBlock ? c.gather_block : 1;
+      const int units = (S + block - 1) / block;
+      c.idx_cap = uniform_int(rng, 0, 2) ? uniform_int(rng, 1, 2 * units + 3) : 0;
+      c.idx_slack = uniform_int(rng, 0, 2) ? 0 : 3;
+    }
+    c.score_block = score_blocks[uniform_int(rng, 0, 4)];
+    c.num_sms = sms[uniform_int(rng, 0, 5)];
+    const int pick = uniform_int(rng, 0, 5);
+    c.max_kv_length = pick < 3 ? 0 : pick < 5 ? uniform_int(rng, c.q_len, S) : S + uniform_int(rng, 1, 40);
+    const int M = c.max_kv_length > 0 ? c.max_kv_length : S;
+    for (int b = 0; b < c.batch; ++b) {
+      const int lp = uniform_int(rng, 0, 9);
+      int len = lp == 0 ? 0 : lp == 1 ? -uniform_int(rng, 1, 3) : lp == 2 ? S + uniform_int(rng, 1, 9) : uniform_int(rng, 1, S);
+      const int vis = std::min(std::max(len, 0), std::min(S, M));
+      if (vis > 0 && vis < c.q_len) len = c.q_len;  // q_len fits every non-empty sequence
+      c.lengths.push_back(len);
+    }
+    run_case<KT, QT>(c, rng);
+  }
+  report_coverage("random");
+}
+
+// Shapes at the split boundaries: lengths chunk - 1, chunk, chunk + 1, 2 chunk + 1 (chunk from the
+// launch's own plan), batch 1 to 256, q_len 1-4, groups 1-8, every head_dim, with and without scores,
+// dense, mixed and all-sparse; each also replayed from a CUDA graph.
+template <class KT, class QT>
+void run_boundary(std::uint64_t salt) {
+  coverage() = Coverage();
+  auto rng = kvsift_test::make_rng(salt);
+  enum Roles { kDense, kMixedToken, kSparseBlock64, kMixedBlock16, kSparseToken };
+  struct Row {
+    int batch, hkv, group, d, q_len, score_block;
+    Roles roles;
+    Layout layout;
+    int page, cap, max_kv_length;
+  };
+  const Row rows[] = {
+      {1, 2, 1, 64, 1, 0, kDense, Layout::kBHSD, 16, 512, 0},
+      {1, 2, 8, 128, 4, 1, kMixedToken, Layout::kBSHD, 16, 512, 0},
+      {1, 2, 2, 128, 1, 64, kDense, Layout::kBSHD, 16, 1000, 600},
+      {2, 2, 2, 256, 2, 64, kDense, Layout::kPagedNHD, 16, 512, 0},
+      {2, 4, 4, 64, 3, 1, kSparseBlock64, Layout::kPagedHND, 64, 512, 0},
+      {2, 8, 1, 128, 1, 0, kSparseToken, Layout::kBSHD, 16, 600, 0},
+      {7, 2, 4, 128, 1, 64, kMixedBlock16, Layout::kBSHD, 16, 400, 0},
+      {7, 1, 8, 64, 2, 0, kDense, Layout::kPagedNHD, 64, 400, 0},
+      {7, 2, 1, 256, 4, 1, kMixedToken, Layout::kBHSD, 16, 400, 0},
+      {7, 2, 8, 64, 4, 16, kMixedToken, Layout::kPagedNHD, 64, 300, 0},
+      {64, 2, 2, 64, 1, 1, kDense, Layout::kBSHD, 16, 192, 0},
+      {64, 2, 4, 128, 2, 0, kMixedToken, Layout::kPagedHND, 16, 192, 0},
+      {64, 1, 1, 256, 3, 64, kDense, Layout::kBHSD, 16, 192, 0},
+      {256, 2, 2, 64, 1, 0, kSparseBlock64, Layout::kBSHD, 16, 160, 0},
+      {256, 1, 8, 128, 1, 1, kDense, Layout::kPagedNHD, 16, 160, 0},
+      {256, 2, 1, 64, 4, 64, kMixedToken, Layout::kBHSD, 16, 160, 0},
+  };
+  int n = 0;
+  for (const Row& r : rows) {
+    Case c;
+    c.label = "boundary " + std::to_string(n);
+    c.batch = r.batch;
+    c.hkv = r.hkv;
+    c.group = r.group;
+    c.d = r.d;
+    c.q_len = r.q_len;
+    c.score_block = r.score_block;
+    c.layout = r.layout;
+    c.page_size = r.page;
+    c.cap = r.cap;
+    c.max_kv_length = r.max_kv_length;
+    c.boundary = true;
+    c.boundary_shift = n++;
+    switch (r.roles) {
+      case kDense: break;
+      case kMixedToken: c.roles.set_sparse(r.hkv - 1, true); c.gather = Gather::kToken; break;
+      case kSparseBlock64: c.roles = kvsift::HeadRoleMask::all_sparse(r.hkv); c.gather = Gather::kBlock; c.gather_block = 64; break;
+      case kMixedBlock16: c.roles.set_sparse(0, true); c.gather = Gather::kBlock; c.gather_block = 16; break;
+      case kSparseToken: c.roles = kvsift::HeadRoleMask::all_sparse(r.hkv); c.gather = Gather::kToken; break;
+    }
+    run_case<KT, QT>(c, rng);
+  }
+  report_coverage("split boundaries");
+}
+
+// A regression case from issue 14: it must hold index rows the pre-9b81d59 plan cut (else it no
+// longer tests what it is named for), and the CUDA op must match the reference on it.
+template <class KT, class QT>
+void run_regression(const Case& c, std::mt19937_64& rng) {
+  coverage() = Coverage();
+  run_case<KT, QT>(c, rng);
+  CHECK_MESSAGE(coverage().cases_with_cut_rows == 1, c.label << ": no index row the old split plan would have cut");
 }
 
 }  // namespace decode_test

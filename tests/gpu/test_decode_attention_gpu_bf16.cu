@@ -32,6 +32,91 @@ TEST_CASE("decode_attention bf16: CUDA matches the host reference across the cas
   decode_test::run_matrix<bfloat16_t, bfloat16_t>(410);
 }
 
+TEST_CASE("decode_attention bf16: randomized shapes with adversarial index rows") {
+  decode_test::run_random<bfloat16_t, bfloat16_t>(414, 40);
+}
+
+TEST_CASE("decode_attention bf16: shapes at the split boundaries, graph replay bit-identical") {
+  decode_test::run_boundary<bfloat16_t, bfloat16_t>(415);
+}
+
+// Issue 14, "A defect to fix first", case 1: before 9b81d59 the split plan covered only the first
+// max_len = 64 positions of a sparse row (2 blocks of 32), so a row whose in-range block comes after
+// out-of-range or duplicate entries lost it: output 0 at [b 3, h 1] (row 13 = [1, -1, 0]: block 1 is
+// past the 6 tokens of b 3, -1 is negative, block 0 is in range at slot 2).
+TEST_CASE("decode_attention bf16 regression: paged NHD, block-gathered rows with in-range blocks after out-of-range ones") {
+  auto rng = kvsift_test::make_rng(416);
+  Case c;
+  c.label = "issue 14 case 1";
+  c.layout = Layout::kPagedNHD;
+  c.page_size = 64;
+  c.cap = 64;
+  c.d = 256;
+  c.hkv = 4;
+  c.group = 1;
+  c.batch = 4;
+  c.lengths = {6, 9, 4, 6};
+  c.roles = kvsift::HeadRoleMask::all_sparse(4);
+  c.gather = decode_test::Gather::kBlock;
+  c.gather_block = 32;
+  c.idx_cap = 4;
+  c.max_kv_length = 0;
+  c.num_sms = 1;
+  const std::int32_t kMax = std::numeric_limits<std::int32_t>::max(), kMin = std::numeric_limits<std::int32_t>::min();
+  c.idx = {0, 0,    0,       0,   //  0 count -2: nothing (the slots are in-range decoys)
+           0, 1,    0,       0,   //  1 count 0
+           0, 0,    0,       0,   //  2 count -1
+           1, 0,    0,       0,   //  3: past the end, then block 0 twice
+           2, 0,    -1,      0,   //  4 count 7 -> 4
+           0, 1,    0,       0,   //  5 count 2
+           kMax, 1, 0,       0,   //  6
+           0, 0,    0,       0,   //  7 count 1
+           -1, 1 << 27, 3,   0,   //  8 count 5 -> 4: 2^27 * 32 = 2^32 wraps to 0 in 32 bits
+           0, 0,    0,       0,   //  9
+           1, 0,    0,       0,   // 10 count 2
+           0, kMin, 0,       2,   // 11
+           0, 1,    0,       1,   // 12 count 9 -> 4
+           1, -1,   0,       0,   // 13 count 3: [b 3, h 1]
+           -5, 0,   0,       0,   // 14 count 2
+           2, 1,    1,       0};  // 15
+  c.counts = {-2, 0, -1, 3, 7, 2, 4, 1, 5, 3, 2, 4, 9, 3, 2, 4};
+  decode_test::run_regression<bfloat16_t, bfloat16_t>(c, rng);
+}
+
+// Issue 14 case 3: max_kv_length 52 below every length; the pre-fix plan covered 52 positions of a
+// sparse row (the first 52 tokens of its first entry), so a row listing block 0 eight times had an
+// LSE ln 8 too small (4.22 for 6.30). Mixed roles, causal q_len 3.
+TEST_CASE("decode_attention bf16 regression: BHSD, duplicate blocks, max_kv_length below the lengths, q_len 3") {
+  auto rng = kvsift_test::make_rng(417);
+  Case c;
+  c.label = "issue 14 case 3";
+  c.layout = Layout::kBHSD;
+  c.cap = 1152;
+  c.d = 128;
+  c.hkv = 8;
+  c.group = 4;
+  c.batch = 3;
+  c.q_len = 3;
+  c.lengths = {1107, 112, 669};
+  for (int h : {1, 2, 3, 5, 6, 7}) c.roles.set_sparse(h, true);
+  c.gather = decode_test::Gather::kBlock;
+  c.gather_block = 64;
+  c.idx_cap = 8;
+  c.max_kv_length = 52;
+  const std::vector<std::int32_t> variants[4] = {
+      {0, 0, 0, 0, 0, 0, 0, 0},     // block 0 eight times
+      {0, 3, 0, 17, 0, -1, 0, 0},   // duplicates between entries past max_kv_length
+      {1, 0, 0, 0, 0, 0, 0, 0},     // block 1 is inside the cache but past max_kv_length; count 12 -> 8
+      {0, 0, 5, 0, 0, 0, 0, 0}};    // count 3: two listings of block 0, the rest decoys
+  const std::int32_t variant_counts[4] = {8, 8, 12, 3};
+  for (int r = 0; r < c.batch * c.hkv; ++r) {
+    const int v = r % 4;
+    c.idx.insert(c.idx.end(), variants[v].begin(), variants[v].end());
+    c.counts.push_back(c.roles.is_sparse(r % c.hkv) ? variant_counts[v] : -1);
+  }
+  decode_test::run_regression<bfloat16_t, bfloat16_t>(c, rng);
+}
+
 TEST_CASE("decode_attention bf16 K/V with float queries") {
   auto rng = kvsift_test::make_rng(411);
   Case c;

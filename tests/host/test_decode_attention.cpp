@@ -4,11 +4,15 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/kvsift.hpp"
 #include "kvsift/ops/decode_attention.hpp"
+#include "support/index_rows.hpp"
 #include "support/random.hpp"
 
 using kvsift::bfloat16_t;
@@ -171,6 +175,218 @@ TEST_CASE("decode_attention host reference: gathered blocks and mixed roles with
   pr.score_block = 32;
   pr.q_len = 2;
   check_against_naive<float>(pr, rng);
+}
+
+namespace {
+
+// An "obvious" float64 decode attention written from the contract alone, sharing no code with
+// kvsift::host::decode_attention (its own addressing, its own clamps): so that a bug in the
+// reference cannot hide a GPU bug that the GPU tests would otherwise catch. Per (b, h): len =
+// clamp(lengths[b], 0, capacity), then min(len, max_kv_length or capacity); the keys are listed
+// (dense: 0..len-1; sparse: for each of the first clamp(count, 0, idx_cap) entries, every token of
+// it in [0, len), duplicates listed again); query i sees keys t <= len - q_len + i.
+struct Obvious {
+  int B, H, G, D, S, QL, max_kv_length;
+  bool bhsd;
+  std::vector<std::int32_t> lengths;
+  kvsift::HeadRoleMask roles;
+  int block = 1, idx_cap = 0, stride = 0;
+  std::vector<std::int32_t> idx, counts;
+  int score_block = 0;
+
+  std::size_t kv_at(int b, int h, int t) const {
+    return bhsd ? ((std::size_t(b) * H + h) * S + t) * D : ((std::size_t(b) * S + t) * H + h) * D;
+  }
+  int visible(int b) const {
+    long long len = lengths[std::size_t(b)];
+    if (len < 0) len = 0;
+    if (len > S) len = S;
+    const long long cap = max_kv_length > 0 ? max_kv_length : S;
+    return int(len < cap ? len : cap);
+  }
+  std::vector<long long> keys(int b, int h) const {
+    std::vector<long long> out;
+    const int len = visible(b);
+    if (!roles.is_sparse(h)) {
+      for (long long t = 0; t < len; ++t) out.push_back(t);
+      return out;
+    }
+    const int row = b * H + h;
+    long long n = counts[std::size_t(row)];
+    if (n < 0) n = 0;
+    if (n > idx_cap) n = idx_cap;
+    for (long long e = 0; e < n; ++e) {
+      const long long entry = idx[std::size_t(row) * std::size_t(stride) + std::size_t(e)];
+      for (long long i = 0; i < block; ++i) {
+        const long long t = entry * block + i;
+        if (t >= 0 && t < len) out.push_back(t);
+      }
+    }
+    return out;
+  }
+};
+
+template <class T>
+void compare_reference_with_obvious(std::mt19937_64& rng, int trial) {
+  using kvsift_test::uniform_int;
+  Obvious o;
+  o.B = uniform_int(rng, 1, 3);
+  o.H = uniform_int(rng, 1, 3);
+  o.G = uniform_int(rng, 1, 3);
+  o.D = uniform_int(rng, 0, 3) == 0 ? 128 : 64;
+  o.S = uniform_int(rng, 4, 48);
+  o.QL = uniform_int(rng, 1, 3);
+  o.bhsd = uniform_int(rng, 0, 1);
+  o.max_kv_length = uniform_int(rng, 0, 1) ? 0 : uniform_int(rng, o.QL, o.S + 4);
+  const int M = o.max_kv_length > 0 ? o.max_kv_length : o.S;
+  for (int b = 0; b < o.B; ++b) {
+    const int pick = uniform_int(rng, 0, 9);
+    int len = pick == 0 ? 0 : pick == 1 ? -uniform_int(rng, 1, 5) : pick == 2 ? o.S + uniform_int(rng, 1, 9)
+                                                                              : uniform_int(rng, 0, o.S);
+    // q_len must fit every non-empty sequence (the reference checks it).
+    const int vis = std::min(std::max(len, 0), std::min(o.S, M));
+    if (vis > 0 && vis < o.QL) len = o.QL;
+    o.lengths.push_back(len);
+  }
+  for (int h = 0; h < o.H; ++h) o.roles.set_sparse(h, uniform_int(rng, 0, 3) != 0);
+  const bool blocks = uniform_int(rng, 0, 1);
+  o.block = blocks ? (uniform_int(rng, 0, 1) ? 16 : 32) : 1;
+  const int units = (o.S + o.block - 1) / o.block;
+  o.idx_cap = uniform_int(rng, 0, 9) == 0 ? 0 : uniform_int(rng, 1, 2 * units + 3);
+  o.stride = o.idx_cap + (uniform_int(rng, 0, 2) == 0 ? 3 : 0);
+  for (int r = 0; r < o.B * o.H; ++r) {
+    const int vis = o.visible(r / o.H);
+    const auto row = kvsift_test::make_index_row(rng, kvsift_test::draw_row_kind(rng), vis, o.S, o.block, o.idx_cap,
+                                                 o.stride);
+    o.idx.insert(o.idx.end(), row.slots.begin(), row.slots.end());
+    o.counts.push_back(row.count);
+  }
+  if (o.idx.empty()) o.idx.push_back(0);
+  const int sb_pick = uniform_int(rng, 0, 3);
+  o.score_block = sb_pick == 0 ? 0 : sb_pick == 1 ? 1 : sb_pick == 2 ? 16 : 32;
+
+  const int Hq = o.H * o.G;
+  auto k = kvsift_test::random_values<T>(rng, std::size_t(o.B) * o.H * o.S * o.D);
+  auto v = kvsift_test::random_values<T>(rng, k.size());
+  auto q = kvsift_test::random_values<T>(rng, std::size_t(o.B) * o.QL * Hq * o.D, -2.f, 2.f);
+  std::vector<T> out(q.size(), kvsift::from_float<T>(NAN));
+  std::vector<float> lse(std::size_t(o.B) * o.QL * Hq, NAN);
+  const auto kv = o.bhsd ? kvsift::make_bhsd(k.data(), v.data(), o.B, o.H, o.S, o.D, o.lengths.data())
+                         : kvsift::make_bshd(k.data(), v.data(), o.B, o.H, o.S, o.D, o.lengths.data());
+  auto p = kvsift::make_decode_attention_params(q.data(), out.data(), o.QL, Hq, o.D);
+  p.io.lse = lse.data();
+  p.roles = o.roles;
+  p.max_kv_length = o.max_kv_length;
+  kvsift::ConstIndexSet set;
+  set.indices = o.idx.data();
+  set.counts = o.counts.data();
+  set.rows = o.B * o.H;
+  set.capacity = o.idx_cap;
+  set.row_stride = o.stride;
+  set.granularity = blocks ? Granularity::kBlock : Granularity::kToken;
+  set.block_size = o.block;
+  p.index_set = set;
+  const int sb = o.score_block ? o.score_block : 1;
+  const int cols = (M + sb - 1) / sb, score_stride = cols + 2;
+  std::vector<float> scores(std::size_t(o.B) * o.H * score_stride, 12345.f);
+  if (o.score_block) {
+    p.scores = scores.data();
+    p.score_row_stride = score_stride;
+    p.score_block_size = sb;
+  }
+  std::string what = "trial " + std::to_string(trial) + (o.bhsd ? " BHSD" : " BSHD") + " B=" + std::to_string(o.B) +
+                     " H=" + std::to_string(o.H) + " G=" + std::to_string(o.G) + " S=" + std::to_string(o.S) +
+                     " q_len=" + std::to_string(o.QL) + " max_kv_length=" + std::to_string(o.max_kv_length) +
+                     " block=" + std::to_string(o.block) + " cap=" + std::to_string(o.idx_cap) + " lengths=";
+  for (int l : o.lengths) what += std::to_string(l) + ",";
+  what += kvsift_test::describe_rows(o.idx, o.counts, o.stride);
+  INFO(what);
+  const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+
+  // float in, double accumulation on both sides: only the final rounding to T differs.
+  const double out_tol = std::is_same<T, float>::value ? 1e-6 : 1e-2;
+  int bad = 0;
+  for (int b = 0; b < o.B; ++b)
+    for (int h = 0; h < o.H; ++h) {
+      const auto keys = o.keys(b, h);
+      const int len = o.visible(b);
+      for (int qi = 0; qi < o.QL; ++qi)
+        for (int g = 0; g < o.G; ++g) {
+          const int hq = h * o.G + g;
+          const std::size_t qrow = (std::size_t(b) * o.QL + qi) * Hq + hq;
+          std::vector<double> logit;
+          std::vector<long long> seen;
+          for (long long t : keys) {
+            if (t > len - o.QL + qi) continue;
+            double s = 0;
+            for (int i = 0; i < o.D; ++i)
+              s += double(kvsift::to_float(q[qrow * o.D + i])) * double(kvsift::to_float(k[o.kv_at(b, h, int(t)) + i]));
+            logit.push_back(s * double(p.sm_scale));
+            seen.push_back(t);
+          }
+          const float got_lse = lse[qrow];
+          if (logit.empty()) {
+            if (got_lse != -INFINITY && bad++ < 8) FAIL_CHECK("lse[" << qrow << "] = " << got_lse << ", want -inf");
+            for (int i = 0; i < o.D; ++i)
+              if (kvsift::to_float(out[qrow * o.D + i]) != 0.f && bad++ < 8)
+                FAIL_CHECK("out[" << qrow << "][" << i << "] = " << kvsift::to_float(out[qrow * o.D + i]) << ", want 0");
+            continue;
+          }
+          const double m = *std::max_element(logit.begin(), logit.end());
+          double sum = 0;
+          for (double l : logit) sum += std::exp(l - m);
+          const double want_lse = m + std::log(sum);
+          if (!(std::abs(double(got_lse) - want_lse) <= 1e-6 * (1 + std::abs(want_lse))) && bad++ < 8)
+            FAIL_CHECK("lse[" << qrow << "] = " << got_lse << ", want " << want_lse << " (" << logit.size() << " keys)");
+          for (int i = 0; i < o.D; ++i) {
+            double num = 0;
+            for (std::size_t j = 0; j < seen.size(); ++j)
+              num += std::exp(logit[j] - m) * double(kvsift::to_float(v[o.kv_at(b, h, int(seen[j])) + i]));
+            const double want = num / sum, got = kvsift::to_float(out[qrow * o.D + i]);
+            if (!(std::abs(got - want) <= out_tol * (1 + std::abs(want))) && bad++ < 8)
+              FAIL_CHECK("out[" << qrow << "][" << i << "] = " << got << ", want " << want);
+          }
+        }
+      // Scores: dense heads only, raw group-mean dot products of the last position, block max.
+      if (!o.score_block) continue;
+      const float* row = &scores[(std::size_t(b) * o.H + h) * score_stride];
+      for (int j = 0; j < score_stride; ++j) {
+        double want = 12345.0;  // untouched: sparse rows and the stride slack
+        if (!o.roles.is_sparse(h) && j < cols) {
+          want = -INFINITY;
+          for (int t = j * sb; t < (j + 1) * sb && t < len; ++t) {
+            double s = 0;
+            for (int i = 0; i < o.D; ++i) {
+              double qbar = 0;
+              for (int g = 0; g < o.G; ++g)
+                qbar += kvsift::to_float(q[((std::size_t(b) * o.QL + o.QL - 1) * Hq + h * o.G + g) * o.D + i]);
+              s += qbar / o.G * double(kvsift::to_float(k[o.kv_at(b, h, t) + i]));
+            }
+            want = std::max(want, s);
+          }
+        }
+        const double got = row[j];
+        const bool ok = std::isinf(want) || want == 12345.0 ? got == want : std::abs(got - want) <= 1e-5 * (1 + std::abs(want));
+        if (!ok && bad++ < 8) FAIL_CHECK("scores[b " << b << ", h " << h << "][" << j << "] = " << got << ", want " << want);
+      }
+    }
+  CHECK(bad == 0);
+}
+
+}  // namespace
+
+TEST_CASE("decode_attention host reference agrees with an obvious float64 implementation on adversarial rows") {
+  // Unsorted rows, duplicates, entries outside the sequence (negative, past the end, int32 extremes,
+  // products that wrap in 32 bits), counts outside [0, capacity], slots past the count holding
+  // in-range decoys, max_kv_length below the lengths, lengths outside [0, capacity].
+  auto rng = kvsift_test::make_rng(403);
+  for (int trial = 0; trial < 300; ++trial) {
+    if (trial % 4 == 3)
+      compare_reference_with_obvious<bfloat16_t>(rng, trial);
+    else
+      compare_reference_with_obvious<float>(rng, trial);
+  }
 }
 
 TEST_CASE("decode_attention validation names the parameter") {
