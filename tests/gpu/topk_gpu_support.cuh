@@ -21,7 +21,6 @@ using kvsift::bfloat16_t;
 using kvsift::half_t;
 using kvsift_test::DeviceBuffer;
 
-namespace {
 
 // kConstant: every value equal (one bucket per pass, all ties); kAllNaN: every key is the lowest;
 // kSignedZeros: +0 and -0 must tie.
