@@ -52,6 +52,15 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   if (launch.plan.smem_bytes > 0)
     KVSIFT_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(launch.plan.smem_bytes)));
+  if (launch.plan.kernel == detail::TopkKernel::kCandidateSelect) {
+    // The 256-thread configuration has no peer loop (detail::kTopkCandMaxGroup).
+    KVSIFT_REQUIRE(launch.plan.threads == 512 || launch.plan.ctas_per_row == 1, kInternal,
+                   "topk plan: 256-thread CTAs in a group of ", launch.plan.ctas_per_row);
+    // Two 113 KB CTAs per SM need the largest shared-memory carveout; the kernel streams its row
+    // once, so the L1 it gives up holds nothing worth keeping.
+    KVSIFT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         int(cudaSharedmemCarveoutMaxShared)));
+  }
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(scores.rows * launch.plan.ctas_per_row));
