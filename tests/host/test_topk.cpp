@@ -317,3 +317,35 @@ TEST_CASE("topk: the row filter leaves sparse heads' rows untouched") {
   const auto st = kvsift::host::topk(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(scores.data(), batch * heads, cols), p, out);
   CHECK(st.message().find("num_kv_heads = -1") != std::string::npos);
 }
+
+TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (H200 facts)") {
+  using kvsift::detail::TopkKernel;
+  const kvsift::DeviceFacts h200{132, 232448, true, 9, 0};
+  struct Want { std::int64_t rows; int cols; int group, slice, threads; };
+  // The target shapes: fp32 scores, 32-bit keys.
+  for (const Want w : {Want{8, 32768, 8, 4096, 512}, Want{32, 32768, 8, 4096, 512}, Want{256, 32768, 2, 16384, 512},
+                       Want{8, 131072, 8, 16384, 512}, Want{32, 131072, 8, 16384, 512},
+                       Want{256, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
+                       Want{256, 2048, 1, 2048, 256}}) {
+    const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
+    CAPTURE(w.rows);
+    CAPTURE(w.cols);
+    CHECK(p.kernel == TopkKernel::kCandidateSelect);
+    CHECK(p.ctas_per_row == w.group);
+    CHECK(p.slice == w.slice);
+    CHECK(p.threads == w.threads);
+    CHECK(p.smem_bytes == std::size_t(w.slice) * 6);  // keys + 16-bit candidate offsets
+    // Two CTAs per SM where the slice allows it: dynamic + static + the 1 KiB per-block reserve.
+    if (w.slice <= 16384) CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkCandStaticSmem) <= 233472);
+  }
+  // 33-bit flag-first keys of 128K rows still fit; 600000-position rows fall back to the radix select.
+  CHECK(kvsift::detail::plan_topk<std::uint64_t>(5, 131072, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(2, 600000, h200).kernel == TopkKernel::kRadixSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint64_t>(1, 700000, h200).kernel == TopkKernel::kRadixSelect);
+  // Without clusters, rows up to ~35K positions keep the candidate select in one CTA.
+  const kvsift::DeviceFacts no_clusters{132, 232448, false, 9, 0};
+  const auto one = kvsift::detail::plan_topk<std::uint32_t>(32, 32768, no_clusters);
+  CHECK(one.kernel == TopkKernel::kCandidateSelect);
+  CHECK(one.ctas_per_row == 1);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kRadixSelect);
+}

@@ -2,8 +2,9 @@
 /// \file
 /// \brief CUDA backend of topk (contract in topk.hpp, plan in topk_plan.hpp, design notes in docs/ops/topk.md).
 ///
-/// One launch of the radix select (ops/detail/topk_radix_select.cuh). The launch shape comes from the
-/// plan, never from lengths or k in device memory, so a call can be captured in a CUDA graph.
+/// One launch: the candidate select (ops/detail/topk_candidate_select.cuh) where the plan finds its
+/// shared memory, else the radix select (ops/detail/topk_radix_select.cuh). The launch shape comes
+/// from the plan, never from lengths or k in device memory, so a call can be captured in a CUDA graph.
 
 #include <cuda_runtime_api.h>
 
@@ -14,6 +15,7 @@
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
+#include "kvsift/ops/detail/topk_candidate_select.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
@@ -41,17 +43,28 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   launch.plan.vector_loads = reinterpret_cast<std::uintptr_t>(scores.data) % 16 == 0 &&
                              (scores.row_stride * std::int64_t(sizeof(T))) % 16 == 0;
 
-  auto kernel = detail::topk_radix_select_kernel<T, Key>;
-  // Static shared memory (about 19 KB) counts against the 48 KB default too, so the dynamic limit is
+  auto kernel = launch.plan.kernel == detail::TopkKernel::kRadixSelect ? detail::topk_radix_select_kernel<T, Key>
+                : launch.plan.threads == 256 ? detail::topk_candidate_select_kernel<T, Key, 256>
+                                             : detail::topk_candidate_select_kernel<T, Key, 512>;
+  // Static shared memory (about 17-19 KB) counts against the 48 KB default too, so the dynamic limit is
   // raised for every cached launch, not only for slices above 48 KB. The attribute is per function and
   // idempotent, so concurrent calls from several host threads set the same value.
   if (launch.plan.smem_bytes > 0)
     KVSIFT_CUDA_TRY(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(launch.plan.smem_bytes)));
+  if (launch.plan.kernel == detail::TopkKernel::kCandidateSelect) {
+    // The 256-thread configuration has no peer loop (detail::kTopkCandMaxGroup).
+    KVSIFT_REQUIRE(launch.plan.threads == 512 || launch.plan.ctas_per_row == 1, kInternal,
+                   "topk plan: 256-thread CTAs in a group of ", launch.plan.ctas_per_row);
+    // Two 113 KB CTAs per SM need the largest shared-memory carveout; the kernel streams its row
+    // once, so the L1 it gives up holds nothing worth keeping.
+    KVSIFT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         int(cudaSharedmemCarveoutMaxShared)));
+  }
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(scores.rows * launch.plan.ctas_per_row));
-  config.blockDim = dim3(detail::kTopkThreads);
+  config.blockDim = dim3(unsigned(launch.plan.threads));
   config.dynamicSmemBytes = launch.plan.smem_bytes;
   config.stream = exec.stream;
   cudaLaunchAttribute group_dim;

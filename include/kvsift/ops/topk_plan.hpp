@@ -2,10 +2,11 @@
 /// \file
 /// \brief The launch plan of topk and its workspace query (contract in topk.hpp).
 ///
-/// The CUDA radix select gives each row a group of CTAs (a hardware thread-block cluster on sm_90+)
-/// that split the row into slices; the plan picks the group size and the slice from the shape of the
-/// score matrix, the key width and the device facts in the Exec, never from lengths or k in device
-/// memory, so a call can be captured in a CUDA graph.
+/// The CUDA backend gives each row a group of CTAs (a hardware thread-block cluster on sm_90+) that
+/// split the row into slices; the plan picks the group size, the slice, the kernel (the candidate
+/// select when the slice and its candidate list fit shared memory, else the radix select) and the
+/// CTA size from the shape of the score matrix, the key width and the device facts in the Exec, never
+/// from lengths or k in device memory, so a call can be captured in a CUDA graph.
 
 #include <cstddef>
 #include <cstdint>
@@ -25,6 +26,19 @@ inline constexpr std::size_t kTopkPreferredSliceBytes = std::size_t(64) << 10;
 inline constexpr std::size_t kTopkMaxCachedSliceBytes = std::size_t(128) << 10;
 inline constexpr int kTopkMinSlice = 2048;     ///< below this a CTA is mostly barriers
 inline constexpr int kTopkMaxCtasPerRow = 8;   ///< the portable hardware cluster size
+/// The candidate select addresses its candidates by 16-bit offsets into the slice.
+inline constexpr int kTopkCandMaxSlice = 65536;
+/// Static shared memory of the candidate select: two 2048-bin histograms plus the scan storage and
+/// counters (under 1 KiB; ptxas reports the exact figure), counted when checking the opt-in limit.
+inline constexpr std::size_t kTopkCandStaticSmem = 2 * 2048 * 4 + 1024;
+/// One-CTA rows up to this many positions get 256-thread CTAs: 8 keys per thread either way, and the
+/// barriers of a smaller CTA are cheaper (the block-score case, 2048 positions).
+inline constexpr int kTopkCandShortSlice = 4096;
+
+enum class TopkKernel : int {
+  kRadixSelect = 0,      ///< ops/detail/topk_radix_select.cuh: any slice; re-reads global memory past 128 KiB
+  kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
+};
 
 struct TopkPlan {
   int cols = 0;
@@ -32,11 +46,15 @@ struct TopkPlan {
   int slice = 0;  ///< positions per CTA, a multiple of 8 (16-byte vectors never straddle two CTAs)
   bool cached = false;
   bool vector_loads = false;  ///< every row starts 16-byte aligned
-  std::size_t smem_bytes = 0;
+  std::size_t smem_bytes = 0;  ///< dynamic shared memory per CTA
+  TopkKernel kernel = TopkKernel::kRadixSelect;
+  int threads = 512;  ///< threads per CTA
 };
 
 /// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
-/// group whose slices fit shared memory.
+/// group whose slices fit shared memory. The candidate select runs wherever its shared memory fits
+/// (fp32 rows up to 262144 positions, 33-bit flag-first keys up to 131072, on an H200); the radix
+/// select takes the rest (longer rows, or GPUs without clusters or with less shared memory).
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   auto slice_for = [cols](int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; };
@@ -48,6 +66,15 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   while (c < max_group && rows * c < 2 * std::int64_t(device.num_sms) && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
   s.ctas_per_row = c;
   s.slice = slice_for(c);
+  // The candidate select keeps the slice's keys and a list of 16-bit offsets in shared memory.
+  const std::size_t candidate_bytes = std::size_t(s.slice) * (sizeof(KeyT) + sizeof(std::uint16_t));
+  if (s.slice <= kTopkCandMaxSlice && candidate_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
+    s.kernel = TopkKernel::kCandidateSelect;
+    s.cached = true;
+    s.smem_bytes = candidate_bytes;
+    s.threads = c == 1 && s.slice <= kTopkCandShortSlice ? 256 : 512;
+    return s;
+  }
   s.cached = std::size_t(s.slice) * sizeof(KeyT) <= kTopkMaxCachedSliceBytes &&
              std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
   s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;

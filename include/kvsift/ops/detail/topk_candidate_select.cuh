@@ -1,0 +1,374 @@
+#pragma once
+// The candidate radix select behind cuda::topk (contract in ops/topk.hpp, plan in ops/topk_plan.hpp,
+// design and latency estimate in docs/ops/topk.md, section "The candidate select").
+//
+// Same CTA groups as the radix select (topk_radix_select.cuh): one row per group of `ctas_per_row`
+// CTAs, a hardware thread-block cluster on sm_90, CTA c owning the slice [c * slice, (c + 1) * slice).
+// What differs is the length of the serial chain inside each CTA, which is what the radix select's
+// time was made of (docs/performance.md):
+//
+// 1. The slice's score loads are issued before the row's length and budget arrive (both are loads
+//    too), so the two DRAM round trips overlap; nothing outside [0, len) is ever used.
+// 2. While the loaded scores are turned into keys and stored in shared memory, the top 11 bits are
+//    histogrammed (pass 0). One barrier pair per pass finds the digit holding the budget-th key.
+// 3. One sweep over the slice compacts the keys of that digit (the candidates, a few percent of a
+//    typical row) into a short list of 16-bit offsets and histograms their next digit (pass 1).
+//    Later passes read only the list. Keys above the digit are selected, keys below are not: they
+//    are never looked at again until the output.
+// 4. Each digit search also counts, from the peers' histograms it already read, how many keys above
+//    the threshold and equal to it sit in lower-ranked CTAs. So the output offsets need no extra
+//    exchange between CTAs: one count sweep, one barrier and one emit sweep write the row in order.
+//
+// Per pass: one group barrier (the histogram is complete), one DSMEM read of every peer's bins
+// (all issued before any is summed), one block scan, one barrier to broadcast the digit. The two
+// histograms ping-pong: pass p + 2 reuses pass p's buffer, which every peer finished reading before
+// it arrived at the barrier of pass p + 1. A CTA leaves only after every peer has read its last
+// histogram (a split cluster barrier: arrive after the last read, wait before exit).
+
+#include <cooperative_groups.h>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "kvsift/ops/detail/topk_radix_select.cuh"
+#include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kTopkCandDigitBits = 11;  // 2048 bins: 3 passes over 32-bit keys (11 + 11 + 10)
+inline constexpr int kTopkCandBins = 1 << kTopkCandDigitBits;
+inline constexpr int kTopkCandBatch = 8;       // shared-memory keys loaded per thread before any is used
+static_assert(kTopkCandBins == 2048, "the plan's shared-memory estimate assumes 2048 bins");
+
+// Largest CTA group a configuration is launched with: the 256-thread configuration serves short rows
+// with one CTA per row only (the plan guarantees it), so its peer loop is not unrolled eight times.
+template <int Threads>
+inline constexpr int kTopkCandMaxGroup = Threads >= 512 ? kTopkMaxCtasPerRow : 1;
+
+// Sum over the warp (one redux instruction from sm_80, a shuffle tree before).
+__device__ __forceinline__ int topk_warp_sum(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_add_sync(0xffffffffu, v);
+#else
+  for (int d = 16; d > 0; d /= 2) v += __shfl_xor_sync(0xffffffffu, v, d);
+  return v;
+#endif
+}
+
+template <class T, class Key, int Threads>
+__global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
+    topk_candidate_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
+                                 TopkPlan launch_plan) {
+  static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
+                    sizeof(launch_plan) <= 128,
+                "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  using K = typename Key::key_type;
+  constexpr int kWarps = Threads / 32;
+  constexpr int kBinsPerThread = kTopkCandBins / Threads;
+  constexpr int kVecPerThread = kBinsPerThread / 4;
+  constexpr int kMaxGroup = kTopkCandMaxGroup<Threads>;
+  constexpr int kPasses = (Key::kBits + kTopkCandDigitBits - 1) / kTopkCandDigitBits;
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  constexpr int kPreloads = 8;  // 16-byte loads per thread issued before the row's length is known
+  static_assert(kBinsPerThread % 4 == 0 && kWarps <= 32, "bins are read as int4; warp counts fit one warp");
+  // Warp scans: one barrier per scan and a few hundred bytes of storage (raking needs two and ~2 KiB).
+  using BlockScan = cub::BlockScan<int, Threads, cub::BLOCK_SCAN_WARP_SCANS>;
+
+  const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};
+  extern __shared__ __align__(16) unsigned char topk_dynamic_smem[];
+  K* keys = reinterpret_cast<K*>(topk_dynamic_smem);
+  // slice is a multiple of 8, so the list starts 16-byte aligned after the keys.
+  std::uint16_t* cand = reinterpret_cast<std::uint16_t*>(topk_dynamic_smem + std::size_t(a.plan.slice) * sizeof(K));
+  __shared__ __align__(16) int hist[2][kTopkCandBins];
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int s_digit, s_above, s_eq_lower, s_cand_count;
+  __shared__ int s_warp_gt[kWarps], s_warp_eq[kWarps], s_warp_lower[kWarps];
+
+  const TopkCtaGroup group{a.plan.ctas_per_row};
+  const int group_size = a.plan.ctas_per_row;
+  const int rank = int(blockIdx.x) % group_size;
+  const std::int64_t row = blockIdx.x / group_size;
+  const int tid = int(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const T* row_scores = a.scores.data + row * a.scores.row_stride;
+  std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
+  T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
+
+  // A row of a sparse head is not this call's to write; every CTA of the group leaves together.
+  if (topk_skips_row(a.params, row)) return;
+
+  // The length and budget loads go first, then the slice's score loads, all before any of them is
+  // used: the slice is clipped to the view's columns (always readable), not to the length.
+  const int len_raw = a.params.lengths ? a.params.lengths[row] : a.plan.cols;
+  const int k_raw = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
+  const int slice_lo = rank * a.plan.slice;
+  const int slice_cols_hi = slice_lo + a.plan.slice < a.plan.cols ? slice_lo + a.plan.slice : a.plan.cols;
+  const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
+  const int first_vector = slice_lo / kPerVector;  // exact: slice_lo is a multiple of 8
+  const int end_vector = a.plan.vector_loads && slice_cols_hi > slice_lo ? slice_cols_hi / kPerVector : first_vector;
+  uint4 pre[kPreloads];
+#pragma unroll
+  for (int u = 0; u < kPreloads; ++u) {
+    const int v = first_vector + u * Threads + tid;
+    pre[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  for (int b = tid; b < 2 * kTopkCandBins; b += Threads) (&hist[0][0])[b] = 0;
+  if (tid == 0) s_cand_count = 0;
+
+  const TopKRowPlan plan = plan_topk_row(a.plan.cols, len_raw, k_raw, a.out.capacity, a.params.sink, a.params.recent);
+  auto emit = [&](int offset, int position) {
+    row_out[offset] = position;
+    if (row_values) row_values[offset] = row_scores[position];
+  };
+  const int forced = plan.forced();
+  for (int f = rank * Threads + tid; f < forced; f += group_size * Threads) {
+    if (f < plan.sink_end) emit(f, f);
+    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
+  }
+  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
+
+  const int lo = slice_lo > plan.sink_end ? slice_lo : plan.sink_end;
+  const int hi_raw = slice_lo + a.plan.slice < plan.recent_begin ? slice_lo + a.plan.slice : plan.recent_begin;
+  const int hi = hi_raw > lo ? hi_raw : lo;
+  // Same decision in every CTA of the group (it depends on the row only), before any group barrier.
+  if (plan.budget == 0) return;
+  if (plan.budget == plan.region()) {
+    for (int i = lo + tid; i < hi; i += Threads) emit(i, i);
+    return;
+  }
+  __syncthreads();  // the zeroed histograms and list counter, before the first atomics
+
+  // ---- pass 0 histogram while the keys go to shared memory ----
+  constexpr int kShift0 = Key::kBits > kTopkCandDigitBits ? Key::kBits - kTopkCandDigitBits : 0;
+  constexpr K kMask0 = (K(1) << (Key::kBits - kShift0)) - 1;  // keys have no bits above kBits; be safe
+  auto store_key = [&](int pos, K k) {
+    keys[pos - slice_lo] = k;
+    atomicAdd(&hist[0][int((k >> kShift0) & kMask0)], 1);
+  };
+  auto store_vector = [&](int v, const uint4& loaded) {
+    const T* elems = reinterpret_cast<const T*>(&loaded);
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) {
+      const int pos = v * kPerVector + e;
+      if (pos >= lo && pos < hi) store_key(pos, a.key(elems[e], row, pos));
+    }
+  };
+#pragma unroll
+  for (int u = 0; u < kPreloads; ++u) {
+    const int v = first_vector + u * Threads + tid;
+    if (v < end_vector) store_vector(v, pre[u]);
+  }
+  // Slices longer than the preloads (fp32 slices over 16K positions): the rest, in the same order.
+  for (int base = first_vector + kPreloads * Threads; base < end_vector; base += kPreloads * Threads) {
+    uint4 more[kPreloads];
+#pragma unroll
+    for (int u = 0; u < kPreloads; ++u) {
+      const int v = base + u * Threads + tid;
+      more[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+#pragma unroll
+    for (int u = 0; u < kPreloads; ++u) {
+      const int v = base + u * Threads + tid;
+      if (v < end_vector) store_vector(v, more[u]);
+    }
+  }
+  // Scalar tail: the whole slice when rows are not 16-byte aligned, else the part of the last vector
+  // past the view's columns.
+  {
+    const int scalar_from = end_vector * kPerVector > lo ? end_vector * kPerVector : lo;
+    for (int base = scalar_from; base < hi; base += Threads * kTopkCandBatch) {
+      T loaded[kTopkCandBatch];
+#pragma unroll
+      for (int j = 0; j < kTopkCandBatch; ++j) {
+        const int pos = base + j * Threads + tid;
+        loaded[j] = pos < hi ? row_scores[pos] : T{};
+      }
+#pragma unroll
+      for (int j = 0; j < kTopkCandBatch; ++j) {
+        const int pos = base + j * Threads + tid;
+        if (pos < hi) store_key(pos, a.key(loaded[j], row, pos));
+      }
+    }
+  }
+
+  // ---- digit passes ----
+  K prefix = 0;  // the known top bits of kth
+  int prev_shift = Key::kBits;
+  int need = plan.budget;  // keys still to take from the bucket `prefix`
+  int gt_lower = 0;        // this thread's share of "keys > kth in lower-ranked CTAs"
+  const int q = Threads - 1 - tid;  // this thread owns bins [kBinsPerThread * q, ... + kBinsPerThread)
+
+#pragma unroll 1
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int shift = Key::kBits - kTopkCandDigitBits * (pass + 1) > 0 ? Key::kBits - kTopkCandDigitBits * (pass + 1) : 0;
+    const K digit_mask = (K(1) << (prev_shift - shift)) - 1;
+    int* h = hist[pass & 1];
+    if (pass == 1) {
+      // Compact the candidates (top digit == the threshold digit) and histogram their next digit.
+      for (int base = lo; base < hi; base += Threads * kTopkCandBatch) {
+        K batch[kTopkCandBatch];
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j) {
+          const int pos = base + j * Threads + tid;
+          batch[j] = pos < hi ? keys[pos - slice_lo] : K(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j) {
+          const int pos = base + j * Threads + tid;
+          const bool match = pos < hi && (batch[j] >> prev_shift) == prefix;
+          const unsigned m = __ballot_sync(0xffffffffu, match);
+          if (m == 0u) continue;  // warp-uniform
+          const int leader = __ffs(int(m)) - 1;
+          int slot = 0;
+          if (lane == leader) slot = atomicAdd(&s_cand_count, __popc(m));
+          slot = __shfl_sync(0xffffffffu, slot, leader);
+          if (match) {
+            cand[slot + __popc(m & lanes_below)] = std::uint16_t(pos - slice_lo);
+            atomicAdd(h + int((batch[j] >> shift) & digit_mask), 1);
+          }
+        }
+      }
+    } else if (pass > 1) {
+      const int n = s_cand_count;  // complete: the group barrier of pass 1 came after the compaction
+      for (int base = 0; base < n; base += Threads * kTopkCandBatch) {
+        K batch[kTopkCandBatch];
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j) {
+          const int i = base + j * Threads + tid;
+          batch[j] = i < n ? keys[cand[i]] : K(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j) {
+          const int i = base + j * Threads + tid;
+          if (i < n && (batch[j] >> prev_shift) == prefix) atomicAdd(h + int((batch[j] >> shift) & digit_mask), 1);
+        }
+      }
+    }
+    group.sync();  // every CTA's histogram of this pass is complete
+    // The other buffer was last read in the previous pass's search, by this CTA and by every peer
+    // before it arrived at the barrier above; pass + 1 fills it after the broadcast barrier below.
+    if (pass >= 1 && pass + 1 < kPasses)
+      for (int b = tid; b < kTopkCandBins; b += Threads) hist[(pass + 1) & 1][b] = 0;
+
+    // Sum the group's bins (all peers' loads in flight at once), and keep the lower ranks' share.
+    int4 peer_bins[kMaxGroup][kVecPerThread];
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r)
+#pragma unroll
+      for (int v = 0; v < kVecPerThread; ++v)
+        peer_bins[r][v] = r < group_size ? group.peer(reinterpret_cast<int4*>(h), r)[q * kVecPerThread + v]
+                                         : make_int4(0, 0, 0, 0);
+    int total[kBinsPerThread], lower[kBinsPerThread];
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) total[j] = lower[j] = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r)
+#pragma unroll
+      for (int v = 0; v < kVecPerThread; ++v) {
+        const int c[4] = {peer_bins[r][v].x, peer_bins[r][v].y, peer_bins[r][v].z, peer_bins[r][v].w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          total[4 * v + e] += c[e];
+          if (r < rank) lower[4 * v + e] += c[e];
+        }
+      }
+    int thread_total = 0;
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) thread_total += total[j];
+    int above = 0;  // keys in bins above this thread's: thread order is descending bin order
+    BlockScan(scan_storage).ExclusiveSum(thread_total, above);
+#pragma unroll
+    for (int j = kBinsPerThread - 1; j >= 0; --j) {
+      // Exactly one bin of the group holds the need-th key: 1 <= need <= the bucket's size.
+      if (above < need && above + total[j] >= need) {
+        s_digit = kBinsPerThread * q + j;
+        s_above = above;
+        s_eq_lower = lower[j];
+      }
+      above += total[j];
+    }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    // Every read of a peer's shared memory is done (its values are summed above): peers may leave
+    // once everyone has arrived. The matching wait is at the end of the kernel.
+    if (pass == kPasses - 1 && group_size > 1) __cluster_barrier_arrive();
+#endif
+    __syncthreads();
+    const int digit = s_digit;
+    need -= s_above;
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j)
+      if (kBinsPerThread * q + j > digit) gt_lower += lower[j];
+    prefix = (prefix << (prev_shift - shift)) | K(digit);
+    prev_shift = shift;
+  }
+  const K kth = prefix;          // all kBits known
+  const int eq_lower = s_eq_lower;  // keys == kth in lower-ranked CTAs (the last search's)
+
+  // ---- ordered output: warp w owns a contiguous run of [lo, hi) ----
+  const int per_warp = ((hi - lo + kWarps - 1) / kWarps + 31) / 32 * 32;
+  const int warp_lo = lo + warp * per_warp < hi ? lo + warp * per_warp : hi;
+  const int warp_hi = warp_lo + per_warp < hi ? warp_lo + per_warp : hi;
+  auto load_batch = [&](int chunk, K (&batch)[kTopkCandBatch]) {
+#pragma unroll
+    for (int j = 0; j < kTopkCandBatch; ++j) {
+      const int pos = chunk + 32 * j + lane;
+      batch[j] = pos < warp_hi ? keys[pos - slice_lo] : K(0);
+    }
+  };
+  int gt = 0, eq = 0;
+  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkCandBatch) {
+    K batch[kTopkCandBatch];
+    load_batch(chunk, batch);
+#pragma unroll
+    for (int j = 0; j < kTopkCandBatch; ++j) {
+      const bool valid = chunk + 32 * j + lane < warp_hi;
+      gt += __popc(__ballot_sync(0xffffffffu, valid && batch[j] > kth));
+      eq += __popc(__ballot_sync(0xffffffffu, valid && batch[j] == kth));
+    }
+  }
+  const int warp_gt_lower = topk_warp_sum(gt_lower);
+  if (lane == 0) {
+    s_warp_gt[warp] = gt;
+    s_warp_eq[warp] = eq;
+    s_warp_lower[warp] = warp_gt_lower;
+  }
+  __syncthreads();
+  const int wg = lane < kWarps ? s_warp_gt[lane] : 0;
+  const int we = lane < kWarps ? s_warp_eq[lane] : 0;
+  const int wl = lane < kWarps ? s_warp_lower[lane] : 0;
+  const int gt_before_warp = topk_warp_sum(lane < warp ? wg : 0);
+  const int eq_before_warp = topk_warp_sum(lane < warp ? we : 0);
+  const int gt_before_cta = topk_warp_sum(wl);
+  // Lower ranks hold lower positions: their selections come first and they take equal keys first.
+  const int eq_taken_before_cta = eq_lower < need ? eq_lower : need;
+  const int eq_budget = need - eq_taken_before_cta;  // equal keys this CTA may take, lowest first
+  int offset = plan.sink_end + gt_before_cta + eq_taken_before_cta + gt_before_warp +
+               (eq_before_warp < eq_budget ? eq_before_warp : eq_budget);
+  int eq_seen = eq_before_warp;
+  for (int chunk = warp_lo; chunk < warp_hi; chunk += 32 * kTopkCandBatch) {
+    K batch[kTopkCandBatch];
+    load_batch(chunk, batch);
+#pragma unroll
+    for (int j = 0; j < kTopkCandBatch; ++j) {
+      const int pos = chunk + 32 * j + lane;
+      const bool valid = pos < warp_hi;
+      const bool is_eq = valid && batch[j] == kth;
+      const unsigned eq_lanes = __ballot_sync(0xffffffffu, is_eq);
+      const bool take = (valid && batch[j] > kth) || (is_eq && eq_seen + __popc(eq_lanes & lanes_below) < eq_budget);
+      const unsigned take_lanes = __ballot_sync(0xffffffffu, take);
+      if (take) emit(offset + __popc(take_lanes & lanes_below), pos);
+      offset += __popc(take_lanes);
+      eq_seen += __popc(eq_lanes);
+    }
+  }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (group_size > 1) __cluster_barrier_wait();  // no CTA leaves while a peer may read its histogram
+#endif
+}
+
+}  // namespace detail
+}  // namespace kvsift

@@ -1,0 +1,198 @@
+// cuda::topk against host::topk with exact equality, for the contract-level behaviour on the launch
+// paths that serve it (the per-path sweep is test_topk_gpu_paths.cu): ragged lengths and per-row k,
+// forced sink and recent ranges, the row filter, determinism over 100 runs, CUDA-graph capture and
+// replay against a direct launch, and the parameter checks. Outputs are poisoned before every run.
+
+#include "topk_gpu_support.cuh"
+
+using kvsift::bfloat16_t;
+using kvsift::half_t;
+using kvsift_test::DeviceBuffer;
+using namespace kvsift_topk_test;
+
+namespace {
+
+// One shape per candidate-select configuration: 256-thread CTAs, 512-thread CTAs, groups of 2 and 8.
+std::vector<Case> path_shapes(int capacity) {
+  std::vector<Case> shapes = {shape(96, 2048, capacity, 0), shape(280, 8192, capacity, 0),
+                              shape(5, 32768, capacity, 0), shape(7, 131072, capacity, 0)};
+  shapes[2].facts = Case::Facts::kFewSms;
+  return shapes;
+}
+
+}  // namespace
+
+TEST_CASE("topk gpu: k = 1, k = len, k > len, len = 0, ragged lengths, per-row k") {
+  auto rng = kvsift_test::make_rng(403);
+  Case c = shape(6, 70000, 70008, 1);
+  c.lengths = {0, 1, 70000, 69999, 12345, 8};
+  for (int k : {0, 1, 8, 12345, 69999, 70000, 70008}) {
+    c.params.k = k;
+    CAPTURE(k);
+    check_case<float>(rng, c);
+  }
+  // Ragged batch with per-row k (some out of range: clamped to [0, capacity]).
+  for (int trial = 0; trial < 6; ++trial) {
+    Case r = shape(kvsift_test::uniform_int(rng, 1, 70), kvsift_test::uniform_int(rng, 1, 140000), 5000, 0);
+    for (int i = 0; i < r.rows; ++i) {
+      r.lengths.push_back(kvsift_test::uniform_int(rng, -5, r.cols + 5));
+      r.per_row_k.push_back(kvsift_test::uniform_int(rng, -3, r.capacity + 100));
+    }
+    r.fill = trial % 2 ? Fill::kRandom : Fill::kFewValues;
+    CAPTURE(trial);
+    check_case<float>(rng, r);
+  }
+}
+
+TEST_CASE("topk gpu: the row filter writes retrieval heads' rows only, in place") {
+  // LycheeDecode's table: rows b * H + h; sparse heads' rows keep what an earlier layer wrote.
+  auto rng = kvsift_test::make_rng(409);
+  for (const Case& base : {shape(8 * 6, 32768, 1024, 1024), shape(3 * 8, 131072, 4096, 4096), shape(5 * 3, 2048, 64, 64),
+                           shape(36 * 8, 8192, 512, 512)}) {
+    Case c = base;
+    c.params.num_kv_heads = c.rows % 8 == 0 ? 8 : 3;
+    for (int h = 0; h < c.params.num_kv_heads; ++h) c.params.roles.set_sparse(h, h % 3 != 0);
+    c.params.sink = 4;
+    c.params.recent = 16;
+    CAPTURE(c.rows);
+    const Inputs<float> in = make_inputs<float>(rng, c);
+    const Result want = reference(c, in);
+    DeviceCase<float> dev(c, in);
+    dev.poison();
+    REQUIRE(dev.launch(c, in.stride, nullptr).ok());
+    kvsift_test::sync_and_check();
+    const Result got = dev.download();
+    require_equal(c, want, got, 2);
+    for (int r = 0; r < c.rows; ++r) {
+      if (!kvsift::topk_skips_row(c.params, r)) {
+        CHECK(got.counts[r] >= 0);
+        continue;
+      }
+      INFO("skipped row ", r);
+      REQUIRE(got.counts[r] == -1);  // the poison: not written
+      for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
+    }
+  }
+}
+
+TEST_CASE("topk gpu: forced sink and recent ranges, overlapping and exceeding the row, on every path") {
+  auto rng = kvsift_test::make_rng(404);
+  for (Case c : path_shapes(4096)) {
+    c.lengths.clear();
+    const int lens[] = {c.cols, c.cols - 3, 4000, 383, 200, 2, 1, 0};
+    for (int r = 0; r < c.rows; ++r) c.lengths.push_back(std::min(lens[r % 8], c.cols));
+    for (auto sr : {std::pair<int, int>{128, 256}, {3000, 1000}, {0, 4096}, {4096, 0}, {17, 5}}) {
+      c.params.sink = sr.first;
+      c.params.recent = sr.second;
+      for (int k : {0, 100, 384, 4096}) {
+        c.params.k = k;
+        CAPTURE(c.rows);
+        CAPTURE(c.cols);
+        CAPTURE(sr.first);
+        CAPTURE(sr.second);
+        CAPTURE(k);
+        check_case<float>(rng, c);
+      }
+    }
+  }
+  // LycheeDecode token mode with fp16 scores and flag-first keys.
+  Case lt = shape(7, 131072, 4096, 4096);
+  lt.params.sink = 128;
+  lt.params.recent = 256;
+  check_case<half_t>(rng, lt);
+  lt.flagged = true;
+  check_case<float>(rng, lt);
+}
+
+TEST_CASE("topk gpu: 100 runs give identical bits, on every path") {
+  auto rng = kvsift_test::make_rng(406);
+  for (Case c : path_shapes(1024)) {
+    c.params.k = c.cols > 4096 ? 1024 : 64;
+    for (Fill f : {Fill::kFewValues, Fill::kConstant}) {
+      c.fill = f;
+      CAPTURE(c.rows);
+      CAPTURE(c.cols);
+      CAPTURE(int(f));
+      const Inputs<float> in = make_inputs<float>(rng, c);
+      DeviceCase<float> dev(c, in);
+      dev.poison();
+      REQUIRE(dev.launch(c, in.stride, nullptr).ok());
+      kvsift_test::sync_and_check();
+      const Result first = dev.download();
+      require_equal(c, reference(c, in), first, 2);
+      for (int run = 1; run < 100; ++run) {
+        dev.poison();
+        REQUIRE(dev.launch(c, in.stride, nullptr).ok());
+        kvsift_test::sync_and_check();
+        const Result again = dev.download();
+        INFO("run ", run);
+        REQUIRE(again.counts == first.counts);
+        REQUIRE(again.indices == first.indices);  // poison past counts[r] included: nothing else written
+        REQUIRE(again.value_bits == first.value_bits);
+      }
+    }
+  }
+}
+
+TEST_CASE("topk gpu: captured in a CUDA graph and replayed on new data, equal to a direct launch") {
+  auto rng = kvsift_test::make_rng(407);
+  for (Case c : {shape(16, 131072, 4096, 4096), shape(64, 2048, 64, 64), shape(256, 32768, 4096, 4096)}) {
+    c.params.sink = c.cols > 2048 ? 128 : 4;
+    c.params.recent = c.cols > 2048 ? 256 : 8;
+    c.lengths.resize(std::size_t(c.rows));
+    for (auto& l : c.lengths) l = kvsift_test::uniform_int(rng, 0, c.cols);
+    c.lengths[0] = c.cols;
+    Inputs<float> in = make_inputs<float>(rng, c);
+    DeviceCase<float> dev(c, in);
+    cudaStream_t stream;
+    KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    KVSIFT_TEST_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    const kvsift::Status st = dev.launch(c, in.stride, stream);
+    KVSIFT_TEST_CUDA(cudaStreamEndCapture(stream, &graph));
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    cudaGraphExec_t exec;
+    KVSIFT_TEST_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 3; ++replay) {
+      // New scores and lengths in the same buffers: the graph must pick them up.
+      for (auto& l : c.lengths) l = kvsift_test::uniform_int(rng, 0, c.cols);
+      in = make_inputs<float>(rng, c);
+      dev.scores.upload(in.scores);
+      dev.lengths.upload(c.lengths);
+      dev.poison();
+      KVSIFT_TEST_CUDA(cudaGraphLaunch(exec, stream));
+      KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+      kvsift_test::sync_and_check();
+      CAPTURE(c.rows);
+      CAPTURE(replay);
+      const Result replayed = dev.download();
+      require_equal(c, reference(c, in), replayed, 2);
+      dev.poison();
+      REQUIRE(dev.launch(c, in.stride, stream).ok());
+      KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+      kvsift_test::sync_and_check();
+      const Result direct = dev.download();
+      REQUIRE(direct.counts == replayed.counts);
+      REQUIRE(direct.indices == replayed.indices);
+      REQUIRE(direct.value_bits == replayed.value_bits);
+    }
+    KVSIFT_TEST_CUDA(cudaGraphExecDestroy(exec));
+    KVSIFT_TEST_CUDA(cudaGraphDestroy(graph));
+    KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  }
+}
+
+TEST_CASE("topk gpu: bad parameters are reported before any launch") {
+  DeviceBuffer<float> s(64);
+  DeviceBuffer<std::int32_t> idx(32), count(2);
+  kvsift::TopKParams p;
+  p.k = -1;
+  const auto st = kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(), kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
+                                     kvsift::make_index_set(idx.get(), count.get(), 2, 16));
+  CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(st.message().find("k = -1") != std::string::npos);
+  p.k = 1;
+  const auto st2 = kvsift::cuda::topk(kvsift::cuda::Exec::for_current_device(), kvsift::make_strided_view<const float>(s.get(), 2, 32), p,
+                                      kvsift::make_index_set(nullptr, count.get(), 2, 16));
+  CHECK(st2.code() == kvsift::StatusCode::kNullPointer);
+}

@@ -1,0 +1,163 @@
+// cuda::topk against host::topk with exact equality, per launch path: every kernel, CTA group size and
+// CTA size the plan can pick is forced by shape (or by the device facts a test hands the plan), the
+// test REQUIREs that the plan picked it, then runs it over adversarial fills (ties, all-equal rows,
+// all-NaN rows, +-inf, signed zeros), every dtype, both key policies and rows at the length and
+// budget edges. Outputs are poisoned before every run. The contract-level cases (forced ranges, row
+// filter, determinism, graphs, errors) are in test_topk_gpu_contract.cu.
+
+#include "topk_gpu_support.cuh"
+
+using kvsift::bfloat16_t;
+using kvsift::half_t;
+using kvsift::detail::TopkKernel;
+using namespace kvsift_topk_test;
+
+namespace {
+
+constexpr TopkKernel kCand = TopkKernel::kCandidateSelect;
+constexpr TopkKernel kRadix = TopkKernel::kRadixSelect;
+
+// The edge rows of one path under the fills that stress it most.
+template <class T>
+void check_edges(std::mt19937_64& rng, Case c) {
+  for (Fill f : {Fill::kRandom, Fill::kFewValues, Fill::kConstant, Fill::kAllNaN}) {
+    c.fill = f;
+    CAPTURE(int(f));
+    check_case<T>(rng, c);
+  }
+}
+
+Case with_facts(Case c, Case::Facts f) {
+  c.facts = f;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("topk gpu paths: candidate select, one 256-thread CTA per row (block scores)") {
+  auto rng = kvsift_test::make_rng(501);
+  for (int rows : {8, 300}) {
+    const Case c = shape(rows, 2048, 64, 64);
+    require_path<float>(c, kCand, 1, 256);
+    check_all_fills<float>(rng, c);
+  }
+  const Case edges = edge_rows(rng, 70, 2048, 80);
+  require_path<float>(edges, kCand, 1, 256);
+  check_edges<float>(rng, edges);
+  const Case small = shape(40, 37, 8, 5);  // a slice far below one load per thread
+  require_path<float>(small, kCand, 1, 256);
+  check_all_fills<float>(rng, small);
+}
+
+TEST_CASE("topk gpu paths: candidate select, one 512-thread CTA per row") {
+  auto rng = kvsift_test::make_rng(502);
+  const Case c = shape(300, 8192, 512, 500);
+  require_path<float>(c, kCand, 1, 512);
+  check_all_fills<float>(rng, c);
+  const Case edges = edge_rows(rng, 280, 8192, 600);
+  require_path<float>(edges, kCand, 1, 512);
+  check_edges<float>(rng, edges);
+  // 32768-position slices: more than the eight 16-byte preloads per thread, the rest loaded after.
+  const Case wide = with_facts(shape(6, 32768, 4096, 4000), Case::Facts::kNoClusters);
+  require_path<float>(wide, kCand, 1, 512);
+  check_all_fills<float>(rng, wide);
+  check_edges<float>(rng, with_facts(edge_rows(rng, 14, 32768, 4096), Case::Facts::kNoClusters));
+}
+
+TEST_CASE("topk gpu paths: candidate select, CTA groups of 2 and 4") {
+  auto rng = kvsift_test::make_rng(503);
+  const Case two = with_facts(shape(5, 32768, 4096, 4096), Case::Facts::kFewSms);
+  require_path<float>(two, kCand, 2, 512);
+  check_all_fills<float>(rng, two);
+  const Case four = with_facts(shape(3, 32768, 2048, 1024), Case::Facts::kFewSms);
+  require_path<float>(four, kCand, 4, 512);
+  check_all_fills<float>(rng, four);
+  const Case edges2 = with_facts(edge_rows(rng, 14, 32768, 4096), Case::Facts::kFewSms);
+  require_path<float>(edges2, kCand, 2, 512);  // 14 rows x 2 CTAs already fill the 4-SM device
+  check_edges<float>(rng, edges2);
+  // The benchmark's many-row shape on the real device: groups of 2, 16384-position slices.
+  Case many = shape(256, 32768, 4096, 4096);
+  require_path<float>(many, kCand, 2, 512);
+  check_case<float>(rng, many);
+}
+
+TEST_CASE("topk gpu paths: candidate select, CTA groups of 8") {
+  auto rng = kvsift_test::make_rng(504);
+  const Case c = shape(3, 131072, 4096, 4096);  // 16384-position slices
+  require_path<float>(c, kCand, 8, 512);
+  check_all_fills<float>(rng, c);
+  const Case mid = shape(40, 32768, 2048, 1024);  // 4096-position slices
+  require_path<float>(mid, kCand, 8, 512);
+  check_all_fills<float>(rng, mid);
+  const Case edges = edge_rows(rng, 14, 131072, 4096);
+  require_path<float>(edges, kCand, 8, 512);
+  check_edges<float>(rng, edges);
+  const Case longest = shape(2, 262144, 4096, 4096);  // 32768-position slices: the load loop continues
+  require_path<float>(longest, kCand, 8, 512);
+  check_case<float>(rng, longest);
+  Case odd = shape(5, 32771, 1500, 1500);  // rows not 16-byte aligned: scalar loads
+  odd.stride_pad = 3;
+  require_path<float>(odd, kCand, 8, 512);
+  check_all_fills<float>(rng, odd);
+  Case tail = shape(6, 10001, 700, 650);  // aligned rows whose last vector passes the columns
+  tail.stride_pad = 3;
+  check_all_fills<float>(rng, tail);
+}
+
+TEST_CASE("topk gpu paths: fp16 and bf16 inputs on every candidate-select shape") {
+  auto rng = kvsift_test::make_rng(505);
+  struct Shape { int rows, cols, capacity, k, group, threads; };
+  for (const Shape s : {Shape{300, 2048, 64, 64, 1, 256}, Shape{64, 4099, 100, 77, 2, 512},
+                        Shape{40, 8192, 1024, 1000, 4, 512}, Shape{4, 131072, 2048, 2048, 8, 512}}) {
+    const Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    require_path<half_t>(c, kCand, s.group, s.threads);
+    require_path<bfloat16_t>(c, kCand, s.group, s.threads);
+    check_all_fills<half_t>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+  }
+  check_edges<half_t>(rng, edge_rows(rng, 14, 131072, 4096));
+  check_edges<bfloat16_t>(rng, edge_rows(rng, 70, 2048, 80));
+  check_case<__half>(rng, shape(8, 50000, 512, 512));
+  check_case<__nv_bfloat16>(rng, shape(8, 50000, 512, 512));
+}
+
+TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) on candidate-select shapes") {
+  auto rng = kvsift_test::make_rng(506);
+  struct Shape { int rows, cols, capacity, k, group, threads; };
+  for (const Shape s : {Shape{100, 3000, 512, 500, 1, 256}, Shape{8, 32768, 992, 992, 8, 512},
+                        Shape{5, 131072, 4096, 4096, 8, 512}}) {
+    Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    c.flagged = true;
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    require_path<float>(c, kCand, s.group, s.threads);
+    check_all_fills<float>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+    check_case<half_t>(rng, c);
+  }
+  Case edges = edge_rows(rng, 14, 131072, 4096);
+  edges.flagged = true;
+  check_edges<float>(rng, edges);
+  Case few = with_facts(shape(3, 32768, 2048, 2000), Case::Facts::kFewSms);
+  few.flagged = true;
+  require_path<float>(few, kCand, 4, 512);
+  check_all_fills<float>(rng, few);
+}
+
+TEST_CASE("topk gpu paths: the radix select fallback (rows too long, or a GPU with less shared memory)") {
+  auto rng = kvsift_test::make_rng(507);
+  const Case huge = shape(2, 600000, 2048, 2000);  // slices too large to cache: global passes
+  require_path<float>(huge, kRadix, 8, 512);
+  check_all_fills<float>(rng, huge);
+  Case huge64 = shape(1, 700000, 4096, 4096);  // uint64 keys not cached
+  huge64.flagged = true;
+  require_path<float>(huge64, kRadix, 8, 512);
+  check_case<float>(rng, huge64);
+  const Case small_smem = with_facts(shape(20, 20000, 1024, 1000), Case::Facts::kNoClustersSmallSmem);
+  require_path<float>(small_smem, kRadix, 1, 512);  // cached radix select, one CTA per row
+  CHECK(plan_of<float>(small_smem).cached);
+  check_all_fills<float>(rng, small_smem);
+  check_edges<float>(rng, with_facts(edge_rows(rng, 14, 20000, 1024), Case::Facts::kNoClustersSmallSmem));
+}
