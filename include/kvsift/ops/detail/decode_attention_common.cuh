@@ -27,7 +27,7 @@ inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = kDecodeWarps * 32;
 
 // Everything a launch reads, passed once by value (graph capture records it): the contract's view
-// and params, the host-side plan, and the carved workspace. The split and merge kernels take the same.
+// and params, the host-side plan, and the carved workspace (partials and tickets).
 template <class View, class QT>
 struct DecodeLaunch {
   View kv;
