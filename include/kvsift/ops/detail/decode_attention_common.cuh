@@ -328,24 +328,62 @@ __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& 
     if (lane == 0) lse2[r] = sum > 0.f ? m + log2f(sum) : -INFINITY;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < out_rows * kVec; i += blockDim.x) {
-    const int r = i / kVec, c4 = i % kVec;
+  // Weighted sum of the partials. The merge is a latency chain through L2, so it needs many loads in
+  // flight: each thread batches kBatch splits, and when a head has few output columns (small G) the
+  // splits are also divided among `parts` threads per column, reduced through shared memory (the
+  // warp states in s.o are dead by now). A serial loop here cost ~0.1 us per split.
+  constexpr int kBatch = 8;
+  const int items = out_rows * kVec;
+  const int parts = items >= int(blockDim.x) ? 1 : min(int(blockDim.x) / items, splits);
+  float4* red = reinterpret_cast<float4*>(&s.o[0][0][0]);
+  for (int i = threadIdx.x; i < items * parts; i += blockDim.x) {
+    const int item = i % items, part = i / items;
+    const int r = item / kVec, c4 = item % kVec;
     const float total = lse2[r];
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
     if (total != -INFINITY) {
-#pragma unroll 4
-      for (int sp = 0; sp < splits; ++sp) {
-        const float v = __ldcg(a.partial_lse + (p0 + sp) * R + r);
-        // Empty splits store zeros, so a zero weight never meets a NaN.
-        const float f = v == -INFINITY ? 0.f : exp2f(v - total);
-        const float4 po = __ldcg(reinterpret_cast<const float4*>(a.partial_out + ((p0 + sp) * R + r) * D) + c4);
-        o.x = fmaf(f, po.x, o.x);
-        o.y = fmaf(f, po.y, o.y);
-        o.z = fmaf(f, po.z, o.z);
-        o.w = fmaf(f, po.w, o.w);
+      for (int sp0 = part; sp0 < splits; sp0 += kBatch * parts) {
+        float lv[kBatch];
+        float4 po[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          const int sp = sp0 + u * parts;
+          lv[u] = -INFINITY;
+          po[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (sp < splits) {
+            lv[u] = __ldcg(a.partial_lse + (p0 + sp) * R + r);
+            po[u] = __ldcg(reinterpret_cast<const float4*>(a.partial_out + ((p0 + sp) * R + r) * D) + c4);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; ++u) {
+          // Empty splits store zeros, so a zero weight never meets a NaN.
+          const float f = lv[u] == -INFINITY ? 0.f : exp2f(lv[u] - total);
+          o.x = fmaf(f, po[u].x, o.x);
+          o.y = fmaf(f, po[u].y, o.y);
+          o.z = fmaf(f, po[u].z, o.z);
+          o.w = fmaf(f, po[u].w, o.w);
+        }
       }
     }
-    store_row(r, c4, o);
+    if (parts == 1)
+      store_row(r, c4, o);
+    else
+      red[part * items + item] = o;
+  }
+  if (parts > 1) {
+    __syncthreads();
+    for (int item = threadIdx.x; item < items; item += blockDim.x) {
+      float4 o = red[item];
+      for (int part = 1; part < parts; ++part) {
+        const float4 v = red[part * items + item];
+        o.x += v.x;
+        o.y += v.y;
+        o.z += v.z;
+        o.w += v.w;
+      }
+      store_row(item / kVec, item % kVec, o);
+    }
   }
   if (threadIdx.x < out_rows) store_lse(threadIdx.x, lse2[threadIdx.x]);
 }
