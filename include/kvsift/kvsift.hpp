@@ -16,6 +16,7 @@
 #include "kvsift/kv/contiguous_kv.hpp"
 #include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
+#include "kvsift/kv/kv_scales.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/kv/row_alignment.hpp"
