@@ -63,7 +63,8 @@ struct ContiguousKV {
   /// b * batch_stride + t * token_stride + h * head_stride per token. No bounds check.
   KVSIFT_HD std::int64_t scale_offset(int b, int h, int t) const {
     return scales.granularity == ScaleGranularity::kPerToken
-               ? b * scales.batch_stride + t * scales.token_stride + h * scales.head_stride
+               ? std::int64_t(b) * scales.batch_stride + std::int64_t(t) * scales.token_stride +
+                     std::int64_t(h) * scales.head_stride
                : std::int64_t(h);
   }
   /// The factor K row (b, h, t) is dequantized with: scales.k[scale_offset(b, h, t)] for fp8, 1 otherwise.
@@ -121,7 +122,8 @@ KvScales make_per_token_scales_for(const ContiguousKV<T>& kv, float* k, float* v
   s.granularity = ScaleGranularity::kPerToken;
   s.head_stride = 1;
   s.token_stride = kv.num_kv_heads;
-  s.batch_stride = std::int64_t(kv.capacity) * kv.num_kv_heads;
+  // Beyond int32 the stride wraps negative, which validate() names.
+  s.batch_stride = static_cast<std::int32_t>(std::int64_t(kv.capacity) * kv.num_kv_heads);
   return s;
 }
 
@@ -161,6 +163,9 @@ inline Status validate_contiguous_scales(const KvScales& s, int batch, int capac
 }
 
 }  // namespace detail
+
+// Views are kernel parameters: within 128 bytes nvcc keeps their fields block-uniform (docs/architecture.md).
+static_assert(sizeof(ContiguousKV<float>) <= 128, "ContiguousKV must stay within 128 bytes");
 
 template <class T>
 Status ContiguousKV<T>::validate() const {

@@ -14,7 +14,9 @@
 ///                 page_size] for HND ones, so a kernel that has the row's page id and slot has the
 ///                 scale's address too (PagedKV::scale_offset_at); the other strides stay 0.
 ///
-/// K and V scales share one layout (the same offsets into k and v). The pointers are writable, like the
+/// K and V scales share one layout (the same offsets into k and v). The strides are int32 (offsets are
+/// computed in int64): with them a view stays within the 128 bytes up to which nvcc keeps a kernel
+/// parameter's fields block-uniform (docs/architecture.md), fp8 or not. The pointers are writable, like the
 /// view's rows, because store_kv and compact_kv write per-token scales through the view. Views of 16-
 /// or 32-bit types ignore the member entirely; fp8 views validate it (null pointers, strides that do not
 /// fit the view or the granularity are named errors). docs/ops/decode_attention.md, "fp8 KV cache",
@@ -40,13 +42,13 @@ struct KvScales {
   float* v = nullptr;  ///< V scales, the same layout as k
   ScaleGranularity granularity = ScaleGranularity::kPerHead;  ///< what one scale covers
   /// ContiguousKV per-token: floats between the scales of consecutive sequences.
-  std::int64_t batch_stride = 0;
+  std::int32_t batch_stride = 0;
   /// ContiguousKV per-token: floats between the scales of consecutive tokens.
-  std::int64_t token_stride = 0;
+  std::int32_t token_stride = 0;
   /// ContiguousKV per-token: floats between the scales of consecutive KV heads.
-  std::int64_t head_stride = 0;
+  std::int32_t head_stride = 0;
   /// PagedKV per-token: floats between the scales of consecutive pages, >= page_size * num_kv_heads.
-  std::int64_t page_stride = 0;
+  std::int32_t page_stride = 0;
 };
 
 /// Per-head scales: token t of KV head h reads k[h] and v[h] (arrays of num_kv_heads floats).
@@ -72,7 +74,7 @@ inline Status validate_scale_pointers(const KvScales& s) {
 
 /// Per-head scales are k[h], v[h]: a stride set means the scales were built for another granularity.
 inline Status validate_per_head_scale_strides(const KvScales& s) {
-  const std::int64_t strides[4] = {s.batch_stride, s.token_stride, s.head_stride, s.page_stride};
+  const std::int32_t strides[4] = {s.batch_stride, s.token_stride, s.head_stride, s.page_stride};
   const char* names[4] = {"kv.scales.batch_stride", "kv.scales.token_stride", "kv.scales.head_stride",
                           "kv.scales.page_stride"};
   for (int i = 0; i < 4; ++i)
@@ -82,4 +84,7 @@ inline Status validate_per_head_scale_strides(const KvScales& s) {
 }
 
 }  // namespace detail
+
+static_assert(sizeof(KvScales) <= 40, "KvScales keeps ContiguousKV and PagedKV within 128 bytes");
+
 }  // namespace kvsift

@@ -139,7 +139,7 @@ KvScales make_per_token_scales_for(const PagedKV<T>& kv, float* k, float* v) {
   s.k = k;
   s.v = v;
   s.granularity = ScaleGranularity::kPerToken;
-  s.page_stride = std::int64_t(kv.page_size) * kv.num_kv_heads;
+  s.page_stride = kv.page_size * kv.num_kv_heads;
   return s;
 }
 
@@ -149,7 +149,7 @@ namespace detail {
 inline Status validate_paged_scales(const KvScales& s, int page_size, int heads) {
   KVSIFT_TRY(validate_scale_pointers(s));
   if (s.granularity == ScaleGranularity::kPerHead) return validate_per_head_scale_strides(s);
-  const std::int64_t strides[3] = {s.batch_stride, s.token_stride, s.head_stride};
+  const std::int32_t strides[3] = {s.batch_stride, s.token_stride, s.head_stride};
   const char* names[3] = {"kv.scales.batch_stride", "kv.scales.token_stride", "kv.scales.head_stride"};
   for (int i = 0; i < 3; ++i)
     KVSIFT_REQUIRE(strides[i] == 0, kInvalidArgument, names[i], " = ", strides[i],
@@ -160,6 +160,9 @@ inline Status validate_paged_scales(const KvScales& s, int page_size, int heads)
 }
 
 }  // namespace detail
+
+// Views are kernel parameters: within 128 bytes nvcc keeps their fields block-uniform (docs/architecture.md).
+static_assert(sizeof(PagedKV<float>) <= 128, "PagedKV must stay within 128 bytes");
 
 template <class T>
 Status PagedKV<T>::validate() const {

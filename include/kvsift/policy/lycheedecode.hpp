@@ -68,6 +68,8 @@ struct ShapeOnlyKV {
   KVSIFT_HD T* k_row(int, int, int) const { return nullptr; }
   KVSIFT_HD T* v_row(int, int, int) const { return nullptr; }
   KVSIFT_HD int length(int) const { return 0; }
+  KVSIFT_HD float k_scale(int, int, int) const { return 1.f; }  // fp8 KT: the view concept wants scales
+  KVSIFT_HD float v_scale(int, int, int) const { return 1.f; }
   Status validate() const { return Status(); }
 };
 
