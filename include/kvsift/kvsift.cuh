@@ -9,6 +9,7 @@
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/ops/copy_kv_to_dense.cuh"
+#include "kvsift/ops/store_kv.cuh"
 #include "kvsift/ops/decode_attention.cuh"
 #include "kvsift/ops/topk.cuh"
 #include "kvsift/ops/window_scores.cuh"

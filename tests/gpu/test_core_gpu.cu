@@ -25,6 +25,30 @@ __global__ void narrow(const float* in, std::uint16_t* out, int n) {
   if (i < n) out[i] = kvsift::from_float<T>(in[i]).bits;
 }
 
+// fp8: every code widened on the device, and every float narrowed both by the hardware conversion and
+// by the software one compiled for the device (the host's code); mismatches are counted.
+template <class T>
+__global__ void widen_fp8_codes(std::uint32_t* out) {
+  const unsigned b = threadIdx.x;
+  out[b] = kvsift::detail::float_to_bits(kvsift::to_float(T{static_cast<std::uint8_t>(b)}));
+}
+__global__ void widen_e4m3_pairs(std::uint32_t* out) {
+  const unsigned b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b < 0x10000u) out[b] = kvsift::detail::e4m3x2_bits_to_half2_bits(static_cast<std::uint16_t>(b));
+}
+__global__ void narrow_all_floats(unsigned long long* mismatches, std::uint32_t* first_bad) {
+  for (std::uint64_t i = blockIdx.x * std::uint64_t(blockDim.x) + threadIdx.x; i < (1ull << 32);
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const float x = kvsift::detail::bits_to_float(std::uint32_t(i));
+    const bool bad4 = kvsift::detail::float_to_e4m3_bits(x) != kvsift::detail::float_to_fp8_bits_soft<3, 7, 0x7eu>(x);
+    const bool bad5 = kvsift::detail::float_to_e5m2_bits(x) != kvsift::detail::float_to_fp8_bits_soft<2, 15, 0x7bu>(x);
+    if (bad4 || bad5) {
+      atomicAdd(mismatches, 1ull);
+      atomicMin(first_bad, std::uint32_t(i));
+    }
+  }
+}
+
 __global__ void reductions(const float* in, float* warp_sums, float* warp_maxes, float* block_sum, float* block_max) {
   __shared__ kvsift::BlockAllReduce<float, 256>::TempStorage tmp;
   const float x = in[threadIdx.x];
@@ -167,5 +191,55 @@ TEST_CASE("online-softmax partials merged on the device equal the exact softmax"
     }
     CHECK(lse.download()[0] == doctest::Approx(m + std::log(s)).epsilon(1e-5));
     CHECK(out.download()[0] == doctest::Approx(o / s).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("device fp8 widening equals the host conversion on every code, NaN bits included") {
+  DeviceBuffer<std::uint32_t> out(256);
+  out.poison();
+  widen_fp8_codes<kvsift::fp8_e4m3_t><<<1, 256>>>(out.get());
+  kvsift_test::sync_and_check();
+  const auto e4 = out.download();
+  out.poison();
+  widen_fp8_codes<kvsift::fp8_e5m2_t><<<1, 256>>>(out.get());
+  kvsift_test::sync_and_check();
+  const auto e5 = out.download();
+  for (std::uint32_t b = 0; b < 256; ++b) {
+    const std::uint8_t c = std::uint8_t(b);
+    REQUIRE_MESSAGE(e4[b] == kvsift::detail::float_to_bits(kvsift::to_float(kvsift::fp8_e4m3_t{c})), "e4m3 code " << b);
+    REQUIRE_MESSAGE(e5[b] == kvsift::detail::float_to_bits(kvsift::to_float(kvsift::fp8_e5m2_t{c})), "e5m2 code " << b);
+    // The same values as CUDA's own host conversion.
+    __nv_fp8_e4m3 n4;
+    n4.__x = c;
+    __nv_fp8_e5m2 n5;
+    n5.__x = c;
+    const float r4 = float(n4), r5 = float(n5);
+    if (std::isnan(r4)) REQUIRE(std::isnan(kvsift::to_float(kvsift::fp8_e4m3_t{c})));
+    else REQUIRE(r4 == kvsift::to_float(kvsift::fp8_e4m3_t{c}));
+    if (std::isnan(r5)) REQUIRE(std::isnan(kvsift::to_float(kvsift::fp8_e5m2_t{c})));
+    else REQUIRE(r5 == kvsift::to_float(kvsift::fp8_e5m2_t{c}));
+  }
+  DeviceBuffer<std::uint32_t> pairs(0x10000);
+  pairs.poison();
+  widen_e4m3_pairs<<<256, 256>>>(pairs.get());
+  kvsift_test::sync_and_check();
+  const auto p = pairs.download();
+  for (std::uint32_t b = 0; b < 0x10000u; ++b)
+    REQUIRE_MESSAGE(p[b] == kvsift::detail::e4m3x2_bits_to_half2_bits(std::uint16_t(b)), "pair " << b);
+}
+
+TEST_CASE("device fp8 narrowing (cvt.rn.satfinite) equals the software conversion on every float") {
+  DeviceBuffer<unsigned long long> count(std::vector<unsigned long long>{0ull});
+  DeviceBuffer<std::uint32_t> first(std::vector<std::uint32_t>{0xffffffffu});
+  narrow_all_floats<<<4096, 256>>>(count.get(), first.get());
+  kvsift_test::sync_and_check();
+  const auto c = count.download();
+  const auto f = first.download();
+  CHECK_MESSAGE(c[0] == 0ull, "first mismatching float bits 0x" << std::hex << f[0]);
+  // The host conversion against CUDA's own host emulation of __nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...).
+  for (std::uint64_t i = 0; i < (1ull << 32); i += 4099) {
+    const float x = kvsift::detail::bits_to_float(std::uint32_t(i));
+    REQUIRE(kvsift::from_float<kvsift::fp8_e4m3_t>(x).bits == __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+    REQUIRE(kvsift::from_float<kvsift::fp8_e5m2_t>(x).bits == __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2));
   }
 }

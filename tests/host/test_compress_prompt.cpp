@@ -426,3 +426,85 @@ TEST_CASE("calibrate_num_block: a workspace too small names the bytes") {
   CHECK(st.message() == "workspace.bytes = " + std::to_string(bytes / 2) + " is smaller than the " +
                             std::to_string(bytes) + " bytes required (ask the workspace-size query)");
 }
+
+TEST_CASE("fp8 prompt caches: ClusterAttn and SnapKV select as over the dequantized cache; codes move with their scales") {
+  auto rng = kvsift_test::make_rng(66);
+  for (auto policy : {CompressionPolicy::kClusterAttn, CompressionPolicy::kSnapKV}) {
+    Prompt p(rng, 2, 2, 2, 70, 16, 6);
+    p.lengths = {70, 41};
+    // fp8 codes with per-token power-of-two scales, so code * scale is exact in float: the float
+    // prompt holding the dequantized values is the same cache, and the selections must agree exactly.
+    std::vector<fp8_e4m3_t> k8(p.k.size()), v8(p.v.size());
+    std::vector<float> ks(std::size_t(p.batch) * p.capacity * p.kv_heads), vs(ks.size());
+    auto src = make_bhsd(k8.data(), v8.data(), p.batch, p.kv_heads, p.capacity, p.head_dim, p.lengths.data());
+    src.scales = make_per_token_scales_for(src, ks.data(), vs.data());
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.kv_heads; ++h)
+        for (int t = 0; t < p.capacity; ++t) {
+          const std::int64_t so = src.scale_offset(b, h, t);
+          ks[so] = std::ldexp(1.f, kvsift_test::uniform_int(rng, -9, -4));
+          vs[so] = std::ldexp(1.f, kvsift_test::uniform_int(rng, -9, -4));
+          for (int e = 0; e < p.head_dim; ++e) {
+            const std::size_t i = ((std::size_t(b) * p.kv_heads + h) * p.capacity + t) * p.head_dim + e;
+            k8[i] = from_float<fp8_e4m3_t>(p.k[i] / ks[so]);
+            v8[i] = from_float<fp8_e4m3_t>(p.v[i] / vs[so]);
+            p.k[i] = to_float(k8[i]) * ks[so];
+            p.v[i] = to_float(v8[i]) * vs[so];
+          }
+        }
+    auto c = config(policy, 32, 6);
+    HostCompression reference(p, c);
+    REQUIRE(reference.status.ok());
+    const int slots = reference.slots;
+    std::vector<fp8_e4m3_t> dk(std::size_t(p.batch) * p.kv_heads * slots * p.head_dim), dv(dk.size());
+    std::vector<float> dks(std::size_t(p.batch) * slots * p.kv_heads, -1.f), dvs(dks.size(), -1.f);
+    std::vector<std::int32_t> dst_len(p.batch, slots), new_len(p.batch);
+    std::vector<std::int32_t> positions(std::size_t(p.batch) * p.kv_heads * slots);
+    auto dst = make_bhsd(dk.data(), dv.data(), p.batch, p.kv_heads, slots, p.head_dim, dst_len.data());
+    dst.scales = make_per_token_scales_for(dst, dks.data(), dvs.data());
+    PromptCompressionShape shape{p.batch, p.kv_heads, p.q_heads, p.capacity};
+    std::size_t bytes = 0;
+    REQUIRE(compress_prompt_workspace_bytes(host::Exec{}, c, shape, &bytes).ok());
+    std::vector<unsigned char> ws(bytes + 256);
+    void* base = reinterpret_cast<void*>(align_up(reinterpret_cast<std::uintptr_t>(ws.data())));
+    const auto st = compress_prompt(host::Exec{}, c, shape, src, p.queries(), nullptr, dst,
+                                    CompactOutputs{new_len.data(), positions.data(), slots}, Workspace{base, bytes});
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    CHECK(new_len == reference.new_lengths);
+    CHECK(positions == reference.positions);
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < p.kv_heads; ++h)
+        for (int s = 0; s < new_len[b]; ++s) {
+          const int pos = positions[(std::size_t(b) * p.kv_heads + h) * slots + s];
+          REQUIRE(dst.k_scale(b, h, s) == src.k_scale(b, h, pos));
+          REQUIRE(dst.v_scale(b, h, s) == src.v_scale(b, h, pos));
+          for (int e = 0; e < p.head_dim; ++e) {
+            REQUIRE(dst.k_row(b, h, s)[e].bits == src.k_row(b, h, pos)[e].bits);
+            REQUIRE(dst.v_row(b, h, s)[e].bits == src.v_row(b, h, pos)[e].bits);
+          }
+        }
+  }
+}
+
+TEST_CASE("compact_kv over fp8 views: per-head scales follow the heads; granularities must match") {
+  std::vector<fp8_e4m3_t> k(2 * 4 * 16), v(k.size()), dk(4 * 4 * 16), dv(dk.size());
+  for (std::size_t i = 0; i < k.size(); ++i) k[i].bits = v[i].bits = std::uint8_t(i);
+  float ks[2] = {0.5f, 0.25f}, vs[2] = {2.f, 4.f}, dks[4] = {}, dvs[4] = {};
+  std::vector<std::int32_t> len = {4}, dlen = {4}, kept = {0, 0, 0, 0}, counts = {1, 1, 1, 1}, new_len(1);
+  auto src = make_bhsd(k.data(), v.data(), 1, 2, 4, 16, len.data());
+  src.scales = make_per_head_scales(ks, vs);
+  auto dst = make_bhsd(dk.data(), dv.data(), 1, 4, 4, 16, dlen.data());  // one head per query head (G = 2)
+  dst.scales = make_per_head_scales(dks, dvs);
+  auto set = make_index_set(kept.data(), counts.data(), 4, 1, Granularity::kToken, 1);
+  REQUIRE(host::compact_kv(host::Exec{}, src, as_const(set), 2, dst, CompactOutputs{new_len.data()}).ok());
+  CHECK(dks[0] == 0.5f);
+  CHECK(dks[1] == 0.5f);
+  CHECK(dks[2] == 0.25f);
+  CHECK(dvs[3] == 4.f);
+  CHECK(new_len[0] == 3);
+  std::vector<float> pt(4 * 4);
+  dst.scales = make_per_token_scales_for(dst, pt.data(), pt.data());
+  const auto st = host::compact_kv(host::Exec{}, src, as_const(set), 2, dst, CompactOutputs{new_len.data()});
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message() == "dst.scales.granularity = per-token must equal src.scales.granularity = per-head");
+}

@@ -529,3 +529,227 @@ TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a defa
   REQUIRE(kvsift::decode_attention_workspace_bytes(kvsift::host::Exec{}, kv, p, &bytes).ok());
   CHECK(bytes == 0);
 }
+
+// ---- fp8 KV ------------------------------------------------------------------------------------------
+// The reference over fp8 views against a float64 computation that dequantizes the raw buffers itself
+// (code * scale from its own index math, not through the view), for per-head and per-token scales,
+// contiguous and paged (NHD, HND), dense, gathered and mixed heads, with scores.
+
+namespace {
+
+enum class Fp8Layout { kBSHD, kPagedNHD, kPagedHND };
+
+template <class KT, class T>
+void check_fp8_against_float64(const Problem& pr, Fp8Layout layout, kvsift::ScaleGranularity gran,
+                               std::mt19937_64& rng) {
+  const int B = pr.batch, H = pr.hkv, G = pr.group, Hq = H * G, D = pr.d, S = pr.cap, QL = pr.q_len;
+  const int P = 16, pages_per_seq = (S + P - 1) / P, num_pages = B * pages_per_seq;
+  const bool paged = layout != Fp8Layout::kBSHD;
+  const std::size_t rows = paged ? std::size_t(num_pages) * P * H : std::size_t(B) * S * H;
+  // Codes from random values of varying magnitude, scales spread over two decades.
+  std::uniform_real_distribution<float> val(-300.f, 300.f), sc(0.002f, 0.2f);
+  std::vector<KT> k(rows * D), v(rows * D);
+  for (auto& x : k) x = kvsift::from_float<KT>(val(rng));
+  for (auto& x : v) x = kvsift::from_float<KT>(val(rng));
+  const std::size_t nscales = gran == kvsift::ScaleGranularity::kPerHead ? std::size_t(H) : rows;
+  std::vector<float> ks(nscales), vs(nscales);
+  for (auto& x : ks) x = sc(rng);
+  for (auto& x : vs) x = sc(rng);
+  auto q = kvsift_test::random_values<T>(rng, std::size_t(B) * QL * Hq * D, -2.f, 2.f);
+  std::vector<T> out(q.size());
+  std::vector<float> lse(std::size_t(B) * QL * Hq);
+  // Page table: sequence b's logical page j is physical page (j * B + b) (interleaved, not identity).
+  std::vector<std::int32_t> table(std::size_t(B) * pages_per_seq);
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < pages_per_seq; ++j) table[std::size_t(b) * pages_per_seq + j] = j * B + b;
+  // The row index (in rows of D elements) of (b, h, t), and the scale index, by hand.
+  auto row_of = [&](int b, int h, int t) -> std::size_t {
+    if (!paged) return (std::size_t(b) * S + t) * H + h;
+    const std::size_t page = std::size_t(table[std::size_t(b) * pages_per_seq + t / P]);
+    const int slot = t % P;
+    return page * P * H + (layout == Fp8Layout::kPagedNHD ? std::size_t(slot) * H + h : std::size_t(h) * P + slot);
+  };
+  auto scale_of = [&](const std::vector<float>& s, int b, int h, int t) -> double {
+    return gran == kvsift::ScaleGranularity::kPerHead ? s[h] : s[row_of(b, h, t)];
+  };
+  auto kdq = [&](int b, int h, int t, int i) {
+    return double(kvsift::to_float(k[row_of(b, h, t) * D + i])) * scale_of(ks, b, h, t);
+  };
+  auto vdq = [&](int b, int h, int t, int i) {
+    return double(kvsift::to_float(v[row_of(b, h, t) * D + i])) * scale_of(vs, b, h, t);
+  };
+
+  auto p = kvsift::make_decode_attention_params(q.data(), out.data(), QL, Hq, D);
+  p.io.lse = lse.data();
+  p.roles = pr.roles;
+  std::vector<std::int32_t> idx = pr.idx, counts = pr.counts;
+  if (!idx.empty()) {
+    auto set = kvsift::make_index_set(idx.data(), counts.data(), B * H, pr.idx_cap, pr.gran, pr.block);
+    p.index_set = kvsift::as_const(set);
+  }
+  const int sb = pr.score_block ? pr.score_block : 1;
+  const int cols = (S + sb - 1) / sb;
+  std::vector<float> scores(std::size_t(B) * H * cols, 12345.f);
+  if (pr.score_block) {
+    p.scores = scores.data();
+    p.score_row_stride = cols;
+    p.score_block_size = sb;
+  }
+  p.max_kv_length = S;
+  kvsift::Status st;
+  if (paged) {
+    auto kv = kvsift::make_paged(k.data(), v.data(), table.data(), B, pages_per_seq, num_pages, H, P, D,
+                                 layout == Fp8Layout::kPagedNHD ? kvsift::PageLayout::kNHD : kvsift::PageLayout::kHND,
+                                 pr.lengths.data());
+    kv.scales = gran == kvsift::ScaleGranularity::kPerHead ? kvsift::make_per_head_scales(ks.data(), vs.data())
+                                                           : kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());
+    st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+  } else {
+    auto kv = kvsift::make_bshd(k.data(), v.data(), B, H, S, D, pr.lengths.data());
+    kv.scales = gran == kvsift::ScaleGranularity::kPerHead ? kvsift::make_per_head_scales(ks.data(), vs.data())
+                                                           : kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());
+    st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+  }
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+
+  for (int b = 0; b < B; ++b) {
+    const int len = pr.lengths[b];
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> mult(S, 0.0);
+      if (!pr.roles.is_sparse(h)) {
+        for (int t = 0; t < len; ++t) mult[t] = 1;
+      } else {
+        const int row = b * H + h;
+        for (int e = 0; e < counts[row]; ++e)
+          for (int i = 0; i < pr.block; ++i) {
+            const long long t = (long long)idx[std::size_t(row) * pr.idx_cap + e] * pr.block + i;
+            if (t >= 0 && t < len) mult[t] += 1;
+          }
+      }
+      for (int qi = 0; qi < QL; ++qi)
+        for (int g = 0; g < G; ++g) {
+          const int hq = h * G + g;
+          const T* qr = &q[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          std::vector<double> logit(S, -INFINITY);
+          double m = -INFINITY;
+          for (int t = 0; t < S; ++t) {
+            if (t > len - QL + qi || mult[t] == 0) continue;
+            double s = 0;
+            for (int i = 0; i < D; ++i) s += double(kvsift::to_float(qr[i])) * kdq(b, h, t, i);
+            logit[t] = s * p.sm_scale;
+            m = std::max(m, logit[t]);
+          }
+          double den = 0;
+          std::vector<double> num(D, 0.0);
+          for (int t = 0; t < S; ++t) {
+            if (logit[t] == -INFINITY) continue;
+            const double e = mult[t] * std::exp(logit[t] - m);
+            den += e;
+            for (int i = 0; i < D; ++i) num[i] += e * vdq(b, h, t, i);
+          }
+          const T* o = &out[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          for (int i = 0; i < D; ++i) {
+            const double want = den > 0 ? num[i] / den : 0.0;
+            // Only the final rounding to T separates the two: half an ulp of bf16 / fp16, relative.
+            REQUIRE(double(kvsift::to_float(o[i])) == doctest::Approx(want).epsilon(1e-2).scale(1e-3));
+          }
+          const float l = lse[(std::size_t(b) * QL + qi) * Hq + hq];
+          if (den > 0) REQUIRE(double(l) == doctest::Approx(m + std::log(den)).epsilon(1e-6));
+          else REQUIRE(l == -INFINITY);
+        }
+      if (pr.score_block && !pr.roles.is_sparse(h)) {
+        for (int j = 0; j < cols; ++j) {
+          double best = -INFINITY;
+          for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
+            double s = 0;
+            for (int i = 0; i < D; ++i) {
+              double qbar = 0;
+              for (int g = 0; g < G; ++g)
+                qbar += kvsift::to_float(q[((std::size_t(b) * QL + QL - 1) * Hq + h * G + g) * D + i]);
+              s += qbar / G * kdq(b, h, t, i);
+            }
+            best = std::max(best, s);
+          }
+          const float got = scores[(std::size_t(b) * H + h) * cols + j];
+          if (best == -INFINITY) REQUIRE(got == -INFINITY);
+          else REQUIRE(double(got) == doctest::Approx(best).epsilon(1e-6).scale(1e-3));
+        }
+      } else if (pr.score_block) {
+        for (int j = 0; j < cols; ++j) REQUIRE(scores[(std::size_t(b) * H + h) * cols + j] == 12345.f);  // sparse: untouched
+      }
+    }
+  }
+}
+
+template <class KT, class T>
+void fp8_every_layout(const Problem& pr, std::mt19937_64& rng) {
+  for (auto layout : {Fp8Layout::kBSHD, Fp8Layout::kPagedNHD, Fp8Layout::kPagedHND})
+    for (auto gran : {kvsift::ScaleGranularity::kPerHead, kvsift::ScaleGranularity::kPerToken})
+      check_fp8_against_float64<KT, T>(pr, layout, gran, rng);
+}
+
+}  // namespace
+
+TEST_CASE("decode_attention host reference over fp8 KV: dense, q_len 1 and causal q_len 3, with scores") {
+  auto rng = kvsift_test::make_rng(410);
+  for (int ql : {1, 3}) {
+    Problem pr;
+    pr.q_len = ql;
+    pr.lengths = {37, ql == 1 ? 0 : 5};
+    pr.score_block = ql == 1 ? 1 : 16;
+    fp8_every_layout<kvsift::fp8_e4m3_t, bfloat16_t>(pr, rng);
+    fp8_every_layout<kvsift::fp8_e5m2_t, kvsift::half_t>(pr, rng);
+  }
+}
+
+TEST_CASE("decode_attention host reference over fp8 KV: gathered tokens and mixed block heads") {
+  auto rng = kvsift_test::make_rng(411);
+  Problem pr;
+  pr.roles = kvsift::HeadRoleMask::all_sparse(pr.hkv);
+  pr.lengths = {30, 12};
+  pr.idx_cap = 6;
+  pr.idx = {0, 5, 5, 29, 30, -1, 3, 3, 3, 7, 8, 9, 11, 12, 100, 0, 0, 0, 4, 1, 2, 2, 2, 2};
+  pr.counts = {6, 2, 3, 0};
+  pr.q_len = 2;
+  fp8_every_layout<kvsift::fp8_e4m3_t, kvsift::half_t>(pr, rng);
+  Problem mixed;
+  mixed.cap = 80;
+  mixed.lengths = {70, 33};
+  mixed.roles.set_sparse(1, true);
+  mixed.gran = Granularity::kBlock;
+  mixed.block = 16;
+  mixed.idx_cap = 3;
+  mixed.idx = {0, 0, 0, 4, 1, 4, 9, -3, 2, 2, 0, 1};
+  mixed.counts = {3, 3, 3, 2};
+  mixed.score_block = 32;
+  mixed.q_len = 2;
+  fp8_every_layout<kvsift::fp8_e4m3_t, bfloat16_t>(mixed, rng);
+  fp8_every_layout<kvsift::fp8_e5m2_t, bfloat16_t>(mixed, rng);
+}
+
+TEST_CASE("decode_attention over fp8 KV: float queries, missing or mismatched scales are named errors") {
+  std::vector<kvsift::fp8_e4m3_t> k(2 * 8 * 64), v(k.size());
+  std::vector<float> s(16);
+  std::vector<std::int32_t> len = {8};
+  auto kv = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 8, 64, len.data());
+  std::vector<bfloat16_t> q(2 * 64), out(q.size());
+  auto p = kvsift::make_decode_attention_params(q.data(), out.data(), 1, 2, 64);
+  const kvsift::host::Exec exec{};
+  auto st = kvsift::host::decode_attention(exec, kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kNullPointer);
+  CHECK(st.message() == "kv.scales.k is null");
+  kv.scales = kvsift::make_per_token_scales_for(kv, s.data(), s.data());
+  REQUIRE(kvsift::host::decode_attention(exec, kv, p).ok());
+  auto bad = kv;
+  bad.scales.page_stride = 16;
+  CHECK(kvsift::host::decode_attention(exec, bad, p).code() == kvsift::StatusCode::kInvalidArgument);
+  std::vector<float> qf(2 * 64), of(qf.size());
+  auto pf = kvsift::make_decode_attention_params(qf.data(), of.data(), 1, 2, 64);
+  st = kvsift::host::decode_attention(exec, kv, pf);
+  CHECK(st.code() == kvsift::StatusCode::kUnsupported);
+  CHECK(st.message() == "fp8 KV needs bf16 or fp16 queries (got float32)");
+  auto p32 = kvsift::make_decode_attention_params(q.data(), out.data(), 1, 2, 32);
+  auto kv32 = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 8, 32, len.data());
+  kv32.scales = kv.scales;
+  CHECK(kvsift::host::decode_attention(exec, kv32, p32).message() == "head_dim = 32 is not supported (64, 128 or 256)");
+}

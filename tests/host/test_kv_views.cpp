@@ -198,3 +198,156 @@ TEST_CASE("copy_kv_to_dense needs no workspace") {
   CHECK(bytes == 0);
   CHECK(kvsift::host::copy_kv_to_dense(kvsift::host::Exec{}, kv, 4, k_out.data(), v_out.data(), kvsift::Workspace{}).ok());
 }
+
+// ---- fp8 views and their scales ----------------------------------------------------------------------
+
+namespace {
+// An fp8 custom view without scales: the concept rejects it.
+struct Fp8WithoutScales {
+  using value_type = kvsift::fp8_e4m3_t;
+  kvsift::fp8_e4m3_t* base;
+  int batch, num_kv_heads, head_dim;
+  KVSIFT_HD kvsift::fp8_e4m3_t* k_row(int, int, int) const { return base; }
+  KVSIFT_HD kvsift::fp8_e4m3_t* v_row(int, int, int) const { return base; }
+  KVSIFT_HD int length(int) const { return 0; }
+  kvsift::Status validate() const { return kvsift::Status(); }
+};
+}  // namespace
+
+TEST_CASE("fp8 views: the concept wants k_scale / v_scale; 16-bit views read scale 1") {
+  using kvsift::fp8_e4m3_t;
+  using kvsift::fp8_e5m2_t;
+  static_assert(kvsift::is_kv_view_v<kvsift::ContiguousKV<fp8_e4m3_t>>);
+  static_assert(kvsift::is_kv_view_v<kvsift::PagedKV<const fp8_e5m2_t>>);
+  static_assert(kvsift::is_fp8_view_v<kvsift::PagedKV<fp8_e4m3_t>>);
+  static_assert(!kvsift::is_fp8_view_v<kvsift::PagedKV<kvsift::bfloat16_t>>);
+  static_assert(!kvsift::is_kv_view_v<Fp8WithoutScales>);
+  static_assert(!kvsift::is_fp8_view_v<InterleavedKV>);
+  std::vector<float> k(64), v(64);
+  std::int32_t len = 4;
+  const auto kv = kvsift::make_bhsd(k.data(), v.data(), 1, 2, 4, 8, &len);
+  CHECK(kv.k_scale(0, 1, 3) == 1.f);
+  CHECK(kvsift::kv_v_scale(kv, 0, 1, 3) == 1.f);
+  InterleavedKV custom{k.data(), 1, 1, 8, 4, &len};
+  CHECK(kvsift::kv_k_scale(custom, 0, 0, 0) == 1.f);  // a view without scales reads 1
+}
+
+TEST_CASE("ContiguousKV fp8 scales: per head and per token address the documented floats") {
+  using kvsift::fp8_e4m3_t;
+  const int B = 2, H = 3, S = 5, D = 16;
+  std::vector<fp8_e4m3_t> k(std::size_t(B) * H * S * D), v(k.size());
+  std::vector<std::int32_t> len = {5, 2};
+  std::vector<float> ks(std::size_t(B) * S * H), vs(ks.size());
+  for (std::size_t i = 0; i < ks.size(); ++i) {
+    ks[i] = float(i + 1);
+    vs[i] = -float(i + 1);
+  }
+  for (bool bshd : {false, true}) {
+    auto kv = bshd ? kvsift::make_bshd(k.data(), v.data(), B, H, S, D, len.data())
+                   : kvsift::make_bhsd(k.data(), v.data(), B, H, S, D, len.data());
+    // Without scales an fp8 view is invalid.
+    CHECK(kv.validate().code() == kvsift::StatusCode::kNullPointer);
+    CHECK(kv.validate().message() == "kv.scales.k is null");
+    kv.scales = kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());
+    REQUIRE(kv.validate().ok());
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < S; ++t) {
+          REQUIRE(kv.k_scale(b, h, t) == ks[(std::size_t(b) * S + t) * H + h]);
+          REQUIRE(kv.v_scale(b, h, t) == vs[(std::size_t(b) * S + t) * H + h]);
+        }
+    kv.scales = kvsift::make_per_head_scales(ks.data(), vs.data());
+    REQUIRE(kv.validate().ok());
+    CHECK(kv.k_scale(1, 2, 4) == ks[2]);
+    CHECK(kv.v_scale(0, 1, 0) == vs[1]);
+  }
+}
+
+TEST_CASE("fp8 scale validation names the field that does not fit the view") {
+  using kvsift::fp8_e4m3_t;
+  std::vector<fp8_e4m3_t> k(2 * 2 * 4 * 16), v(k.size());
+  std::vector<float> s(64);
+  std::vector<std::int32_t> len = {4, 3};
+  auto kv = kvsift::make_bshd(k.data(), v.data(), 2, 2, 4, 16, len.data());
+  const auto good = kvsift::make_per_token_scales_for(kv, s.data(), s.data());
+  auto expect = [&](kvsift::KvScales sc, kvsift::StatusCode code, const std::string& msg) {
+    kv.scales = sc;
+    const auto st = kv.validate();
+    CHECK(st.code() == code);
+    CHECK(st.message() == msg);
+  };
+  auto bad = good; bad.v = nullptr;
+  expect(bad, kvsift::StatusCode::kNullPointer, "kv.scales.v is null");
+  bad = good; bad.token_stride = 1;  // tokens and heads would share floats
+  expect(bad, kvsift::StatusCode::kInvalidArgument,
+         "kv.scales.token_stride = 1 must be >= 2: the scales of two (sequence, token, head) would share a float "
+         "(per-token scales of 2 x 4 x 2)");
+  bad = good; bad.batch_stride = 3;
+  expect(bad, kvsift::StatusCode::kInvalidArgument,
+         "kv.scales.batch_stride = 3 must be >= 8: the scales of two (sequence, token, head) would share a float "
+         "(per-token scales of 2 x 4 x 2)");
+  bad = good; bad.head_stride = -1;
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.scales.head_stride = -1 must be >= 0");
+  bad = good; bad.page_stride = 8;  // scales made for a paged view
+  expect(bad, kvsift::StatusCode::kInvalidArgument,
+         "kv.scales.page_stride = 8 is for PagedKV; ContiguousKV per-token scales use batch_stride, token_stride and "
+         "head_stride");
+  bad = good; bad.granularity = kvsift::ScaleGranularity::kPerHead;  // per-token strides, per-head flag
+  expect(bad, kvsift::StatusCode::kInvalidArgument,
+         "kv.scales.batch_stride = 8 must be 0: per-head scales are k[h], v[h] (set granularity = per-token for "
+         "per-token scales)");
+  bad = good; bad.granularity = static_cast<kvsift::ScaleGranularity>(5);
+  expect(bad, kvsift::StatusCode::kInvalidArgument, "kv.scales.granularity = 5 is not per-head or per-token");
+  // Head-major per-token scales ([batch, heads, capacity]) are fine too.
+  bad = good; bad.head_stride = 4; bad.token_stride = 1;
+  kv.scales = bad;
+  CHECK(kv.validate().ok());
+  // A 16-bit view ignores whatever its scales member holds.
+  std::vector<kvsift::bfloat16_t> kb(k.size()), vb(k.size());
+  auto b16 = kvsift::make_bshd(kb.data(), vb.data(), 2, 2, 4, 16, len.data());
+  b16.scales.granularity = static_cast<kvsift::ScaleGranularity>(5);
+  CHECK(b16.validate().ok());
+  CHECK(b16.k_scale(0, 0, 0) == 1.f);
+}
+
+TEST_CASE("PagedKV fp8 per-token scales follow the page layout (NHD and HND)") {
+  using kvsift::fp8_e4m3_t;
+  const int pages = 4, P = 4, H = 2, D = 16;
+  std::vector<fp8_e4m3_t> k(std::size_t(pages) * P * H * D), v(k.size());
+  std::vector<float> ks(std::size_t(pages) * P * H), vs(ks.size());
+  for (std::size_t i = 0; i < ks.size(); ++i) {
+    ks[i] = float(i) + 0.5f;
+    vs[i] = float(i) + 0.25f;
+  }
+  std::vector<std::int32_t> table = {3, 1, 0, 2}, len = {8, 7};
+  for (auto layout : {PageLayout::kNHD, PageLayout::kHND}) {
+    auto kv = kvsift::make_paged(k.data(), v.data(), table.data(), 2, 2, pages, H, P, D, layout, len.data());
+    CHECK(kv.validate().message() == "kv.scales.k is null");
+    kv.scales = kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());
+    REQUIRE(kv.validate().ok());
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < 8; ++t) {
+          const int page = table[b * 2 + t / P], slot = t % P;
+          const std::size_t in_page = layout == PageLayout::kNHD ? std::size_t(slot) * H + h : std::size_t(h) * P + slot;
+          const std::size_t want = std::size_t(page) * P * H + in_page;
+          REQUIRE(kv.scale_offset(b, h, t) == std::int64_t(want));
+          REQUIRE(kv.scale_offset_at(page, h, slot) == std::int64_t(want));
+          REQUIRE(kv.k_scale(b, h, t) == ks[want]);
+          REQUIRE(kv.v_scale(b, h, t) == vs[want]);
+          // The row sits at the same in-page index, head_dim elements per index.
+          REQUIRE(kv.row_offset(b, h, t) == std::int64_t(page) * kv.page_stride + std::int64_t(in_page) * D);
+        }
+    auto bad = kv.scales; bad.page_stride = 7;
+    kv.scales = bad;
+    CHECK(kv.validate().message() == "kv.scales.page_stride = 7 must be >= page_size * num_kv_heads = 8");
+    bad.page_stride = 8; bad.token_stride = 2;  // contiguous-style strides on a paged view
+    kv.scales = bad;
+    CHECK(kv.validate().message() ==
+          "kv.scales.token_stride = 2 is for ContiguousKV; PagedKV per-token scales follow the page layout (set page_stride)");
+    kv.scales = kvsift::make_per_head_scales(ks.data(), vs.data());
+    REQUIRE(kv.validate().ok());
+    CHECK(kv.k_scale(1, 1, 6) == ks[1]);
+    CHECK(kv.scale_offset(1, 1, 6) == 1);
+  }
+}

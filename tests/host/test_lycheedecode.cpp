@@ -416,6 +416,74 @@ TEST_CASE("LycheeDecode runs the same through a paged view and bf16 keys and val
     for (int h = 0; h < H; ++h) CHECK(run.row(b, h) == sim.sets[b][h]);
 }
 
+TEST_CASE("LycheeDecode accepts fp8 views unchanged: paged E4M3 with per-token scales, bf16 queries") {
+  auto rng = kvsift_test::make_rng(707);
+  const int B = 2, H = 2, G = 2, D = 64, page = 16, pages_per_seq = 6, S = page * pages_per_seq;
+  const Model m = make_model(rng, 2, H, G, D, B, S);
+  auto c = base_config(m, "RR/SR");
+  c.budget = 24;
+  c.sink = 2;
+  c.recent = 6;
+  // Quarter steps in [-2, 2] are E4M3 values, so codes x / 2^-e with power-of-two scales are exact: the
+  // fp8 cache is the model's cache, and the policy must select exactly what the simulation selects.
+  std::vector<std::int32_t> table(B * pages_per_seq);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  std::vector<std::vector<kvsift::fp8_e4m3_t>> kp(2), vp(2);
+  std::vector<std::vector<float>> ks(2), vs(2);
+  Model rounded = m;  // V is not dyadic: the simulation reads what the fp8 cache holds
+  for (int l = 0; l < 2; ++l) {
+    kp[l].resize(std::size_t(B) * S * H * D);
+    vp[l].resize(kp[l].size());
+    ks[l].resize(std::size_t(B) * S * H);
+    vs[l].resize(ks[l].size());
+    for (int b = 0; b < B; ++b)
+      for (int t = 0; t < S; ++t)
+        for (int h = 0; h < H; ++h) {
+          const std::size_t row = (std::size_t(table[b * pages_per_seq + t / page]) * page + t % page) * H + h;  // NHD
+          ks[l][row] = std::ldexp(1.f, kvsift_test::uniform_int(rng, -6, 0));
+          vs[l][row] = std::ldexp(1.f, kvsift_test::uniform_int(rng, -6, 0));
+          for (int i = 0; i < D; ++i) {
+            const std::size_t src = ((std::size_t(b) * S + t) * H + h) * D + i;
+            kp[l][row * D + i] = kvsift::from_float<kvsift::fp8_e4m3_t>(m.k[l][src] / ks[l][row]);
+            vp[l][row * D + i] = kvsift::from_float<kvsift::fp8_e4m3_t>(m.v[l][src] / vs[l][row]);
+            REQUIRE(kvsift::to_float(kp[l][row * D + i]) * ks[l][row] == m.k[l][src]);
+            rounded.v[l][src] = kvsift::to_float(vp[l][row * D + i]) * vs[l][row];  // exact: power-of-two scale
+          }
+        }
+  }
+  LycheeDecodePolicy decoder;
+  REQUIRE(LycheeDecodePolicy::create(c, &decoder).ok());
+  kvsift_test::HostBuffer state_memory(decoder.state_bytes());
+  LycheeDecodeState state;
+  REQUIRE(decoder.make_state(state_memory.get(), state_memory.bytes(), &state).ok());
+  std::size_t bytes = 0;
+  REQUIRE(decoder.workspace_bytes<kvsift::fp8_e4m3_t>(kvsift::host::Exec{}, &bytes).ok());
+  kvsift_test::HostBuffer workspace(bytes);
+  Simulation sim(rounded, c);
+  std::vector<std::int32_t> lengths = {96, 50};
+  for (int l = 0; l < 2; ++l) {
+    const auto q = dyadic(rng, std::size_t(B) * H * G * D);
+    std::vector<kvsift::bfloat16_t> qb(q.size()), out(q.size());
+    for (std::size_t i = 0; i < q.size(); ++i) qb[i] = kvsift::from_float<kvsift::bfloat16_t>(q[i]);
+    auto kv = kvsift::make_paged(kp[l].data(), vp[l].data(), table.data(), B, pages_per_seq, B * pages_per_seq, H, page,
+                                 D, kvsift::PageLayout::kNHD, lengths.data());
+    kv.scales = kvsift::make_per_token_scales_for(kv, ks[l].data(), vs[l].data());
+    const auto io = kvsift::make_query_io(qb.data(), out.data(), 1, c.num_q_heads, c.head_dim);
+    const auto st = decoder.decode_layer(kvsift::host::Exec{}, state, l, kv, io, kvsift::Workspace{workspace.get(), workspace.bytes()});
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    const auto want = sim.layer(l, lengths, q);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      REQUIRE_MESSAGE(std::abs(kvsift::to_float(out[i]) - want[i]) <= 1e-2 * (1e-2 + std::abs(want[i])),  // bf16 output
+                      "layer " << l << " i " << i << " got " << kvsift::to_float(out[i]) << " want " << want[i]);
+  }
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < H; ++h) {
+      const int r = b * H + h;
+      CHECK(std::vector<int>(state.table.row(r), state.table.row(r) + state.table.count(r)) == sim.sets[b][h]);
+    }
+}
+
 // ---- cache correction ----
 
 TEST_CASE("LycheeDecode cache correction: schedule and the dense causal multi-query pass") {

@@ -65,7 +65,7 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
                 " = %.1f%% of the roofline\n",
                 gb, roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
   }
-  std::printf("KV cache (%s", md::kv_layout_name(req.kv_layout));
+  std::printf("KV cache (%s, %s", md::kv_layout_name(req.kv_layout), md::kv_dtype_name(req.kv_dtype));
   if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
   std::printf("): %.2f MiB in use, %.2f MiB allocated\n", mib(r.kv_bytes_used), mib(r.kv_bytes_allocated));
   if (r.compared > 0)

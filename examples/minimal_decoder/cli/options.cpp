@@ -52,7 +52,7 @@ CLI::Validator in_range(double lo, double hi) {
 // Everything CLI11 parses; what needs converting or cross-checking is finished in parse_options.
 struct Parsed {
   std::vector<std::string> prompt_ids, eval_clusterattn;
-  std::string kv_layout = "contiguous", device = "auto", pool = "max", policy = "dense";
+  std::string kv_layout = "contiguous", kv_dtype = "native", device = "auto", pool = "max", policy = "dense";
   bool no_attention_timing = false, no_graph = false;
   std::string eval_passkey, calibrate, probe, train;
 };
@@ -95,6 +95,10 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_option("--kv-layout", p.kv_layout, "contiguous: [batch, kv_heads, capacity, head_dim] per layer; paged: a "
                  "page pool and block table per layer, vLLM-style NHD pages")
       ->check(CLI::IsMember({"contiguous", "paged"}))->capture_default_str()->group(g);
+  app.add_option("--kv-dtype", p.kv_dtype, "KV cache element type: native (the backend's: float on the CPU, bf16 on "
+                 "the GPU; bf16 is accepted as its name) or fp8 (E4M3 with a float scale per token and KV head, "
+                 "written by kvsift::store_kv; CPU backend until the GPU decode kernel reads fp8)")
+      ->check(CLI::IsMember({"native", "bf16", "fp8"}))->capture_default_str()->group(g);
   app.add_option("--page-size", gen.page_size, "tokens per page of the paged layout")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_flag("--no-graph", p.no_graph, "with --no-attention-timing: launch every kernel of every step (no CUDA graph)")
@@ -257,6 +261,7 @@ Options parse_options(const std::vector<std::string>& args) {
   o.generation.time_attention = !p.no_attention_timing;
   o.generation.graph_steps = !p.no_graph;
   o.generation.kv_layout = p.kv_layout == "paged" ? KvLayout::kPaged : KvLayout::kContiguous;
+  o.generation.kv_dtype = p.kv_dtype == "fp8" ? KvDtype::kFp8 : KvDtype::kNative;
   o.device = p.device == "cpu" ? DeviceChoice::kCpu : p.device == "gpu" ? DeviceChoice::kGpu : DeviceChoice::kAuto;
   o.generation.policy.kind = parse_policy(p.policy);
   o.generation.policy.compression.pool.kind = p.pool == "avg" ? kvsift::PoolKind::kAvg : kvsift::PoolKind::kMax;
@@ -266,6 +271,7 @@ Options parse_options(const std::vector<std::string>& args) {
   // The tools run with the generation options' policy, chunking, verbosity and model.
   o.passkey.policy = o.generation.policy;
   o.passkey.prefill_chunk = o.generation.prefill_chunk;
+  o.passkey.kv_dtype = o.generation.kv_dtype;
   o.passkey.verbose = !o.quiet;
   o.passkey.model_dir = o.model_dir;
   return o;

@@ -21,12 +21,15 @@
 // KV layout (kv_cache.hpp): contiguous, one [batch, kv_heads, capacity, head_dim] tensor each for K
 // and V per layer (kvsift::ContiguousKV), or paged, a page pool and a block table per layer
 // (kvsift::PagedKV); every kvsift call below is written once for both through LayerKvCache::with_view.
-// Ragged batches: every sequence has its own length.
+// Ragged batches: every sequence has its own length. KV dtype (--kv-dtype): the backend's own, or
+// fp8 E4M3 with per-token scales, written by kvsift::store_kv; kvsift's attention over fp8 takes bf16
+// queries, so the float query rows go through bf16 scratch for it (with_query_rows).
 
 #include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <kvsift/kvsift.hpp>
@@ -92,6 +95,7 @@ struct DecoderLimits {
   int keep_window_queries = 0;
   KvLayout kv_layout = KvLayout::kContiguous;
   int page_size = 16;  // tokens per page of the paged layout
+  KvDtype kv_dtype = KvDtype::kNative;
 };
 
 // Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
@@ -123,6 +127,9 @@ class Decoder {
     if (lim_.max_batch < 1 || lim_.max_prompt_len < 1 || lim_.prefill_chunk < 1)
       throw DecoderError("batch, prompt length and prefill chunk must be >= 1");
     validate_policy(policy_, c_.num_layers, c_.num_q_heads, c_.num_kv_heads, c_.head_dim, lim_.max_prompt_len);
+    // The backend says whether its attention reads fp8 caches (the CUDA one does not yet).
+    if (lim_.kv_dtype == KvDtype::kFp8 && !Backend::template attends_kv<kvsift::fp8_e4m3_t>())
+      throw DecoderError(Backend::kFp8AttentionMissing);
     window_ = policy_.compresses_prompt() ? policy_.compression.window : std::max(0, lim_.keep_window_queries);
     const int B = lim_.max_batch;
     // Dense decodes in the prompt cache itself; a compressing policy decodes in a cache of Cp slots
@@ -142,7 +149,10 @@ class Decoder {
       check(lycheedecode_.make_state(lycheedecode_state_mem_.data(), lycheedecode_state_mem_.size(), &lycheedecode_state_), "LycheeDecode state");
       decode_steps_ = 0;
       std::size_t lycheedecode_bytes = 0;
-      check(lycheedecode_.template workspace_bytes<KV>(be_.exec(), &lycheedecode_bytes), "LycheeDecode workspace");
+      if (lim_.kv_dtype == KvDtype::kFp8)
+        check(lycheedecode_.template workspace_bytes<kvsift::fp8_e4m3_t>(be_.exec(), &lycheedecode_bytes), "LycheeDecode workspace");
+      else
+        check(lycheedecode_.template workspace_bytes<KV>(be_.exec(), &lycheedecode_bytes), "LycheeDecode workspace");
       lycheedecode_ws_ = be_.template alloc<unsigned char>(lycheedecode_bytes);
     }
     const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLycheeDecode ? policy_.lycheedecode.correction_interval : 0);
@@ -163,13 +173,17 @@ class Decoder {
     slots_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     window_rows_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     lengths_ = be_.template alloc<std::int32_t>(std::size_t(B));
+    if (lim_.kv_dtype == KvDtype::kFp8) {
+      q16_ = be_.template alloc<kvsift::bfloat16_t>(std::size_t(rows * c_.q_dim()));
+      out16_ = be_.template alloc<kvsift::bfloat16_t>(std::size_t(rows * c_.q_dim()));
+    }
     // kvsift: the decode steps' attention workspace, sized now from host values only (the whole
     // batch, q_len 1, the cache capacity), so that no decode step allocates; prefill's launches
     // (one sequence, q_len = chunk) grow it if they need more.
-    auto p = kvsift::make_decode_attention_params(static_cast<const float*>(q_.data()), attn_.data(), 1, c_.num_q_heads,
-                                                  c_.head_dim);
     std::size_t attn_bytes = 0;
     decode_caches_[0].with_view(B, lengths_.data(), [&](const auto& kv) {
+      using QT = query_type<std::decay_t<decltype(kv)>>;  // the query type does not change the size
+      auto p = kvsift::make_decode_attention_params<QT>(nullptr, nullptr, 1, c_.num_q_heads, c_.head_dim);
       check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &attn_bytes), "decode attention workspace");
     });
     attn_ws_ = be_.template alloc<unsigned char>(attn_bytes);
@@ -261,6 +275,7 @@ class Decoder {
     prompts_ = nullptr;
     prompt_len_ = lengths;
     const bool compress = policy_.compresses_prompt();
+    if (lim_.kv_dtype == KvDtype::kFp8) throw DecoderError("--synthetic-prefill fills native caches only (not --kv-dtype fp8)");
     std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
     std::uint64_t stream = seed;
     for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
@@ -338,24 +353,17 @@ class Decoder {
       return;
     }
     // Copy slots [0, L_b) of every (sequence, KV head) row through the host: generic over backends
-    // and cheap next to a prefill. Both decoders are contiguous (the evaluation tools' layout).
-    const int D = c_.head_dim;
-    for (int l = 0; l < c_.num_layers; ++l) {
-      const auto from = src.decode_caches_[std::size_t(l)].contiguous(B, nullptr);
-      const auto to = decode_caches_[std::size_t(l)].contiguous(B, nullptr);
-      for (int b = 0; b < B; ++b)
-        for (int h = 0; h < c_.num_kv_heads; ++h) {
-          const std::size_t n = std::size_t(prompt_len_[std::size_t(b)]) * D;
-          std::vector<KV> tmp(n);
-          be_.download(tmp.data(), from.k_row(b, h, 0), n);
-          be_.upload(to.k_row(b, h, 0), tmp.data(), n);
-          be_.download(tmp.data(), from.v_row(b, h, 0), n);
-          be_.upload(to.v_row(b, h, 0), tmp.data(), n);
-        }
-    }
+    // and cheap next to a prefill. Both decoders are contiguous (the evaluation tools' layout) and of
+    // one KV dtype; fp8 rows take their per-token scales along.
+    if (src.lim_.kv_dtype != lim_.kv_dtype) throw DecoderError("prefill_from: the source has another KV dtype");
+    if (lim_.kv_dtype == KvDtype::kFp8)
+      copy_prompt_caches<kvsift::fp8_e4m3_t>(src, B);
+    else
+      copy_prompt_caches<KV>(src, B);
   }
 
   void set_query_tap(QueryTap tap) { query_tap_ = std::move(tap); }
+  KvDtype kv_dtype() const { return lim_.kv_dtype; }
   // Layer l's decode cache, seen with the caller's lengths (backend memory, one per sequence); the
   // offline tools that read it need the contiguous layout (the default).
   kvsift::ContiguousKV<KV> cache_view(int layer, const std::int32_t* lengths) const {
@@ -394,7 +402,7 @@ class Decoder {
     const std::int64_t weights = c_.num_layers * (H * (c_.q_dim() + 2 * c_.kv_dim()) + c_.q_dim() * H + 3 * H * I) +
                                  std::int64_t(c_.vocab_size) * H;
     const std::int64_t weight_bytes = weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
-    const std::int64_t row_bytes = 2 * std::int64_t(c_.head_dim) * std::int64_t(sizeof(KV));  // one token of one KV head, K and V
+    const std::int64_t row_bytes = 2 * kv_row_bytes();  // one token of one KV head, K and V
     std::int64_t kv_rows = 0;  // (token, layer, KV head) triples read
     for (int n : cache_len_) {
       if (policy_.kind != PolicyKind::kLycheeDecode) {
@@ -452,10 +460,13 @@ class Decoder {
           if (policy_.kind == PolicyKind::kLycheeDecode) {
             // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
             // to the table rows of the latest retrieval head with their index.
-            timed([&] {
-              check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv,
-                                         kvsift::make_query_io(q, out, 1, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
-                    "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+            with_query_rows(kv, q, out, std::int64_t(B) * c_.q_dim(), [&](const auto* qq, auto* oo) {
+              timed([&] {
+                check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv,
+                                                 kvsift::make_query_io(qq, oo, 1, c_.num_q_heads, c_.head_dim),
+                                                 kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
+                      "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+              });
             });
           } else {
             // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
@@ -490,10 +501,13 @@ class Decoder {
       LayerCache& cache = decode_caches_[std::size_t(l)];
       layer_forward(l, B * N, cache, [&](const float* q, float* out) {
         cache.with_view(B, lengths_.data(), [&](const auto& kv) {
-          timed([&] {
-            check(lycheedecode_.correct_layer(be_.exec(), lycheedecode_state_, l, kv,
-                                        kvsift::make_query_io(q, out, N, c_.num_q_heads, c_.head_dim), kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
-                  "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+          with_query_rows(kv, q, out, std::int64_t(B) * N * c_.q_dim(), [&](const auto* qq, auto* oo) {
+            timed([&] {
+              check(lycheedecode_.correct_layer(be_.exec(), lycheedecode_state_, l, kv,
+                                                kvsift::make_query_io(qq, oo, N, c_.num_q_heads, c_.head_dim),
+                                                kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
+                    "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
+            });
           });
         });
       });
@@ -519,7 +533,60 @@ class Decoder {
     timing_.attention_ms += be_.now_ms() - t0;
   }
 
-  std::int64_t kv_bytes_per_token() const { return 2 * c_.kv_dim() * c_.num_layers * std::int64_t(sizeof(KV)); }
+  // One token of one KV head, K or V: head_dim elements, and for fp8 its float scale.
+  std::int64_t kv_row_bytes() const {
+    return lim_.kv_dtype == KvDtype::kFp8 ? std::int64_t(c_.head_dim) + std::int64_t(sizeof(float))
+                                          : std::int64_t(c_.head_dim) * std::int64_t(sizeof(KV));
+  }
+  std::int64_t kv_bytes_per_token() const { return 2 * std::int64_t(c_.num_kv_heads) * c_.num_layers * kv_row_bytes(); }
+
+  // The query type kvsift's attention takes over a view: bf16 over fp8 KV, the decoder's float otherwise.
+  template <class View>
+  using query_type = std::conditional_t<kvsift::is_fp8_view_v<View>, kvsift::bfloat16_t, float>;
+
+  // f(q, out) with the layer's query and output rows ([rows, q_heads * head_dim], `elems` elements) in
+  // the type attention over `kv` takes: the float rows themselves, or for an fp8 cache bf16 copies
+  // (kvsift: fp8 KV needs bf16 or fp16 queries), the bf16 output widened back into `out` afterwards.
+  template <class View, class F>
+  void with_query_rows(const View&, const float* q, float* out, std::int64_t elems, F&& f) {
+    if constexpr (!kvsift::is_fp8_view_v<View>) {
+      f(q, out);
+    } else if constexpr (!Backend::template attends_kv<typename View::value_type>()) {
+      throw DecoderError(Backend::kFp8AttentionMissing);  // f is never instantiated for this backend
+    } else {
+      be_.narrow_to_bf16(q, elems, q16_.data());
+      f(static_cast<const kvsift::bfloat16_t*>(q16_.data()), out16_.data());
+      be_.widen_from_bf16(out16_.data(), elems, out);
+    }
+  }
+
+  template <class T>
+  void copy_prompt_caches(const Decoder& src, int B) {
+    const int D = c_.head_dim, H = c_.num_kv_heads;
+    for (int l = 0; l < c_.num_layers; ++l) {
+      const auto from = src.decode_caches_[std::size_t(l)].template contiguous_as<T>(B, nullptr);
+      const auto to = decode_caches_[std::size_t(l)].template contiguous_as<T>(B, nullptr);
+      for (int b = 0; b < B; ++b) {
+        const int L = prompt_len_[std::size_t(b)];
+        for (int h = 0; h < H; ++h) {
+          const std::size_t n = std::size_t(L) * D;
+          std::vector<T> tmp(n);
+          be_.download(tmp.data(), from.k_row(b, h, 0), n);
+          be_.upload(to.k_row(b, h, 0), tmp.data(), n);
+          be_.download(tmp.data(), from.v_row(b, h, 0), n);
+          be_.upload(to.v_row(b, h, 0), tmp.data(), n);
+        }
+        if constexpr (kvsift::is_fp8_dtype<T>::value) {
+          // [batch, capacity, heads] scales: tokens [0, L) of sequence b are L * H consecutive floats.
+          std::vector<float> tmp(std::size_t(L) * H);
+          be_.download(tmp.data(), from.scales.k + from.scale_offset(b, 0, 0), tmp.size());
+          be_.upload(to.scales.k + to.scale_offset(b, 0, 0), tmp.data(), tmp.size());
+          be_.download(tmp.data(), from.scales.v + from.scale_offset(b, 0, 0), tmp.size());
+          be_.upload(to.scales.v + to.scale_offset(b, 0, 0), tmp.data(), tmp.size());
+        }
+      }
+    }
+  }
 
   // What a prefill of batch_ sequences writes besides the decode caches: the kept window queries of
   // every layer, and for a compressing policy full-length prompt caches (returned; compression reads
@@ -543,6 +610,7 @@ class Decoder {
     shape.num_kv_heads = c_.num_kv_heads;
     shape.head_dim = c_.head_dim;
     shape.page_size = lim_.page_size;
+    shape.dtype = lim_.kv_dtype;
     return LayerCache(be_, shape);
   }
 
@@ -601,9 +669,13 @@ class Decoder {
     be_.rope(q_.data(), positions_.data(), n, c_.num_q_heads, D, c_.rope_theta);
     be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
     if (query_tap_) query_tap_(l, q_.data(), n);
-    // kvsift reads the cache only through the view, so writing it is the engine's job.
-    cache.with_view(lim_.max_batch, lengths_.data(),
-                    [&](const auto& kv) { be_.store_kv(k_.data(), v_.data(), n, seq_.data(), slots_.data(), kv); });
+    // kvsift: store_kv appends the rows (token i at slot slots_[i] of sequence seq_[i]), rounding to
+    // the cache's type; into an fp8 cache it quantizes each row and writes its per-token scale.
+    cache.with_view(lim_.max_batch, lengths_.data(), [&](const auto& kv) {
+      const auto rows = kvsift::make_store_kv_params(static_cast<const float*>(k_.data()), static_cast<const float*>(v_.data()),
+                                                     n, c_.num_kv_heads, c_.head_dim, seq_.data(), slots_.data());
+      check(store_kv(be_.exec(), kv, rows), "store_kv");
+    });
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
     be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
@@ -615,11 +687,14 @@ class Decoder {
   // kvsift: decode_attention (dense heads, causal for q_len > 1), timed as the step's attention share.
   template <class View>
   void attend(int /*layer*/, const View& kv, const float* q, float* out, int q_len) {
-    auto p = kvsift::make_decode_attention_params(q, out, q_len, c_.num_q_heads, c_.head_dim);
-    std::size_t bytes = 0;
-    check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &bytes), "decode attention workspace");
-    if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
-    timed([&] { check(decode_attention(be_.exec(), kv, p, kvsift::Workspace{attn_ws_.data(), attn_ws_.size()}), "decode attention"); });
+    const std::int64_t elems = std::int64_t(kv.batch) * q_len * c_.q_dim();
+    with_query_rows(kv, q, out, elems, [&](const auto* qq, auto* oo) {
+      auto p = kvsift::make_decode_attention_params(qq, oo, q_len, c_.num_q_heads, c_.head_dim);
+      std::size_t bytes = 0;
+      check(kvsift::decode_attention_workspace_bytes(be_.exec(), kv, p, &bytes), "decode attention workspace");
+      if (bytes > attn_ws_.size()) attn_ws_ = be_.template alloc<unsigned char>(bytes);  // grows during prefill only
+      timed([&] { check(decode_attention(be_.exec(), kv, p, kvsift::Workspace{attn_ws_.data(), attn_ws_.size()}), "decode attention"); });
+    });
   }
 
   // x [n, hidden] -> final norm -> LM head -> logits_ [n, vocab] (backend memory)
@@ -668,9 +743,16 @@ class Decoder {
       out.new_lengths = new_lengths.data();
       from.with_view(B, lengths_.data(), [&](const auto& src) {
         decode_caches_[std::size_t(l)].with_view(B, new_lengths.data(), [&](const auto& dst) {
-          check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out,
-                                        kvsift::Workspace{ws.data(), ws.size()}),
-                "compress_prompt (layer " + std::to_string(l) + ")");
+          // Prompt and decode caches share the KV dtype (with_view instantiates every pairing).
+          using SrcT = typename std::decay_t<decltype(src)>::value_type;
+          using DstT = typename std::decay_t<decltype(dst)>::value_type;
+          if constexpr (std::is_same_v<SrcT, DstT>) {
+            check(kvsift::compress_prompt(be_.exec(), config, shape, src, window, nullptr, dst, out,
+                                          kvsift::Workspace{ws.data(), ws.size()}),
+                  "compress_prompt (layer " + std::to_string(l) + ")");
+          } else {
+            throw DecoderError("compress_prompt: the prompt and decode caches differ in KV dtype");
+          }
         });
       });
       if (!borrowed) prompt_caches[std::size_t(l)] = LayerCache();  // free the full prompt cache of this layer
@@ -699,6 +781,7 @@ class Decoder {
   Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
   Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
   Buffer<unsigned char> attn_ws_;
+  Buffer<kvsift::bfloat16_t> q16_, out16_;  // --kv-dtype fp8: the query and output rows in bf16
   StepTiming timing_;
   bool time_attention_ = true;
   bool graph_steps_ = false;

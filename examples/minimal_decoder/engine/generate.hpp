@@ -56,6 +56,7 @@ struct GenerationRequest {
   bool graph_steps = true;         // with time_attention off: decode steps replay a CUDA graph (GPU)
   KvLayout kv_layout = KvLayout::kContiguous;
   int page_size = 16;
+  KvDtype kv_dtype = KvDtype::kNative;
   SamplingOptions sampling;
   PolicyOptions policy;
   bool check = false;
@@ -75,6 +76,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   limits.prefill_chunk = req.prefill_chunk;
   limits.kv_layout = req.kv_layout;
   limits.page_size = req.page_size;
+  limits.kv_dtype = req.kv_dtype;
   Decoder<Backend> model(be, config, weights, req.policy, limits);
   model.set_attention_timing(req.time_attention);
   model.set_graph_steps(req.graph_steps);

@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include <kvsift/core/dtype.hpp>
 #include <kvsift/core/exec.hpp>
 
 namespace minimal_decoder {
@@ -109,6 +110,18 @@ struct HostBackend {
   void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const;
   // dst row dst_row[i] = src row i, for rows with dst_row[i] >= 0.
   void scatter_rows(const float* src, int n, std::int64_t row_elems, const std::int32_t* dst_row, float* dst) const;
+
+  // kvsift's host attention reads every KV dtype, fp8 included.
+  template <class KT>
+  static constexpr bool attends_kv() { return true; }
+  static constexpr const char* kFp8AttentionMissing = "";
+  // y = bf16(x) and back: the query and output rows of attention over an fp8 cache.
+  void narrow_to_bf16(const float* x, std::int64_t n, kvsift::bfloat16_t* y) const {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = kvsift::from_float<kvsift::bfloat16_t>(x[i]);
+  }
+  void widen_from_bf16(const kvsift::bfloat16_t* x, std::int64_t n, float* y) const {
+    for (std::int64_t i = 0; i < n; ++i) y[i] = kvsift::to_float(x[i]);
+  }
 
   // Writes token i's K and V rows ([n, kv_heads * head_dim]) to cache slot slot[i] of sequence seq[i].
   template <class View>  // kvsift::ContiguousKV or PagedKV of KvType

@@ -13,6 +13,12 @@
 //
 //   cache.with_view(batch, d_lengths, [&](const auto& kv) { decode_attention(exec, kv, params, ws, bytes); });
 //
+// KV dtype: the backend's own (float on the CPU, bf16 on the GPU), or fp8 E4M3 with one float scale per
+// (token, KV head) for K and for V (--kv-dtype fp8): kvsift::store_kv quantizes each appended row with
+// the scale amax / 448 and writes the scale next to it, and every kvsift op reads code * scale. The
+// scales are laid out as kvsift::make_per_token_scales_for expects: [batch, capacity, heads] for the
+// contiguous layout, one float per (page, slot, head) in the page layout for the paged one.
+//
 // The page table here is fixed when the cache is made: page p of sequence b is physical page
 // p * max_batch + b, so no sequence's pages are adjacent and every access goes through the table.
 // A serving engine hands pages out from a free list as sequences grow; kvsift does not care how the
@@ -20,6 +26,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <kvsift/kvsift.hpp>
@@ -30,18 +37,25 @@ namespace minimal_decoder {
 
 enum class KvLayout { kContiguous, kPaged };
 
+// What the cache stores: the backend's KvType, or fp8 E4M3 codes with per-token scales.
+enum class KvDtype { kNative, kFp8 };
+
+inline const char* kv_dtype_name(KvDtype d) { return d == KvDtype::kFp8 ? "fp8 e4m3, per-token scales" : "native"; }
+
 inline const char* kv_layout_name(KvLayout l) { return l == KvLayout::kPaged ? "paged" : "contiguous"; }
 
 struct KvCacheShape {
   KvLayout layout = KvLayout::kContiguous;
   int max_batch = 0, capacity = 0, num_kv_heads = 0, head_dim = 0;
   int page_size = 16;  // paged only
+  KvDtype dtype = KvDtype::kNative;
 };
 
 template <class Backend>
 class LayerKvCache {
  public:
   using KV = typename Backend::KvType;
+  using Fp8 = kvsift::fp8_e4m3_t;
   template <class T>
   using Buffer = typename Backend::template Buffer<T>;
 
@@ -62,12 +76,21 @@ class LayerKvCache {
     } else {
       elements_ = std::size_t(s.max_batch) * s.num_kv_heads * s.capacity * s.head_dim;
     }
-    k_ = be.template alloc<KV>(elements_);
-    v_ = be.template alloc<KV>(elements_);
+    if (s.dtype == KvDtype::kFp8) {
+      k8_ = be.template alloc<Fp8>(elements_);
+      v8_ = be.template alloc<Fp8>(elements_);
+      // One K and one V scale per row of head_dim elements: the same count as rows in the storage.
+      k_scales_ = be.template alloc<float>(elements_ / std::size_t(s.head_dim));
+      v_scales_ = be.template alloc<float>(elements_ / std::size_t(s.head_dim));
+    } else {
+      k_ = be.template alloc<KV>(elements_);
+      v_ = be.template alloc<KV>(elements_);
+    }
   }
 
   const KvCacheShape& shape() const { return shape_; }
-  // The K and V storage (a page pool when paged), e.g. to fill it with random values.
+  bool is_fp8() const { return shape_.dtype == KvDtype::kFp8; }
+  // The K and V storage of a native cache (a page pool when paged), e.g. to fill it with random values.
   KV* k_storage() { return k_.data(); }
   KV* v_storage() { return v_.data(); }
   std::size_t storage_elements() const { return elements_; }
@@ -76,41 +99,76 @@ class LayerKvCache {
   // kvsift views carry mutable pointers; through a const cache they are only ever read.
   template <class F>
   decltype(auto) with_view(int batch, const std::int32_t* lengths, F&& f) const {
-    if (shape_.layout == KvLayout::kPaged) return f(paged_view(batch, lengths, 0));
-    return f(contiguous_view(batch, lengths, 0));
+    if (is_fp8()) {
+      if (shape_.layout == KvLayout::kPaged) return f(paged_view<Fp8>(batch, lengths, 0));
+      return f(contiguous_view<Fp8>(batch, lengths, 0));
+    }
+    if (shape_.layout == KvLayout::kPaged) return f(paged_view<KV>(batch, lengths, 0));
+    return f(contiguous_view<KV>(batch, lengths, 0));
   }
   // f(view) with the view of the single sequence b, lengths pointing at its length: prefill attends
   // sequence by sequence, each with its own number of queries.
   template <class F>
   decltype(auto) with_sequence_view(int b, const std::int32_t* lengths_b, F&& f) const {
-    if (shape_.layout == KvLayout::kPaged) return f(paged_view(1, lengths_b, b));
-    return f(contiguous_view(1, lengths_b, b));
+    if (is_fp8()) {
+      if (shape_.layout == KvLayout::kPaged) return f(paged_view<Fp8>(1, lengths_b, b));
+      return f(contiguous_view<Fp8>(1, lengths_b, b));
+    }
+    if (shape_.layout == KvLayout::kPaged) return f(paged_view<KV>(1, lengths_b, b));
+    return f(contiguous_view<KV>(1, lengths_b, b));
   }
-  // The contiguous view, for offline tools that index the cache on the host (passkey probes).
+  // The contiguous view of a native cache, for offline tools that index the cache on the host (passkey probes).
   kvsift::ContiguousKV<KV> contiguous(int batch, const std::int32_t* lengths) const {
     if (shape_.layout != KvLayout::kContiguous) throw DecoderError("this tool needs the contiguous KV layout");
-    return contiguous_view(batch, lengths, 0);
+    if (is_fp8()) throw DecoderError("this tool needs the native KV dtype (not --kv-dtype fp8)");
+    return contiguous_view<KV>(batch, lengths, 0);
+  }
+  // The contiguous view over storage of type T (KV or fp8, whichever the cache holds), scales included.
+  template <class T>
+  kvsift::ContiguousKV<T> contiguous_as(int batch, const std::int32_t* lengths) const {
+    if (shape_.layout != KvLayout::kContiguous) throw DecoderError("this tool needs the contiguous KV layout");
+    return contiguous_view<T>(batch, lengths, 0);
   }
 
  private:
-  kvsift::ContiguousKV<KV> contiguous_view(int batch, const std::int32_t* lengths, int first) const {
-    const std::int64_t per_sequence = std::int64_t(shape_.num_kv_heads) * shape_.capacity * shape_.head_dim;
-    KV* k = const_cast<KV*>(k_.data()) + first * per_sequence;
-    KV* v = const_cast<KV*>(v_.data()) + first * per_sequence;
-    return kvsift::make_bhsd(k, v, batch, shape_.num_kv_heads, shape_.capacity, shape_.head_dim, lengths);
+  template <class T>
+  T* storage(bool k) const {
+    if constexpr (std::is_same_v<T, Fp8>) return const_cast<T*>(k ? k8_.data() : v8_.data());
+    else return const_cast<T*>(k ? k_.data() : v_.data());
   }
-  kvsift::PagedKV<KV> paged_view(int batch, const std::int32_t* lengths, int first) const {
+  template <class T>
+  kvsift::ContiguousKV<T> contiguous_view(int batch, const std::int32_t* lengths, int first) const {
+    const std::int64_t per_sequence = std::int64_t(shape_.num_kv_heads) * shape_.capacity * shape_.head_dim;
+    T* k = storage<T>(true) + first * per_sequence;
+    T* v = storage<T>(false) + first * per_sequence;
+    auto kv = kvsift::make_bhsd(k, v, batch, shape_.num_kv_heads, shape_.capacity, shape_.head_dim, lengths);
+    if constexpr (std::is_same_v<T, Fp8>) {
+      // [batch, capacity, heads] scales; a one-sequence view starts at its sequence's scales.
+      const std::int64_t scales_per_sequence = std::int64_t(shape_.capacity) * shape_.num_kv_heads;
+      kv.scales = kvsift::make_per_token_scales_for(kv, const_cast<float*>(k_scales_.data()) + first * scales_per_sequence,
+                                                    const_cast<float*>(v_scales_.data()) + first * scales_per_sequence);
+    }
+    return kv;
+  }
+  template <class T>
+  kvsift::PagedKV<T> paged_view(int batch, const std::int32_t* lengths, int first) const {
     const std::int64_t pages = std::int64_t(shape_.max_batch) * pages_per_sequence_;
-    return kvsift::make_paged(const_cast<KV*>(k_.data()), const_cast<KV*>(v_.data()),
-                              block_table_.data() + std::int64_t(first) * pages_per_sequence_, batch, pages_per_sequence_,
-                              int(pages), shape_.num_kv_heads, shape_.page_size, shape_.head_dim, kvsift::PageLayout::kNHD,
-                              lengths);
+    auto kv = kvsift::make_paged(storage<T>(true), storage<T>(false),
+                                 block_table_.data() + std::int64_t(first) * pages_per_sequence_, batch, pages_per_sequence_,
+                                 int(pages), shape_.num_kv_heads, shape_.page_size, shape_.head_dim, kvsift::PageLayout::kNHD,
+                                 lengths);
+    if constexpr (std::is_same_v<T, Fp8>)  // one scale per (page, slot, head): the rows' own page layout
+      kv.scales = kvsift::make_per_token_scales_for(kv, const_cast<float*>(k_scales_.data()),
+                                                    const_cast<float*>(v_scales_.data()));
+    return kv;
   }
 
   KvCacheShape shape_;
   int pages_per_sequence_ = 0;
   std::size_t elements_ = 0;
   Buffer<KV> k_, v_;
+  Buffer<Fp8> k8_, v8_;               // --kv-dtype fp8: codes
+  Buffer<float> k_scales_, v_scales_;  // and their per-token scales
   Buffer<std::int32_t> block_table_;
 };
 

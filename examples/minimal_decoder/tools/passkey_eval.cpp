@@ -9,8 +9,9 @@
 
 namespace minimal_decoder {
 
-DecoderLimits passkey_limits(const std::vector<PasskeyCase>& cases, int prefill_chunk) {
+DecoderLimits passkey_limits(const std::vector<PasskeyCase>& cases, int prefill_chunk, KvDtype kv_dtype) {
   DecoderLimits limits;
+  limits.kv_dtype = kv_dtype;
   limits.max_batch = int(cases.size());
   limits.max_new_tokens = kPasskeyDigits - 1;
   limits.prefill_chunk = prefill_chunk;

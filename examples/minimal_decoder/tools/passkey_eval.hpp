@@ -46,7 +46,7 @@ struct PasskeyReport {
 };
 
 // The decoder sizes of a batch of passkey prompts: the longest prompt, four decode steps.
-DecoderLimits passkey_limits(const std::vector<PasskeyCase>& cases, int prefill_chunk);
+DecoderLimits passkey_limits(const std::vector<PasskeyCase>& cases, int prefill_chunk, KvDtype kv_dtype = KvDtype::kNative);
 
 // The widest observation window of the compressing policies among `policies` (0: none).
 int max_window(const std::vector<EvalPolicy>& policies);
@@ -68,8 +68,9 @@ template <class Backend>
 std::unique_ptr<Decoder<Backend>> passkey_prefill(Backend& be, const ModelConfig& config,
                                                   const BackendWeights<Backend>& weights,
                                                   const std::vector<PasskeyCase>& cases, int prefill_chunk,
-                                                  int keep_window, std::vector<std::int32_t>* first) {
-  DecoderLimits limits = passkey_limits(cases, prefill_chunk);
+                                                  int keep_window, std::vector<std::int32_t>* first,
+                                                  KvDtype kv_dtype = KvDtype::kNative) {
+  DecoderLimits limits = passkey_limits(cases, prefill_chunk, kv_dtype);
   limits.keep_window_queries = keep_window;
   auto source = std::make_unique<Decoder<Backend>>(be, config, weights, PolicyOptions(), limits);
   std::vector<std::vector<std::int32_t>> prompts;
@@ -87,7 +88,8 @@ PasskeyOutcome passkey_decode(Backend& be, const ModelConfig& config, const Back
                               const Decoder<Backend>& source, const std::vector<std::int32_t>& first,
                               const std::vector<PasskeyCase>& cases, const PolicyOptions& policy, int prefill_chunk) {
   const int B = int(cases.size()), V = config.vocab_size;
-  Decoder<Backend> model(be, config, weights, policy, passkey_limits(cases, prefill_chunk));
+  // The policy's decoder stores K/V as the shared prefill did (its caches are copied or compressed).
+  Decoder<Backend> model(be, config, weights, policy, passkey_limits(cases, prefill_chunk, source.kv_dtype()));
   model.prefill_from(source);
   PasskeyOutcome o;
   o.total = B;
@@ -139,9 +141,9 @@ std::vector<PasskeyOutcome> evaluate_passkey_batch(Backend& be, const ModelConfi
                                                    const BackendWeights<Backend>& weights,
                                                    const std::vector<PasskeyCase>& cases,
                                                    const std::vector<EvalPolicy>& policies, int prefill_chunk,
-                                                   double* prefill_ms = nullptr) {
+                                                   double* prefill_ms = nullptr, KvDtype kv_dtype = KvDtype::kNative) {
   std::vector<std::int32_t> first;
-  const auto source = passkey_prefill(be, config, weights, cases, prefill_chunk, max_window(policies), &first);
+  const auto source = passkey_prefill(be, config, weights, cases, prefill_chunk, max_window(policies), &first, kv_dtype);
   if (prefill_ms) *prefill_ms = source->timing().total_ms;
   std::vector<PasskeyOutcome> outcomes;
   for (const EvalPolicy& p : policies)
@@ -153,7 +155,7 @@ std::vector<PasskeyOutcome> evaluate_passkey_batch(Backend& be, const ModelConfi
 template <class Backend>
 PasskeyReport evaluate_passkey(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
                                const std::vector<PasskeyCase>& all, const std::vector<int>& lengths, int limit,
-                               const std::vector<EvalPolicy>& policies, int batch, int prefill_chunk, bool verbose) {
+                               const std::vector<EvalPolicy>& policies, int batch, int prefill_chunk, bool verbose, KvDtype kv_dtype = KvDtype::kNative) {
   PasskeyReport r;
   r.lengths = lengths;
   r.policies = policies;
@@ -164,7 +166,7 @@ PasskeyReport evaluate_passkey(Backend& be, const ModelConfig& config, const Bac
     for (const std::vector<PasskeyCase>& chunk : passkey_batches(all, L, limit, batch)) {
       double prefill_ms = 0;
       const std::vector<PasskeyOutcome> part =
-          evaluate_passkey_batch(be, config, weights, chunk, policies, prefill_chunk, &prefill_ms);
+          evaluate_passkey_batch(be, config, weights, chunk, policies, prefill_chunk, &prefill_ms, kv_dtype);
       seconds += prefill_ms / 1e3;
       done += int(chunk.size());
       for (std::size_t p = 0; p < policies.size(); ++p) {

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/kv_cache.hpp"
 #include "engine/policy.hpp"
 
 namespace minimal_decoder {
@@ -37,6 +38,7 @@ struct PasskeyToolOptions {
   // Shared with generation: the policy settings, the prefill chunk, progress lines, the model's name.
   PolicyOptions policy;
   int prefill_chunk = 256;
+  KvDtype kv_dtype = KvDtype::kNative;  // --eval-passkey's caches (the other tools read native caches)
   bool verbose = true;
   std::string model_dir;
 };

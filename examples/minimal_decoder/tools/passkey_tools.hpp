@@ -28,8 +28,10 @@ int run_passkey_eval(Backend& be, const PasskeyToolOptions& o, const ModelConfig
   const std::vector<PasskeyCase> all = read_passkey_file(o.prompt_file);
   const std::vector<EvalPolicy> policies = passkey_policies(o.policy, o.eval_clusterattn);
   const PasskeyReport r =
-      evaluate_passkey(be, config, weights, all, o.lengths, o.limit, policies, o.batch, o.prefill_chunk, o.verbose);
-  std::printf("passkey accuracy (%s, %s; all five digits correct)\n", o.prompt_file.c_str(), be.name());
+      evaluate_passkey(be, config, weights, all, o.lengths, o.limit, policies, o.batch, o.prefill_chunk, o.verbose,
+                       o.kv_dtype);
+  std::printf("passkey accuracy (%s, %s, KV %s; all five digits correct)\n", o.prompt_file.c_str(), be.name(),
+              kv_dtype_name(o.kv_dtype));
   print_passkey_table(r);
   if (!o.json.empty()) write_passkey_json(r, all, o.limit, o.model_dir, be.name(), o.json);
   return 0;

@@ -6,12 +6,16 @@
 /// head_dim elements of a row are contiguous. Strides are in elements and independent for K and V, so
 /// the one type covers BHSD ([batch, heads, seq, dim]), BSHD ([batch, seq, heads, dim]), K and V halves
 /// of one fused tensor, and caches with spare capacity per sequence.
+///
+/// For fp8 T (fp8_e4m3_t, fp8_e5m2_t) the member `scales` (kv/kv_scales.hpp) holds the dequantization
+/// scales, per KV head or per (token, KV head); k_scale / v_scale read them (1 for other types).
 
 #include <cstdint>
 
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/core/dtype.hpp"
+#include "kvsift/kv/kv_scales.hpp"
 
 namespace kvsift {
 
@@ -19,7 +23,7 @@ namespace kvsift {
 /// kernels by value. Pointers are in the Exec's memory space.
 template <class T>
 struct ContiguousKV {
-  using value_type = T;  ///< the element type (float, half_t, bfloat16_t, __half, __nv_bfloat16)
+  using value_type = T;  ///< the element type (float, half_t, bfloat16_t, __half, __nv_bfloat16, fp8)
 
   T* k = nullptr;         ///< K element (0, 0, 0, 0)
   T* v = nullptr;         ///< V element (0, 0, 0, 0)
@@ -38,6 +42,9 @@ struct ContiguousKV {
   /// Elements between the V rows of consecutive sequences.
   std::int64_t v_batch_stride = 0, v_head_stride = 0, v_token_stride = 0;  ///< v_token_stride: between tokens
   const std::int32_t* lengths = nullptr;  ///< [batch], host or device memory as the backend needs
+  /// fp8 only: the dequantization scales (per head, or per token at batch/token/head strides); ignored
+  /// for 16/32-bit T. Set with make_per_head_scales or make_per_token_scales_for.
+  KvScales scales;
 
   /// The head_dim contiguous K elements of sequence `b`, KV head `h`, token `t`; no bounds check.
   KVSIFT_HD T* k_row(int b, int h, int t) const {
@@ -52,9 +59,28 @@ struct ContiguousKV {
     const int n = lengths[b];
     return n < 0 ? 0 : (n > capacity ? capacity : n);
   }
+  /// Index into scales.k / scales.v of the scale of sequence `b`, KV head `h`, token `t`: h per head,
+  /// b * batch_stride + t * token_stride + h * head_stride per token. No bounds check.
+  KVSIFT_HD std::int64_t scale_offset(int b, int h, int t) const {
+    return scales.granularity == ScaleGranularity::kPerToken
+               ? std::int64_t(b) * scales.batch_stride + std::int64_t(t) * scales.token_stride +
+                     std::int64_t(h) * scales.head_stride
+               : std::int64_t(h);
+  }
+  /// The factor K row (b, h, t) is dequantized with: scales.k[scale_offset(b, h, t)] for fp8, 1 otherwise.
+  KVSIFT_HD float k_scale(int b, int h, int t) const {
+    if constexpr (is_fp8_dtype<T>::value) return scales.k[scale_offset(b, h, t)];
+    else return (void)b, (void)h, (void)t, 1.f;
+  }
+  /// The factor V row (b, h, t) is dequantized with: scales.v[scale_offset(b, h, t)] for fp8, 1 otherwise.
+  KVSIFT_HD float v_scale(int b, int h, int t) const {
+    if constexpr (is_fp8_dtype<T>::value) return scales.v[scale_offset(b, h, t)];
+    else return (void)b, (void)h, (void)t, 1.f;
+  }
 
   /// Host-side check of the shape, the pointers (needed when batch > 0) and the strides (>= 0; token
-  /// and head rows must not overlap); kInvalidArgument or kNullPointer naming the field. Reads no lengths.
+  /// and head rows must not overlap); for fp8 T also the scales (non-null, strides that fit the
+  /// granularity and do not overlap); kInvalidArgument or kNullPointer naming the field. Reads no lengths.
   Status validate() const;
 };
 
@@ -86,9 +112,65 @@ ContiguousKV<T> make_bshd(T* k, T* v, int batch, int num_kv_heads, int capacity,
   return kv;
 }
 
+/// Per-token scales laid out [batch, capacity, heads] for `kv` (head_stride 1, token_stride heads,
+/// batch_stride capacity * heads: kv.batch * kv.capacity * kv.num_kv_heads floats for K and as many for V).
+template <class T>
+KvScales make_per_token_scales_for(const ContiguousKV<T>& kv, float* k, float* v) {
+  KvScales s;
+  s.k = k;
+  s.v = v;
+  s.granularity = ScaleGranularity::kPerToken;
+  s.head_stride = 1;
+  s.token_stride = kv.num_kv_heads;
+  // Beyond int32 the stride wraps negative, which validate() names.
+  s.batch_stride = static_cast<std::int32_t>(std::int64_t(kv.capacity) * kv.num_kv_heads);
+  return s;
+}
+
+namespace detail {
+
+/// The per-token scale strides of a contiguous view: >= 0, no page_stride, and no two (b, t, h) of the
+/// view sharing a float (sorted by stride, each dimension must step past the previous one's extent).
+inline Status validate_contiguous_scales(const KvScales& s, int batch, int capacity, int heads) {
+  KVSIFT_TRY(validate_scale_pointers(s));
+  if (s.granularity == ScaleGranularity::kPerHead) return validate_per_head_scale_strides(s);
+  KVSIFT_REQUIRE(s.page_stride == 0, kInvalidArgument, "kv.scales.page_stride = ", s.page_stride,
+                 " is for PagedKV; ContiguousKV per-token scales use batch_stride, token_stride and head_stride");
+  std::int64_t stride[3] = {s.batch_stride, s.token_stride, s.head_stride};
+  std::int64_t extent[3] = {batch, capacity, heads};
+  const char* name[3] = {"kv.scales.batch_stride", "kv.scales.token_stride", "kv.scales.head_stride"};
+  for (int i = 0; i < 3; ++i)
+    KVSIFT_REQUIRE(stride[i] >= 0, kInvalidArgument, name[i], " = ", stride[i], " must be >= 0");
+  int order[3] = {0, 1, 2};  // by stride, then by extent so a dimension of extent 1 comes first
+  for (int i = 0; i < 3; ++i)
+    for (int j = i + 1; j < 3; ++j)
+      if (stride[order[j]] < stride[order[i]] ||
+          (stride[order[j]] == stride[order[i]] && extent[order[j]] < extent[order[i]])) {
+        const int t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+      }
+  std::int64_t span = 1;  // floats covered by the dimensions already placed
+  for (int i = 0; i < 3; ++i) {
+    const int d = order[i];
+    if (extent[d] <= 1) continue;
+    KVSIFT_REQUIRE(stride[d] >= span, kInvalidArgument, name[d], " = ", stride[d], " must be >= ", span,
+                   ": the scales of two (sequence, token, head) would share a float (per-token scales of ",
+                   batch, " x ", capacity, " x ", heads, ")");
+    span = stride[d] * extent[d];
+  }
+  return Status();
+}
+
+}  // namespace detail
+
+// Views are kernel parameters: within 128 bytes nvcc keeps their fields block-uniform (docs/architecture.md).
+static_assert(sizeof(ContiguousKV<float>) <= 128, "ContiguousKV must stay within 128 bytes");
+
 template <class T>
 Status ContiguousKV<T>::validate() const {
-  static_assert(is_supported_dtype<T>::value, "ContiguousKV<T>: T must be float, half_t, bfloat16_t, __half or __nv_bfloat16");
+  static_assert(is_kv_dtype<T>::value,
+                "ContiguousKV<T>: T must be float, half_t, bfloat16_t, __half, __nv_bfloat16 or an fp8 type");
   KVSIFT_REQUIRE(batch >= 0, kInvalidArgument, "kv.batch = ", batch, " must be >= 0");
   KVSIFT_REQUIRE(num_kv_heads > 0, kInvalidArgument, "kv.num_kv_heads = ", num_kv_heads, " must be > 0");
   KVSIFT_REQUIRE(head_dim > 0, kInvalidArgument, "kv.head_dim = ", head_dim, " must be > 0");
@@ -112,6 +194,7 @@ Status ContiguousKV<T>::validate() const {
                  k_head_stride, " must be >= head_dim = ", head_dim);
   KVSIFT_REQUIRE(num_kv_heads == 1 || v_head_stride >= head_dim, kInvalidArgument, "kv.v_head_stride = ",
                  v_head_stride, " must be >= head_dim = ", head_dim);
+  if constexpr (is_fp8_dtype<T>::value) KVSIFT_TRY(detail::validate_contiguous_scales(scales, batch, capacity, num_kv_heads));
   return Status();
 }
 

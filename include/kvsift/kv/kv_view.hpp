@@ -7,12 +7,20 @@
 /// and V rows. That is all: kernels never assume how rows are arranged, so ContiguousKV, PagedKV and
 /// any engine-specific layout run through the same kernels. Required members:
 ///
-///   using value_type = T;                       // float, half_t, bfloat16_t, __half or __nv_bfloat16
+///   using value_type = T;                       // float, half_t, bfloat16_t, __half, __nv_bfloat16 or fp8
 ///   int batch, num_kv_heads, head_dim;          // data members
 ///   KVSIFT_HD T* k_row(int b, int h, int t) const;
 ///   KVSIFT_HD T* v_row(int b, int h, int t) const;
 ///   KVSIFT_HD int length(int b) const;          // tokens of sequence b; never beyond what is addressable
 ///   Status validate() const;                    // host-side parameter check
+///
+/// An fp8 view (value_type fp8_e4m3_t, fp8_e5m2_t, __nv_fp8_e4m3 or __nv_fp8_e5m2) also needs
+///
+///   KVSIFT_HD float k_scale(int b, int h, int t) const;   // element i of K is to_float(k_row(b, h, t)[i]) * k_scale(b, h, t)
+///   KVSIFT_HD float v_scale(int b, int h, int t) const;
+///
+/// (ContiguousKV and PagedKV have them, from their `scales` member, kv/kv_scales.hpp); other views may
+/// have them and are read as if they returned 1 without (kv_k_scale, kv_v_scale).
 ///
 /// Optional: `int capacity` or `int capacity() const`, the tokens a sequence can hold; ops that write
 /// through a view (cache compaction) check their output size against it.
@@ -76,10 +84,27 @@ template <class V>
 struct has_capacity_member<V, std::enable_if_t<std::is_member_object_pointer_v<decltype(&V::capacity)>>>
     : std::true_type {};
 
+template <class V, class = void>
+struct has_k_scale : std::false_type {};
+template <class V>
+struct has_k_scale<V, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const V&>().k_scale(0, 0, 0)), float>>>
+    : std::true_type {};
+
+template <class V, class = void>
+struct has_v_scale : std::false_type {};
+template <class V>
+struct has_v_scale<V, std::enable_if_t<std::is_convertible_v<decltype(std::declval<const V&>().v_scale(0, 0, 0)), float>>>
+    : std::true_type {};
+
 template <class V, bool HasValueType = has_value_type<V>::value>
 struct value_type_supported : std::false_type {};
 template <class V>
-struct value_type_supported<V, true> : is_supported_dtype<std::remove_const_t<typename V::value_type>> {};
+struct value_type_supported<V, true> : is_kv_dtype<std::remove_const_t<typename V::value_type>> {};
+
+template <class V, bool HasValueType = has_value_type<V>::value>
+struct value_type_fp8 : std::false_type {};
+template <class V>
+struct value_type_fp8<V, true> : is_fp8_dtype<std::remove_const_t<typename V::value_type>> {};
 
 }  // namespace detail
 
@@ -89,7 +114,27 @@ template <class V>
 inline constexpr bool is_kv_view_v = detail::has_value_type<V>::value && detail::has_shape_members<V>::value &&
                                      detail::has_k_row<V>::value && detail::has_v_row<V>::value &&
                                      detail::has_length<V>::value && detail::has_validate<V>::value &&
-                                     std::is_trivially_copyable_v<V>;
+                                     std::is_trivially_copyable_v<V> &&
+                                     (!detail::value_type_fp8<V>::value ||
+                                      (detail::has_k_scale<V>::value && detail::has_v_scale<V>::value));
+
+/// True when the view's K and V are fp8 (value_type fp8_e4m3_t, fp8_e5m2_t, __nv_fp8_e4m3 or
+/// __nv_fp8_e5m2, optionally const): rows are read with k_scale / v_scale.
+template <class V>
+inline constexpr bool is_fp8_view_v = detail::value_type_fp8<V>::value;
+
+/// The factor K row (b, h, t) of `kv` is dequantized with: kv.k_scale(b, h, t) when the view has it, else 1.
+template <class V>
+KVSIFT_HD float kv_k_scale(const V& kv, int b, int h, int t) {
+  if constexpr (detail::has_k_scale<V>::value) return kv.k_scale(b, h, t);
+  else return (void)kv, (void)b, (void)h, (void)t, 1.f;
+}
+/// The factor V row (b, h, t) of `kv` is dequantized with: kv.v_scale(b, h, t) when the view has it, else 1.
+template <class V>
+KVSIFT_HD float kv_v_scale(const V& kv, int b, int h, int t) {
+  if constexpr (detail::has_v_scale<V>::value) return kv.v_scale(b, h, t);
+  else return (void)kv, (void)b, (void)h, (void)t, 1.f;
+}
 
 /// Tokens a view can hold per sequence, when it says (an optional member: `int capacity` or
 /// `int capacity() const`); -1 when it does not, and ops that write through a view then trust the caller.
@@ -111,8 +156,9 @@ constexpr bool check_kv_view() {
   static_assert(detail::has_value_type<V>::value,
                 "kvsift KV view: missing `using value_type = T;` (the element type of K and V)");
   static_assert(detail::value_type_supported<V>::value,
-                "kvsift KV view: value_type must be float, kvsift::half_t, kvsift::bfloat16_t, __half or "
-                "__nv_bfloat16 (optionally const)");
+                "kvsift KV view: value_type must be float, kvsift::half_t, kvsift::bfloat16_t, __half, "
+                "__nv_bfloat16 or an fp8 type (kvsift::fp8_e4m3_t, fp8_e5m2_t, __nv_fp8_e4m3, __nv_fp8_e5m2), "
+                "optionally const");
   static_assert(detail::has_shape_members<V>::value,
                 "kvsift KV view: missing int members `batch`, `num_kv_heads` and `head_dim`");
   static_assert(detail::has_k_row<V>::value,
@@ -122,6 +168,12 @@ constexpr bool check_kv_view() {
   static_assert(detail::has_length<V>::value,
                 "kvsift KV view: missing `KVSIFT_HD int length(int batch) const` (clamped to what is addressable)");
   static_assert(detail::has_validate<V>::value, "kvsift KV view: missing `kvsift::Status validate() const`");
+  static_assert(!detail::value_type_fp8<V>::value || detail::has_k_scale<V>::value,
+                "kvsift KV view: an fp8 view needs `KVSIFT_HD float k_scale(int batch, int kv_head, int token) const` "
+                "(K element i = to_float(k_row(b, h, t)[i]) * k_scale(b, h, t))");
+  static_assert(!detail::value_type_fp8<V>::value || detail::has_v_scale<V>::value,
+                "kvsift KV view: an fp8 view needs `KVSIFT_HD float v_scale(int batch, int kv_head, int token) const` "
+                "(V element i = to_float(v_row(b, h, t)[i]) * v_scale(b, h, t))");
   static_assert(std::is_trivially_copyable_v<V>,
                 "kvsift KV view: the view is passed to kernels by value and must be trivially copyable "
                 "(no std::vector, no virtual functions, no user-defined copy)");

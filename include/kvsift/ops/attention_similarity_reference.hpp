@@ -50,6 +50,7 @@ Status attention_cosine(const Exec&, const View& kv, const QueryRows<QT>& q, int
         for (int j = 0; j < L; ++j) {
           double dot = 0;
           for (int e = 0; e < d; ++e) dot += double(to_float(q.row(b, t, h)[e])) * double(to_float(kv.k_row(b, kh, j)[e]));
+          dot *= double(kv_k_scale(kv, b, kh, j));  // fp8 views: the row's dequantization scale
           logits[j] = dot * scale;
           m_full = std::max(m_full, logits[j]);
           if (is_kept[j]) m_kept = std::max(m_kept, logits[j]);

@@ -8,6 +8,7 @@
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/compact_kv.hpp"
 #include "kvsift/ops/compact_kv_plan.hpp"
+#include "kvsift/ops/store_kv.hpp"  // check_writable_scales
 #include "kvsift/ops/detail/compact_kv_kernel.cuh"
 
 namespace kvsift {
@@ -21,6 +22,7 @@ Status compact_kv(const Exec& exec, const Src& src, ConstIndexSet kept, int wind
                   Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<Src>());
   static_assert(check_kv_view<Dst>());
+  static_assert(detail::check_writable_scales<Dst>());
   KVSIFT_TRY(detail::validate_compact_kv(src, kept, window, dst, out));
   const int rows = dst.batch * dst.num_kv_heads, slots = kept.capacity + window;
   if (rows == 0 || slots == 0) return Status();

@@ -19,6 +19,11 @@
 /// Entries of `kept` outside [0, L - w) are skipped (their slots are not written) rather than read out
 /// of bounds; the policies never produce them.
 ///
+/// fp8 views: the codes are copied with their scales. Source and destination hold the same fp8 type
+/// and the same scale granularity; per-token, slot s's scale is the source token's; per-head, every
+/// destination head's scale is written from its source head (dst.scales.k[h] = src.scales.k[h / group]),
+/// so the destination's scale arrays must not alias the source's unless the head counts match.
+///
 /// This header is the contract (outputs, validation, the slot map every backend uses). The workspace
 /// query is in compact_kv_plan.hpp, the host reference in compact_kv_reference.hpp, the CUDA launcher
 /// in compact_kv.cuh (kernel in detail/compact_kv_kernel.cuh).
@@ -28,6 +33,7 @@
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
 #include "kvsift/kv/index_set.hpp"
+#include "kvsift/kv/kv_scales.hpp"
 #include "kvsift/kv/kv_view.hpp"
 
 namespace kvsift {
@@ -46,8 +52,15 @@ namespace detail {
 template <class Src, class Dst>
 Status validate_compact_kv(const Src& src, const ConstIndexSet& kept, int window, const Dst& dst,
                            const CompactOutputs& out) {
+  static_assert(is_fp8_view_v<Src> == is_fp8_view_v<Dst>,
+                "compact_kv: an fp8 view compacts into an fp8 view of the same type (codes move with their scales)");
   KVSIFT_TRY(src.validate());
   KVSIFT_TRY(dst.validate());
+  if constexpr (is_fp8_view_v<Dst>) {
+    KVSIFT_REQUIRE(dst.scales.granularity == src.scales.granularity, kInvalidArgument, "dst.scales.granularity = ",
+                   to_string(dst.scales.granularity), " must equal src.scales.granularity = ",
+                   to_string(src.scales.granularity));
+  }
   KVSIFT_TRY(kept.validate("kept"));
   KVSIFT_REQUIRE(window >= 0, kInvalidArgument, "window = ", window, " must be >= 0");
   KVSIFT_REQUIRE(dst.batch == src.batch, kInvalidArgument, "dst.batch = ", dst.batch, " must equal src.batch = ",
@@ -78,6 +91,26 @@ KVSIFT_HD inline int compact_source_position(const ConstIndexSet& kept, int r, i
     return (p >= 0 && p < len - w) ? p : -1;
   }
   return s < n + w ? len - w + (s - n) : -1;
+}
+
+/// Copies the scales of destination slot s of (b, h) from source token p of head src_head: per token
+/// that slot's pair when the slot is filled (p >= 0); per head, once per destination head (at sequence
+/// 0, slot 0, filled or not), dst head h from src_head.
+template <class Src, class Dst>
+KVSIFT_HD void compact_copy_scales(const Src& src, const Dst& dst, int b, int h, int src_head, int s, int p) {
+  if constexpr (is_fp8_view_v<Dst>) {
+    if (dst.scales.granularity == ScaleGranularity::kPerToken) {
+      if (p < 0) return;
+      const std::int64_t to = dst.scale_offset(b, h, s), from = src.scale_offset(b, src_head, p);
+      dst.scales.k[to] = src.scales.k[from];
+      dst.scales.v[to] = src.scales.v[from];
+    } else if (s == 0 && b == 0) {
+      dst.scales.k[h] = src.scales.k[src_head];
+      dst.scales.v[h] = src.scales.v[src_head];
+    }
+  } else {
+    (void)src, (void)dst, (void)b, (void)h, (void)src_head, (void)s, (void)p;
+  }
 }
 
 }  // namespace detail

@@ -12,6 +12,7 @@
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/compact_kv.hpp"
 #include "kvsift/ops/compact_kv_plan.hpp"
+#include "kvsift/ops/store_kv.hpp"  // check_writable_scales
 
 namespace kvsift {
 namespace host {
@@ -25,6 +26,7 @@ Status compact_kv(const Exec&, const Src& src, ConstIndexSet kept, int window, c
                   Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<Src>());
   static_assert(check_kv_view<Dst>());
+  static_assert(detail::check_writable_scales<Dst>());
   KVSIFT_TRY(detail::validate_compact_kv(src, kept, window, dst, out));
   const int group = dst.num_kv_heads / src.num_kv_heads;
   const int slots = kept.capacity + window;
@@ -35,6 +37,7 @@ Status compact_kv(const Exec&, const Src& src, ConstIndexSet kept, int window, c
       for (int s = 0; s < slots; ++s) {
         const int p = detail::compact_source_position(kept, r, s, len, window);
         if (out.positions) out.positions[r * out.positions_stride + s] = p;
+        detail::compact_copy_scales(src, dst, b, h, h / group, s, p);
         if (p < 0) continue;
         const auto* ks = src.k_row(b, h / group, p);
         const auto* vs = src.v_row(b, h / group, p);

@@ -21,6 +21,10 @@
 ///   io.out  OutputRows of the same shape and dtype, own strides; every element of every row is written
 ///   io.lse  optional float [batch, q_len, num_q_heads], natural log of sum_t exp(sm_scale * q.k_t)
 ///
+/// fp8 KV (a view of fp8_e4m3_t / fp8_e5m2_t, kv/kv_scales.hpp): element i of K row (b, h, t) stands for
+/// to_float(code) * kv.k_scale(b, h, t), V likewise with v_scale; queries and outputs are bf16 or fp16
+/// (a float query is kUnsupported), accumulation fp32 on the GPU and double in the host reference.
+///
 /// Rows with no visible key (length 0, an empty or fully out-of-range index row, a query position
 /// before the start of the sequence) give out = 0 and lse = -inf, never NaN.
 ///
@@ -55,7 +59,7 @@ namespace kvsift {
 /// semantics). Build it with make_decode_attention_params, then set roles, index_set and scores.
 template <class T>
 struct DecodeAttentionParams {
-  using value_type = T;  ///< the element type of queries and outputs (that of the KV view)
+  using value_type = T;  ///< the element type of queries and outputs: the KV view's, or bf16 / fp16 over fp8 KV
   QueryIO<T> io;     ///< queries in, outputs (and optional LSE) out
   int num_q_heads = 0;   ///< query heads, a positive multiple of kv.num_kv_heads
   int head_dim = 0;  ///< must equal kv.head_dim; 64, 128 or 256
@@ -117,6 +121,10 @@ Status validate_decode_attention_rows(const View& kv, const DecodeAttentionParam
 template <class View, class T>
 Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>& p, bool check_pointers = true) {
   KVSIFT_TRY(kv.validate());
+  // fp8 K/V are widened to 16 bits for the MMA with 16-bit queries; a float query has no such pairing.
+  KVSIFT_REQUIRE(!is_fp8_view_v<View> || dtype_traits<T>::dtype == DType::kBFloat16 ||
+                     dtype_traits<T>::dtype == DType::kFloat16,
+                 kUnsupported, "fp8 KV needs bf16 or fp16 queries (got ", dtype_traits<T>::name, ")");
   KVSIFT_REQUIRE(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, kUnsupported, "head_dim = ", p.head_dim,
                  " is not supported (64, 128 or 256)");
   KVSIFT_REQUIRE(kv.head_dim == p.head_dim, kInvalidArgument, "kv.head_dim = ", kv.head_dim,

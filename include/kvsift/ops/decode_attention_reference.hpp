@@ -3,6 +3,8 @@
 /// \brief Host reference of decode_attention (contract in decode_attention.hpp): double accumulation, the
 /// semantics of the contract written out directly, no splits. The oracle every GPU test compares
 /// with; it also checks what only host memory allows (q_len against each sequence's length).
+/// An fp8 view's elements are dequantized as double(to_float(code)) * double(k_scale(b, h, t)) (and
+/// v_scale for V): exact in double, the value the kernels approximate in fp32.
 
 #include <algorithm>
 #include <cmath>
@@ -62,6 +64,9 @@ Status decode_attention(const Exec&, const View& kv, const DecodeAttentionParams
             const KT* k = kv.k_row(b, h, t);
             double s = 0;
             for (int i = 0; i < d; ++i) s += qv[i] * double(to_float(k[i]));
+            // The scale is constant over the row, so it multiplies the dot product: the same value as
+            // scaling each element, exactly (in double).
+            s *= double(kv_k_scale(kv, b, h, t));
             logits.push_back(s * p.sm_scale);
             m = std::max(m, logits.back());
           }
@@ -73,7 +78,8 @@ Status decode_attention(const Exec&, const View& kv, const DecodeAttentionParams
             const double w = std::exp(logits[n++] - m);
             sum += w;
             const KT* v = kv.v_row(b, h, t);
-            for (int i = 0; i < d; ++i) acc[i] += w * double(to_float(v[i]));
+            const double wv = w * double(kv_v_scale(kv, b, h, t));
+            for (int i = 0; i < d; ++i) acc[i] += wv * double(to_float(v[i]));
           }
           T* o = p.io.out.row(b, qi, hq);
           for (int i = 0; i < d; ++i) o[i] = from_float<T>(sum > 0 ? float(acc[i] / sum) : 0.f);
@@ -94,6 +100,7 @@ Status decode_attention(const Exec&, const View& kv, const DecodeAttentionParams
           const KT* k = kv.k_row(b, h, t);
           double s = 0;
           for (int i = 0; i < d; ++i) s += qv[i] * double(to_float(k[i]));
+          s *= double(kv_k_scale(kv, b, h, t));
           row[t / bs] = std::max(row[t / bs], float(s));
         }
       }

@@ -54,6 +54,7 @@ Status window_scores(const Exec&, const View& kv, const QueryRows<QT>& q, const 
             const auto* kr = kv.k_row(b, hk, j);
             double dot = 0;
             for (int e = 0; e < d; ++e) dot += double(to_float(qr[e])) * double(to_float(kr[e]));
+            dot *= double(kv_k_scale(kv, b, hk, j));  // fp8 views: the row's dequantization scale
             logits[j] = dot * scale;
             m = logits[j] > m ? logits[j] : m;
           }

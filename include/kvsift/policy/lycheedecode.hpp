@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/core/check.hpp"
@@ -68,6 +69,8 @@ struct ShapeOnlyKV {
   KVSIFT_HD T* k_row(int, int, int) const { return nullptr; }
   KVSIFT_HD T* v_row(int, int, int) const { return nullptr; }
   KVSIFT_HD int length(int) const { return 0; }
+  KVSIFT_HD float k_scale(int, int, int) const { return 1.f; }  // fp8 KT: the view concept wants scales
+  KVSIFT_HD float v_scale(int, int, int) const { return 1.f; }
   Status validate() const { return Status(); }
 };
 
@@ -260,7 +263,9 @@ class LycheeDecodePolicy {
       mixes.push_back(&m);
     }
     float score_shape = 0.f;  // a non-null score pointer for the plan; never written
-    const QueryIO<float> io{};
+    // The query type does not change the plan; fp8 KV takes 16-bit queries (a float one is rejected).
+    using QT = std::conditional_t<is_fp8_dtype<KT>::value, bfloat16_t, float>;
+    const QueryIO<QT> io{};
     detail::ShapeOnlyKV<KT> kv;
     kv.batch = config_.max_batch;  // the query covers every batch up to this one
     kv.num_kv_heads = config_.num_kv_heads;

@@ -188,6 +188,17 @@ template void CudaBackend::store_kv(const float*, const float*, int, const std::
 template void CudaBackend::store_kv(const float*, const float*, int, const std::int32_t*, const std::int32_t*,
                                     const kvsift::PagedKV<CudaBackend::KvType>&) const;
 
+void CudaBackend::narrow_to_bf16(const float* x, std::int64_t n, kvsift::bfloat16_t* y) const {
+  if (n == 0) return;
+  kernels::to_bf16<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(x, n, reinterpret_cast<__nv_bfloat16*>(y));
+  launched("to_bf16");
+}
+void CudaBackend::widen_from_bf16(const kvsift::bfloat16_t* x, std::int64_t n, float* y) const {
+  if (n == 0) return;
+  kernels::from_bf16<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(reinterpret_cast<const __nv_bfloat16*>(x), n, y);
+  launched("from_bf16");
+}
+
 void CudaBackend::scatter_rows(const float* src, int n, std::int64_t row_elems, const std::int32_t* dst_row,
                                float* dst) const {
   if (n == 0) return;

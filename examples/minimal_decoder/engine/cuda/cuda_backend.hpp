@@ -177,6 +177,19 @@ class CudaBackend {
   void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const;
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
   void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const;
+  // GUARD (fp8 KV): kvsift's CUDA decode attention has no fp8 path yet, so the decoder refuses an fp8
+  // cache on this backend (Decoder's constructor and with_query_rows in decoder.hpp ask this, and never
+  // instantiate decode_attention over an fp8 view here). Return true for fp8 once decode_attention.cuh
+  // reads fp8 views; nothing else changes.
+  template <class KT>
+  static constexpr bool attends_kv() {
+    if constexpr (kvsift::is_fp8_dtype<KT>::value) return false;
+    else return true;
+  }
+  static constexpr const char* kFp8AttentionMissing = "fp8 KV on the GPU needs the fp8 decode kernel";
+  // y = bf16(x) and back: the query and output rows of attention over an fp8 cache.
+  void narrow_to_bf16(const float* x, std::int64_t n, kvsift::bfloat16_t* y) const;
+  void widen_from_bf16(const kvsift::bfloat16_t* x, std::int64_t n, float* y) const;
   // View: kvsift::ContiguousKV or PagedKV of KvType (instantiated for both in cuda_backend.cu).
   template <class View>
   void store_kv(const float* k, const float* v, int n, const std::int32_t* seq, const std::int32_t* slot,

@@ -125,6 +125,13 @@ __global__ void to_bf16(const T* x, std::int64_t n, __nv_bfloat16* y) {
     y[i] = __float2bfloat16_rn(float(x[i]));
 }
 
+// bf16 -> float, exact (attention outputs over an fp8 cache).
+template <class T>
+__global__ void from_bf16(const __nv_bfloat16* x, std::int64_t n, T* y) {
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
 // K/V rows of token i ([n, kv_heads * head_dim], float) to cache slot slot[i] of sequence seq[i],
 // rounded to the cache's type. One thread per element; the view's own addressing (k_row/v_row)
 // places it, so any kvsift view works: ContiguousKV in any layout, PagedKV through its block table.

@@ -35,8 +35,9 @@ __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
   const int p = compact_source_position(kept, r, s, len, window);
   if (lane == 0 && out.positions) out.positions[r * out.positions_stride + s] = p;
   if (lane == 0 && s == 0 && h == 0) out.new_lengths[b] = kept.count(r) + (window < len ? window : len);
-  if (p < 0) return;
   const int src_head = h / (dst.num_kv_heads / src.num_kv_heads);
+  if (lane == 0) compact_copy_scales(src, dst, b, h, src_head, s, p);  // fp8 views only; a no-op otherwise
+  if (p < 0) return;
   const auto* ks = src.k_row(b, src_head, p);
   const auto* vs = src.v_row(b, src_head, p);
   auto* kd = dst.k_row(b, h, s);

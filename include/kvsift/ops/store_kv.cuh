@@ -1,0 +1,37 @@
+#pragma once
+/// \file
+/// \brief CUDA backend of store_kv (contract in store_kv.hpp, workspace query in store_kv_plan.hpp, kernel
+/// in detail/store_kv_kernel.cuh).
+
+#include <cstdint>
+
+#include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/workspace.hpp"
+#include "kvsift/ops/detail/store_kv_kernel.cuh"
+#include "kvsift/ops/store_kv.hpp"
+#include "kvsift/ops/store_kv_plan.hpp"
+
+namespace kvsift {
+namespace cuda {
+
+/// Same contract as host::store_kv, bytes identical; pointers are device pointers (seq and pos too, so
+/// a captured graph replays for any positions). Asynchronous on exec.stream; needs no workspace.
+/// The grid depends on n and num_kv_heads only.
+template <class View, class T>
+Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Workspace /*workspace: none needed*/ = {}) {
+  static_assert(check_kv_view<View>());
+  static_assert(detail::check_writable_scales<View>());
+  KVSIFT_TRY(detail::validate_store_kv(kv, p));
+  if (p.n == 0 || kv.batch == 0) return Status();
+  const std::int64_t pairs = std::int64_t(p.n) * kv.num_kv_heads;
+  const std::int64_t blocks = (pairs + detail::kStoreKvWarpsPerBlock - 1) / detail::kStoreKvWarpsPerBlock;
+  KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * num_kv_heads = ", pairs, " is too many rows for one launch");
+  detail::store_kv_kernel<<<unsigned(blocks), detail::kStoreKvThreads, 0, exec.stream>>>(
+      kv, detail::StoreKvLaunch<T>{p, kv_capacity(kv)});
+  KVSIFT_CHECK_LAUNCH();
+  return Status();
+}
+
+}  // namespace cuda
+}  // namespace kvsift
