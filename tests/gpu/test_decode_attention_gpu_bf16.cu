@@ -233,3 +233,17 @@ TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace")
   st = kvsift::cuda::decode_attention(exec, misaligned, p, kvsift::Workspace{ws.get(), bytes});
   CHECK(st.code() == kvsift::StatusCode::kMisaligned);
 }
+
+TEST_CASE("decode_attention CUDA launcher refuses fp8 KV views with a named error (host backend only)") {
+  std::vector<std::int32_t> lh = {4};
+  kvsift_test::DeviceBuffer<kvsift::fp8_e4m3_t> k(4 * 128);
+  kvsift_test::DeviceBuffer<bfloat16_t> q(4 * 128), out(4 * 128);
+  kvsift_test::DeviceBuffer<float> scales(std::vector<float>{1.f});
+  kvsift_test::DeviceBuffer<std::int32_t> len(lh);
+  auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, 4, 128, len.get());
+  kv.scales = kvsift::make_per_head_scales(scales.get(), scales.get());
+  const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);
+  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kUnsupported);
+  CHECK(st.message().find("fp8") != std::string::npos);
+}
