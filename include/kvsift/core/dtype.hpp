@@ -95,7 +95,9 @@ KVSIFT_HD inline float half_bits_to_float(std::uint16_t h) {
   const std::uint32_t sign = std::uint32_t(h & 0x8000u) << 16;
   std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) return bits_to_float(sign | 0x7f800000u | (man << 13));  // inf / NaN
+  // NaN becomes the canonical 0x7fffffff, as the device's cvt.f32.f16 makes it, so host and device
+  // widen every half (and every fp8 code, which widens through half) to the same bits.
+  if (exp == 0x1f) return bits_to_float(man ? 0x7fffffffu : (sign | 0x7f800000u));  // NaN / inf
   if (exp == 0) {
     if (man == 0) return bits_to_float(sign);
     // Subnormal: normalise the mantissa.
