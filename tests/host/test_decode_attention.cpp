@@ -35,6 +35,91 @@ struct Data {
   std::vector<T> k, v, q;
 };
 
+// The contract written out directly, in double, and compared with what the reference wrote: per
+// (b, h) the multiset of visible keys (duplicate entries count twice, entries outside [0, len)
+// drop), the causal mask, softmax and P V; the LSE; and for retrieval heads the block-max scores of
+// the group-mean query (sparse heads' score rows stay at the 12345 sentinel). kdq(b, h, t, i) and
+// vdq(...) give element i of a dequantized K / V row, so plain and fp8 caches share it. out_scale is
+// the absolute tolerance floor of an output element.
+template <class T, class KDQ, class VDQ>
+void expect_contract(const Problem& pr, const std::vector<T>& q, const std::vector<T>& out, const std::vector<float>& lse,
+                     const std::vector<float>& scores, double sm_scale, KDQ kdq, VDQ vdq, double out_scale) {
+  const int B = pr.batch, H = pr.hkv, G = pr.group, Hq = H * G, D = pr.d, S = pr.cap, QL = pr.q_len;
+  const int sb = pr.score_block ? pr.score_block : 1;
+  const int cols = (S + sb - 1) / sb;
+  for (int b = 0; b < B; ++b) {
+    const int len = pr.lengths[b];
+    for (int h = 0; h < H; ++h) {
+      std::vector<double> mult(S, 0.0);
+      if (!pr.roles.is_sparse(h)) {
+        for (int t = 0; t < len; ++t) mult[t] = 1;
+      } else {
+        const int row = b * H + h;
+        for (int e = 0; e < pr.counts[row]; ++e)
+          for (int i = 0; i < pr.block; ++i) {
+            const long long t = (long long)pr.idx[std::size_t(row) * pr.idx_cap + e] * pr.block + i;
+            if (t >= 0 && t < len) mult[t] += 1;
+          }
+      }
+      for (int qi = 0; qi < QL; ++qi)
+        for (int g = 0; g < G; ++g) {
+          const int hq = h * G + g;
+          const T* qr = &q[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          std::vector<double> logit(S, -INFINITY);
+          double m = -INFINITY;
+          for (int t = 0; t < S; ++t) {
+            if (t > len - QL + qi || mult[t] == 0) continue;
+            double s = 0;
+            for (int i = 0; i < D; ++i) s += double(kvsift::to_float(qr[i])) * kdq(b, h, t, i);
+            logit[t] = s * sm_scale;
+            m = std::max(m, logit[t]);
+          }
+          double den = 0;
+          std::vector<double> num(D, 0.0);
+          for (int t = 0; t < S; ++t) {
+            if (logit[t] == -INFINITY) continue;
+            const double e = mult[t] * std::exp(logit[t] - m);
+            den += e;
+            for (int i = 0; i < D; ++i) num[i] += e * vdq(b, h, t, i);
+          }
+          const T* o = &out[((std::size_t(b) * QL + qi) * Hq + hq) * D];
+          for (int i = 0; i < D; ++i) {
+            const double want = den > 0 ? num[i] / den : 0.0;
+            // Only the final rounding to T separates the two: half an ulp of bf16 / fp16, relative.
+            CHECK(double(kvsift::to_float(o[i])) == doctest::Approx(want).epsilon(1e-2).scale(out_scale));
+          }
+          const float l = lse[(std::size_t(b) * QL + qi) * Hq + hq];
+          if (den > 0)
+            CHECK(double(l) == doctest::Approx(m + std::log(den)).epsilon(1e-6));
+          else
+            CHECK(l == -INFINITY);
+        }
+      if (pr.score_block && !pr.roles.is_sparse(h)) {
+        for (int j = 0; j < cols; ++j) {
+          double best = -INFINITY;
+          for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
+            double s = 0;
+            for (int i = 0; i < D; ++i) {
+              double qbar = 0;
+              for (int g = 0; g < G; ++g)
+                qbar += kvsift::to_float(q[((std::size_t(b) * QL + QL - 1) * Hq + h * G + g) * D + i]);
+              s += qbar / G * kdq(b, h, t, i);
+            }
+            best = std::max(best, s);
+          }
+          const float got = scores[(std::size_t(b) * H + h) * cols + j];
+          if (best == -INFINITY)
+            CHECK(got == -INFINITY);
+          else
+            CHECK(double(got) == doctest::Approx(best).epsilon(1e-5).scale(out_scale));
+        }
+      } else if (pr.score_block) {
+        for (int j = 0; j < cols; ++j) CHECK(scores[(std::size_t(b) * H + h) * cols + j] == 12345.f);
+      }
+    }
+  }
+}
+
 template <class T>
 void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
   const int B = pr.batch, H = pr.hkv, G = pr.group, Hq = H * G, D = pr.d, S = pr.cap, QL = pr.q_len;
@@ -62,70 +147,12 @@ void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
   }
   const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
-
-  for (int b = 0; b < B; ++b) {
-    const int len = pr.lengths[b];
-    for (int h = 0; h < H; ++h) {
-      std::vector<double> mult(S, 0.0);
-      if (!pr.roles.is_sparse(h)) {
-        for (int t = 0; t < len; ++t) mult[t] = 1;
-      } else {
-        const int row = b * H + h;
-        for (int e = 0; e < counts[row]; ++e)
-          for (int i = 0; i < pr.block; ++i) {
-            const long long t = (long long)idx[std::size_t(row) * pr.idx_cap + e] * pr.block + i;
-            if (t >= 0 && t < len) mult[t] += 1;
-          }
-      }
-      for (int qi = 0; qi < QL; ++qi)
-        for (int g = 0; g < G; ++g) {
-          const int hq = h * G + g;
-          const T* qr = &q[((std::size_t(b) * QL + qi) * Hq + hq) * D];
-          double den = 0;
-          std::vector<double> num(D, 0.0);
-          for (int t = 0; t < S; ++t) {
-            const double w = t <= len - QL + qi ? mult[t] : 0.0;
-            if (w == 0) continue;
-            double s = 0;
-            for (int i = 0; i < D; ++i)
-              s += double(kvsift::to_float(qr[i])) * kvsift::to_float(k[((std::size_t(b) * S + t) * H + h) * D + i]);
-            const double e = w * std::exp(s * p.sm_scale);
-            den += e;
-            for (int i = 0; i < D; ++i) num[i] += e * kvsift::to_float(v[((std::size_t(b) * S + t) * H + h) * D + i]);
-          }
-          const T* o = &out[((std::size_t(b) * QL + qi) * Hq + hq) * D];
-          for (int i = 0; i < D; ++i) {
-            const double want = den > 0 ? num[i] / den : 0.0;
-            CHECK(double(kvsift::to_float(o[i])) == doctest::Approx(want).epsilon(1e-2).scale(1.0));
-          }
-          const float l = lse[(std::size_t(b) * QL + qi) * Hq + hq];
-          if (den > 0)
-            CHECK(double(l) == doctest::Approx(std::log(den)).epsilon(1e-5));
-          else
-            CHECK(l == -INFINITY);
-        }
-      if (pr.score_block && !pr.roles.is_sparse(h)) {
-        for (int j = 0; j < cols; ++j) {
-          double best = -INFINITY;
-          for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
-            double s = 0;
-            for (int i = 0; i < D; ++i) {
-              double qbar = 0;
-              for (int g = 0; g < G; ++g)
-                qbar += kvsift::to_float(q[((std::size_t(b) * QL + QL - 1) * Hq + h * G + g) * D + i]);
-              s += qbar / G * kvsift::to_float(k[((std::size_t(b) * S + t) * H + h) * D + i]);
-            }
-            best = std::max(best, s);
-          }
-          const float got = scores[(std::size_t(b) * H + h) * cols + j];
-          if (best == -INFINITY)
-            CHECK(got == -INFINITY);
-          else
-            CHECK(double(got) == doctest::Approx(best).epsilon(1e-5).scale(1.0));
-        }
-      }
-    }
-  }
+  auto element = [&](const std::vector<T>& x) {
+    return [&x, H, S, D](int b, int h, int t, int i) {
+      return double(kvsift::to_float(x[((std::size_t(b) * S + t) * H + h) * D + i]));
+    };
+  };
+  expect_contract(pr, q, out, lse, scores, p.sm_scale, element(k), element(v), 1.0);
 }
 
 }  // namespace
@@ -611,74 +638,7 @@ void check_fp8_against_float64(const Problem& pr, Fp8Layout layout, kvsift::Scal
     st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
   }
   REQUIRE_MESSAGE(st.ok(), st.to_string());
-
-  for (int b = 0; b < B; ++b) {
-    const int len = pr.lengths[b];
-    for (int h = 0; h < H; ++h) {
-      std::vector<double> mult(S, 0.0);
-      if (!pr.roles.is_sparse(h)) {
-        for (int t = 0; t < len; ++t) mult[t] = 1;
-      } else {
-        const int row = b * H + h;
-        for (int e = 0; e < counts[row]; ++e)
-          for (int i = 0; i < pr.block; ++i) {
-            const long long t = (long long)idx[std::size_t(row) * pr.idx_cap + e] * pr.block + i;
-            if (t >= 0 && t < len) mult[t] += 1;
-          }
-      }
-      for (int qi = 0; qi < QL; ++qi)
-        for (int g = 0; g < G; ++g) {
-          const int hq = h * G + g;
-          const T* qr = &q[((std::size_t(b) * QL + qi) * Hq + hq) * D];
-          std::vector<double> logit(S, -INFINITY);
-          double m = -INFINITY;
-          for (int t = 0; t < S; ++t) {
-            if (t > len - QL + qi || mult[t] == 0) continue;
-            double s = 0;
-            for (int i = 0; i < D; ++i) s += double(kvsift::to_float(qr[i])) * kdq(b, h, t, i);
-            logit[t] = s * p.sm_scale;
-            m = std::max(m, logit[t]);
-          }
-          double den = 0;
-          std::vector<double> num(D, 0.0);
-          for (int t = 0; t < S; ++t) {
-            if (logit[t] == -INFINITY) continue;
-            const double e = mult[t] * std::exp(logit[t] - m);
-            den += e;
-            for (int i = 0; i < D; ++i) num[i] += e * vdq(b, h, t, i);
-          }
-          const T* o = &out[((std::size_t(b) * QL + qi) * Hq + hq) * D];
-          for (int i = 0; i < D; ++i) {
-            const double want = den > 0 ? num[i] / den : 0.0;
-            // Only the final rounding to T separates the two: half an ulp of bf16 / fp16, relative.
-            REQUIRE(double(kvsift::to_float(o[i])) == doctest::Approx(want).epsilon(1e-2).scale(1e-3));
-          }
-          const float l = lse[(std::size_t(b) * QL + qi) * Hq + hq];
-          if (den > 0) REQUIRE(double(l) == doctest::Approx(m + std::log(den)).epsilon(1e-6));
-          else REQUIRE(l == -INFINITY);
-        }
-      if (pr.score_block && !pr.roles.is_sparse(h)) {
-        for (int j = 0; j < cols; ++j) {
-          double best = -INFINITY;
-          for (int t = j * sb; t < std::min((j + 1) * sb, len); ++t) {
-            double s = 0;
-            for (int i = 0; i < D; ++i) {
-              double qbar = 0;
-              for (int g = 0; g < G; ++g)
-                qbar += kvsift::to_float(q[((std::size_t(b) * QL + QL - 1) * Hq + h * G + g) * D + i]);
-              s += qbar / G * kdq(b, h, t, i);
-            }
-            best = std::max(best, s);
-          }
-          const float got = scores[(std::size_t(b) * H + h) * cols + j];
-          if (best == -INFINITY) REQUIRE(got == -INFINITY);
-          else REQUIRE(double(got) == doctest::Approx(best).epsilon(1e-6).scale(1e-3));
-        }
-      } else if (pr.score_block) {
-        for (int j = 0; j < cols; ++j) REQUIRE(scores[(std::size_t(b) * H + h) * cols + j] == 12345.f);  // sparse: untouched
-      }
-    }
-  }
+  expect_contract(pr, q, out, lse, scores, p.sm_scale, kdq, vdq, 1e-3);
 }
 
 template <class KT, class T>
