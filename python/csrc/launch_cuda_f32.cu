@@ -15,7 +15,7 @@ kvsift::Status device_facts(int device, kvsift::DeviceFacts* facts) {
   KVSIFT_REQUIRE(device >= 0 && device < kMaxDevices, kInvalidArgument, "device = ", device, " must be in [0, ",
                  kMaxDevices, ")");
   std::lock_guard<std::mutex> lock(mutex);
-  if (cache[device].num_sms == 0) KVSIFT_TRY(kvsift::query_device_facts(device, &cache[device]));
+  if (cache[device].num_sms == 0) KVSIFT_TRY(kvsift::cuda::query_device_facts(device, &cache[device]));
   *facts = cache[device];
   return kvsift::Status();
 }
