@@ -58,7 +58,18 @@ def opcheck_cases(device):
     q, k, v, lengths, scores = make_inputs(device)
     selected = kvsift.topk(scores, 16)
     bhsd = [t.transpose(1, 2).contiguous() for t in (q, k, v)]
+    # A paged NHD pool of 16-token pages holding the same k/v, pages in reverse order.
+    B, S, H, D = k.shape
+    pages = torch.zeros(2 * 4, 16, H, D, device=device)
+    vpages = torch.zeros_like(pages)
+    table = torch.arange(7, -1, -1, dtype=torch.int32, device=device).reshape(B, 4)
+    for b in range(B):
+        for t in range(S):
+            pages[int(table[b, t // 16]), t % 16] = k[b, t]
+            vpages[int(table[b, t // 16]), t % 16] = v[b, t]
     return {
+        "decode_paged": (torch.ops.kvsift.decode_attention.default, (q, pages, vpages, lengths),
+                         {"kv_layout": "NHD", "block_table": table}),
         "topk": (torch.ops.kvsift.topk.default, (scores, 8), {"lengths": lengths.repeat(2), "sink": 1, "recent": 2}),
         "topk_per_row_k": (torch.ops.kvsift.topk.default, (scores, 8), {"per_row_k": torch.tensor([0, 3, 8, 20], dtype=torch.int32, device=device)}),
         "decode_dense_bshd": (torch.ops.kvsift.decode_attention.default, (q, k, v, lengths), {"kv_layout": "BSHD"}),
@@ -69,7 +80,8 @@ def opcheck_cases(device):
     }
 
 
-@pytest.mark.parametrize("case", ["topk", "topk_per_row_k", "decode_dense_bshd", "decode_dense_bhsd", "decode_mixed"])
+@pytest.mark.parametrize("case", ["topk", "topk_per_row_k", "decode_dense_bshd", "decode_dense_bhsd", "decode_mixed",
+                                  "decode_paged"])
 def test_opcheck(device, case):
     op, args, kwargs = opcheck_cases(device)[case]
     torch.library.opcheck(op, args, kwargs)
