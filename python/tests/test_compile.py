@@ -46,12 +46,15 @@ def test_compile_fullgraph_bhsd_lse(device):
 
     def f(q, k, lengths):
         out, lse = kvsift.decode_attention(q, k, k, lengths, return_lse=True)
-        return out + 1, lse.exp()
+        return out, lse, lse.exp()
 
     expected = f(q, k, lengths)
     got = torch.compile(f, fullgraph=True)(q, k, lengths)
-    for a, b in zip(got, expected):
+    # The op's outputs are bit-identical; inductor's vectorized exp may differ from eager's by an ulp.
+    for a, b in zip(got[:2], expected[:2]):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert got[1].stride() == expected[1].stride()
+    torch.testing.assert_close(got[2], expected[2])
 
 
 def opcheck_cases(device):
