@@ -1,0 +1,4 @@
+// float16 instantiations of launch_cuda.cuh.
+#include "launch_cuda.cuh"
+
+KVSIFT_TORCH_INSTANTIATE_CUDA(kvsift::half_t)

@@ -1,0 +1,32 @@
+// The op schemas: TORCH_LIBRARY(kvsift) defines each op once; ops_cpu.cpp and ops_cuda.cpp register
+// the backends, kvsift/_ops.py the fake (meta) kernels torch.compile traces with.
+//
+// Schema conventions: host values that size the launch (k, sink, recent, max_kv_length, the sparse
+// heads) are ints, never tensors, so a call's grid depends on nothing in device memory (no host
+// sync; a CUDA graph replays it for any lengths up to the bounds). Outputs are fresh tensors; no op
+// mutates its inputs.
+#include <torch/library.h>
+
+TORCH_LIBRARY(kvsift, m) {
+  // Per row of scores [rows, cols]: the `k` best positions of [0, lengths[r]) (the first `sink` and last
+  // `recent` always in), ascending. Returns (indices [rows, max(k, sink + recent)] int32, -1 past the
+  // row's count; counts [rows] int32).
+  m.def("topk(Tensor scores, int k, Tensor? lengths=None, Tensor? per_row_k=None, int sink=0, int recent=0)"
+        " -> (Tensor indices, Tensor counts)");
+  // Decode attention of q's S_q newest positions over a KV cache (see kvsift/ops.py for the layouts).
+  // Heads listed in sparse_heads attend to the entries of their row of (indices, index_counts) instead
+  // of the whole sequence. Returns (out, like q; lse float32, q's shape without head_dim).
+  m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lengths, str kv_layout=\"BHSD\", "
+        "Tensor? block_table=None, float? sm_scale=None, int max_kv_length=0, int[] sparse_heads=[], "
+        "Tensor? indices=None, Tensor? index_counts=None, int index_block_size=1) -> (Tensor out, Tensor lse)");
+  // The version of the kvsift headers this library was compiled from (include/kvsift/version.hpp).
+  m.def("version() -> str", []() -> std::string { return KVSIFT_PYTHON_VERSION; });
+  // Whether the CUDA implementations were compiled in.
+  m.def("built_with_cuda() -> bool", []() -> bool {
+#ifdef KVSIFT_PYTHON_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  });
+}

@@ -1,0 +1,83 @@
+// CUDA implementations: the same argument handling as the CPU ones (op_args.hpp), then kvsift's CUDA
+// launchers (launch_cuda.hpp) on torch's current stream of the tensors' device. No host sync and no
+// read of device data: lengths, counts and block tables stay on the device, so the calls can be
+// captured in a CUDA graph. The workspace comes from torch's caching allocator.
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include "launch_cuda.hpp"
+#include "op_args.hpp"
+
+namespace kvsift_torch {
+namespace {
+
+/// The stream, the device facts and an allocator whose buffers live as long as this object (until the
+/// op returns; the caching allocator keeps a freed block from reuse by other streams until the work
+/// queued on this one is done).
+struct CudaContext {
+  c10::cuda::CUDAGuard guard;
+  cudaStream_t stream;
+  kvsift::DeviceFacts facts;
+  std::vector<at::Tensor> buffers;
+  c10::TensorOptions options;
+
+  CudaContext(const at::Tensor& like, const char* op)
+      : guard(like.device()), stream(c10::cuda::getCurrentCUDAStream(like.device().index()).stream()),
+        options(like.options().dtype(at::kByte)) {
+    throw_if_error(cuda_launch::device_facts(like.device().index(), &facts), op);
+  }
+  cuda_launch::Allocate allocator() {
+    return [this](std::size_t bytes) -> void* {
+      buffers.push_back(at::empty({static_cast<std::int64_t>(bytes)}, options));
+      return buffers.back().data_ptr();
+    };
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> topk_cuda(const at::Tensor& scores, std::int64_t k,
+                                             const c10::optional<at::Tensor>& lengths,
+                                             const c10::optional<at::Tensor>& per_row_k, std::int64_t sink,
+                                             std::int64_t recent) {
+  CudaContext ctx(scores, "topk");
+  TopkCall c = prepare_topk(scores, k, lengths, per_row_k, sink, recent);
+  dispatch_dtype(scores.scalar_type(), "topk", [&](auto t) {
+    using T = decltype(t);
+    throw_if_error(cuda_launch::topk<T>(ctx.stream, ctx.facts, scores_view<T>(scores, c), c.params, c.out,
+                                        ctx.allocator()),
+                   "topk");
+  });
+  return {c.indices, c.counts};
+}
+
+std::tuple<at::Tensor, at::Tensor> decode_attention_cuda(
+    const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& kv_lengths,
+    c10::string_view kv_layout, const c10::optional<at::Tensor>& block_table, c10::optional<double> sm_scale,
+    std::int64_t max_kv_length, at::IntArrayRef sparse_heads, const c10::optional<at::Tensor>& indices,
+    const c10::optional<at::Tensor>& index_counts, std::int64_t index_block_size) {
+  CudaContext ctx(q, "decode_attention");
+  DecodeCall c = prepare_decode(q, k_cache, v_cache, kv_lengths, std::string(kv_layout), block_table, sm_scale,
+                                max_kv_length, sparse_heads, indices, index_counts, index_block_size);
+  dispatch_dtype(q.scalar_type(), "decode_attention", [&](auto t) {
+    using T = decltype(t);
+    const auto p = decode_params<T>(q, c);
+    if (is_paged(c.layout)) {
+      // Page ids are not checked here (that would read the block table back to the host); the
+      // kernels trust them, as kvsift's C++ contract says. The CPU path checks them.
+      const auto kv = paged_view<T>(k_cache, v_cache, *block_table, kv_lengths, c);
+      throw_if_error(cuda_launch::decode_attention(ctx.stream, ctx.facts, kv, p, ctx.allocator()), "decode_attention");
+    } else {
+      const auto kv = contiguous_view<T>(k_cache, v_cache, kv_lengths, c);
+      throw_if_error(cuda_launch::decode_attention(ctx.stream, ctx.facts, kv, p, ctx.allocator()), "decode_attention");
+    }
+  });
+  return {c.out, returned_lse(c)};
+}
+
+}  // namespace
+}  // namespace kvsift_torch
+
+TORCH_LIBRARY_IMPL(kvsift, CUDA, m) {
+  m.impl("topk", &kvsift_torch::topk_cuda);
+  m.impl("decode_attention", &kvsift_torch::decode_attention_cuda);
+}

@@ -1,0 +1,180 @@
+"""Typed wrappers over ``torch.ops.kvsift``: the names and semantics of the C++ API (docs/ops/*.md).
+
+Every function here calls exactly one custom op, so it traces under ``torch.compile(fullgraph=True)``
+and can be captured in a CUDA graph: the values that size a launch (k, sink, recent, max_kv_length,
+the sparse heads) are Python ints, the data-dependent ones (lengths, counts, block tables) tensors that
+stay on the device.
+
+Errors: kvsift checks every argument before it runs and raises ``ValueError`` naming the argument
+(``kvsift.topk: invalid argument: k = -1 must be >= 0``), ``NotImplementedError`` for a value this
+build does not handle (``head_dim = 96``), ``RuntimeError`` for anything else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Optional, Sequence, Tuple, Union, overload
+
+import torch
+
+from ._ops import ops
+
+
+@dataclass(frozen=True)
+class TopKParams:
+    """The C++ ``kvsift::TopKParams`` without its pointers: per row, the budget and the forced ranges.
+
+    Attributes:
+        k: positions selected per row (including the forced ones), >= 0.
+        sink: the first ``sink`` positions of every row are always selected.
+        recent: the last ``recent`` positions of every row (of its length) are always selected.
+    """
+
+    k: int
+    sink: int = 0
+    recent: int = 0
+
+
+class IndexSet(NamedTuple):
+    """The C++ ``kvsift::IndexSet``: int32 rows of ascending positions with a count per row.
+
+    What :func:`topk` returns and the sparse heads of :func:`decode_attention` read. A NamedTuple (not
+    a dataclass) so that it passes through ``torch.compile`` and unpacks like ``torch.topk``'s result.
+
+    Attributes:
+        indices: int32 ``[..., capacity]``; entries past a row's count are -1 (from :func:`topk`).
+        counts: int32 ``[...]``, the valid entries per row.
+        block_size: tokens per entry: 1 for token positions, a power of two >= 16 for block ids.
+    """
+
+    indices: torch.Tensor
+    counts: torch.Tensor
+    block_size: int = 1
+
+
+def topk(
+    scores: torch.Tensor,
+    k: Union[int, TopKParams],
+    *,
+    lengths: Optional[torch.Tensor] = None,
+    per_row_k: Optional[torch.Tensor] = None,
+    sink: int = 0,
+    recent: int = 0,
+) -> IndexSet:
+    """Per-row top-k positions with ragged lengths and forced sink/recent ranges (``kvsift::topk``).
+
+    Row ``r`` uses positions ``[0, len_r)``, ``len_r = lengths[r]`` clamped to ``[0, S]``. The first
+    ``sink`` and last ``recent`` of them are always selected and count inside the budget; the rest go
+    to the largest scores in between. The output is ascending (not sorted by score, unlike
+    ``torch.topk``); equal scores go to the lower position; NaN ranks below every number; -0 == +0.
+    ``counts[r] = max(forced, min(k_r, len_r))``.
+
+    Args:
+        scores: float32, float16 or bfloat16 ``[..., S]``, contiguous in the last dimension.
+        k: the budget per row (or a :class:`TopKParams`, which then also gives sink and recent).
+        lengths: optional int32 ``[...]``; ``None`` means every row has length S.
+        per_row_k: optional int32 ``[...]``, a budget per row clamped to ``[0, max(k, sink + recent)]``.
+        sink: forced positions at the start of each row.
+        recent: forced positions at the end of each row.
+
+    Returns:
+        ``IndexSet(indices int32 [..., max(k, sink + recent)], counts int32 [...])`` on scores' device.
+    """
+    if isinstance(k, TopKParams):
+        k, sink, recent = k.k, k.sink, k.recent
+    lead = scores.shape[:-1]
+    flat = scores.reshape(-1, scores.shape[-1]) if scores.dim() != 2 else scores
+    flat_lengths = lengths.reshape(-1) if lengths is not None else None
+    flat_k = per_row_k.reshape(-1) if per_row_k is not None else None
+    indices, counts = ops.topk(flat, k, flat_lengths, flat_k, sink, recent)
+    if scores.dim() != 2:
+        indices = indices.reshape(*lead, indices.shape[-1])
+        counts = counts.reshape(lead)
+    return IndexSet(indices, counts)
+
+
+KV_LAYOUTS = ("BHSD", "BSHD", "NHD", "HND")
+"""The ``kv_layout`` values: contiguous ``BHSD`` / ``BSHD`` caches, paged ``NHD`` / ``HND`` pools."""
+
+
+@overload
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor, *,
+    kv_layout: str = ..., block_table: Optional[torch.Tensor] = ..., sm_scale: Optional[float] = ...,
+    max_kv_length: int = ..., sparse_heads: Sequence[int] = ..., index_set: Optional[IndexSet] = ...,
+    return_lse: Literal[False] = ...,
+) -> torch.Tensor: ...
+
+
+@overload
+def decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, kv_lengths: torch.Tensor, *,
+    kv_layout: str = ..., block_table: Optional[torch.Tensor] = ..., sm_scale: Optional[float] = ...,
+    max_kv_length: int = ..., sparse_heads: Sequence[int] = ..., index_set: Optional[IndexSet] = ...,
+    return_lse: Literal[True],
+) -> Tuple[torch.Tensor, torch.Tensor]: ...
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lengths: torch.Tensor,
+    *,
+    kv_layout: str = "BHSD",
+    block_table: Optional[torch.Tensor] = None,
+    sm_scale: Optional[float] = None,
+    max_kv_length: int = 0,
+    sparse_heads: Sequence[int] = (),
+    index_set: Optional[IndexSet] = None,
+    return_lse: bool = False,
+) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Attention of the ``S_q`` newest query positions over a KV cache (``kvsift::decode_attention``).
+
+    Query position ``i`` of sequence ``b`` sits at token ``len_b - S_q + i`` and sees tokens up to it
+    (causal), ``len_b = kv_lengths[b]``. Query head ``hq`` reads KV head ``hq // (H_q // H_kv)`` (GQA).
+    A *retrieval* (dense) KV head attends to all of its visible tokens; a KV head listed in
+    ``sparse_heads`` attends only to the entries of its row ``b * H_kv + h`` of ``index_set`` (tokens,
+    or blocks of ``index_set.block_size`` tokens; entries outside the sequence are skipped). No heads
+    listed: dense attention; all listed: gathered; some: LycheeDecode's mixed layer. A row with no
+    visible key gives zeros and lse = -inf.
+
+    Layouts (``kv_layout``), element type float32, float16 or bfloat16 (the same for q, K and V),
+    head_dim 64, 128 or 256, the last dimension of every tensor contiguous:
+
+    ========  =========================================  ======================
+    layout    k_cache / v_cache                          q (and the output)
+    ========  =========================================  ======================
+    BHSD      ``[B, H_kv, S, D]`` (any strides)          ``[B, H_q, S_q, D]``
+    BSHD      ``[B, S, H_kv, D]`` (any strides)          ``[B, S_q, H_q, D]``
+    NHD       ``[pages, page_size, H_kv, D]``, paged     ``[B, S_q, H_q, D]``
+    HND       ``[pages, H_kv, page_size, D]``, paged     ``[B, S_q, H_q, D]``
+    ========  =========================================  ======================
+
+    Args:
+        q: the queries, laid out as the table says.
+        k_cache: keys; for a paged cache the page pool, dense inside a page.
+        v_cache: values, the same shape as k_cache (and, paged, the same page stride).
+        kv_lengths: int32 ``[B]``, tokens per sequence (the queries' own tokens included).
+        kv_layout: one of :data:`KV_LAYOUTS`.
+        block_table: int32 ``[B, max_pages]`` physical page ids, for the paged layouts only. The CPU
+            path checks every id a sequence uses; the CUDA path cannot without a host sync and trusts them.
+        sm_scale: logit scale; ``None`` is ``1 / sqrt(D)``.
+        max_kv_length: an upper bound on the lengths that sizes the launch (0: the cache's capacity).
+        sparse_heads: KV heads that read ``index_set`` instead of the whole sequence.
+        index_set: the sparse heads' keys, rows ``[B * H_kv]`` or ``[B, H_kv]`` (e.g. :func:`topk`'s result).
+        return_lse: also return the natural-log softmax normaliser.
+
+    Returns:
+        ``out`` (q's shape and dtype, contiguous), or ``(out, lse)`` with lse float32 of q's shape
+        without D.
+    """
+    indices = index_set.indices if index_set is not None else None
+    counts = index_set.counts if index_set is not None else None
+    block_size = index_set.block_size if index_set is not None else 1
+    out, lse = ops.decode_attention(
+        q, k_cache, v_cache, kv_lengths, kv_layout, block_table, sm_scale, max_kv_length,
+        list(sparse_heads), indices, counts, block_size,
+    )
+    return (out, lse) if return_lse else out
+
