@@ -713,3 +713,19 @@ TEST_CASE("decode_attention over fp8 KV: float queries, missing or mismatched sc
   kv32.scales = kv.scales;
   CHECK(kvsift::host::decode_attention(exec, kv32, p32).message() == "head_dim = 32 is not supported (64, 128 or 256)");
 }
+
+TEST_CASE("decode_attention host reference: a block-table id outside the page pool is a named error, not a crash") {
+  // 2 sequences of 40 tokens in pages of 16: 3 pages each out of a pool of 6; sequence 1's second page
+  // id is 99.
+  constexpr int kPage = 16, kPool = 6, kD = 64;
+  std::vector<float> k(std::size_t(kPool) * kPage * kD, 0.5f), v(k.size(), 0.25f), q(2 * 2 * kD, 1.f), out(q.size());
+  std::vector<std::int32_t> table = {0, 1, 2, 3, 99, 5}, lengths = {40, 40};
+  auto kv = kvsift::make_paged(k.data(), v.data(), table.data(), 2, 3, kPool, 1, kPage, kD, kvsift::PageLayout::kNHD,
+                               lengths.data());
+  const auto p = kvsift::make_decode_attention_params(q.data(), out.data(), 1, 2, kD);
+  auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(st.message() == "kv.block_table[1][1] = 99 is outside the page pool [0, 6)");
+  table[4] = 4;
+  CHECK(kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p).ok());
+}

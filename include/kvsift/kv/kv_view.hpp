@@ -150,6 +150,15 @@ int kv_capacity(const V& kv) {
   }
 }
 
+/// Host-side deep check of a view whose memory is host memory, before a host op dereferences it: a
+/// view has nothing more to check by default; PagedKV overloads it with its block-table check
+/// (validate_block_table_host), so an out-of-pool page id is a clear error, never a crash.
+template <class V>
+Status validate_view_host(const V& kv) {
+  (void)kv;
+  return Status();
+}
+
 /// Call at the top of every op templated on a view. Each assert names the member that is missing.
 template <class V>
 constexpr bool check_kv_view() {

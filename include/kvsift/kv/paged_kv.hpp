@@ -192,6 +192,12 @@ Status PagedKV<T>::validate() const {
   return Status();
 }
 
+/// validate_view_host for a paged view: its block table (validate_block_table_host).
+template <class T>
+Status validate_view_host(const PagedKV<T>& kv) {
+  return kv.validate_block_table_host();
+}
+
 template <class T>
 Status PagedKV<T>::validate_block_table_host() const {
   KVSIFT_TRY(validate());

@@ -30,6 +30,7 @@ Status attention_cosine(const Exec&, const View& kv, const QueryRows<QT>& q, int
                         const KeptPositions& kept, float* cosine, Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_attention_cosine(kv, q, num_queries, kept, cosine));
+  KVSIFT_TRY(validate_view_host(kv));
   const int d = kv.head_dim, G = q.num_heads / kv.num_kv_heads;
   const double scale = detail::resolve_sm_scale(sm_scale, d);
   std::vector<double> logits;

@@ -28,6 +28,7 @@ Status compact_kv(const Exec&, const Src& src, ConstIndexSet kept, int window, c
   static_assert(check_kv_view<Dst>());
   static_assert(detail::check_writable_scales<Dst>());
   KVSIFT_TRY(detail::validate_compact_kv(src, kept, window, dst, out));
+  KVSIFT_TRY(validate_view_host(src));
   const int group = dst.num_kv_heads / src.num_kv_heads;
   const int slots = kept.capacity + window;
   for (int b = 0; b < dst.batch; ++b) {

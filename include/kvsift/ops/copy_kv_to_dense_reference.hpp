@@ -27,6 +27,7 @@ Status copy_kv_to_dense(const Exec&, const View& kv, int max_tokens,
                         Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_copy_kv_to_dense(kv, max_tokens, k_out, v_out));
+  KVSIFT_TRY(validate_view_host(kv));
   const int d = kv.head_dim;
   for (int b = 0; b < kv.batch; ++b) {
     const int len = kv.length(b) < max_tokens ? kv.length(b) : max_tokens;

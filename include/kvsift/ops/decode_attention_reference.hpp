@@ -28,6 +28,7 @@ Status decode_attention(const Exec&, const View& kv, const DecodeAttentionParams
                         Workspace /*workspace: the reference needs none*/ = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_decode_attention(kv, p));
+  KVSIFT_TRY(validate_view_host(kv));
   using KT = typename View::value_type;
   const int d = p.head_dim, Hkv = kv.num_kv_heads, G = p.num_q_heads / Hkv;
   const int max_len = detail::decode_max_length(kv, p);

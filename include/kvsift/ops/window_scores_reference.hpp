@@ -31,6 +31,7 @@ Status window_scores(const Exec&, const View& kv, const QueryRows<QT>& q, const 
                      StridedView2D<float> scores, Workspace /*workspace: the reference needs none*/ = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_window_scores(kv, q, params, scores));
+  KVSIFT_TRY(validate_view_host(kv));
   const int d = kv.head_dim, G = q.num_heads / kv.num_kv_heads;
   const double scale = detail::resolve_sm_scale(params.sm_scale, d);
   const bool mean = params.heads == ScoreHeads::kKvHeadMean;
