@@ -43,6 +43,17 @@ kvsift::Status decode_attention(cudaStream_t stream, const kvsift::DeviceFacts& 
   return kvsift::cuda::decode_attention(exec, kv, params, workspace_of(bytes, allocate));
 }
 
+template <class T>
+kvsift::Status compress_prompt(cudaStream_t stream, const kvsift::DeviceFacts& facts,
+                               const kvsift::PromptCompressionConfig& config, const kvsift::PromptCompressionShape& shape,
+                               const kvsift::ContiguousKV<T>& src, const kvsift::QueryRows<T>& queries, const float* lse,
+                               const kvsift::ContiguousKV<T>& dst, kvsift::CompactOutputs out, const Allocate& allocate) {
+  const auto exec = make_exec(stream, facts);
+  std::size_t bytes = 0;
+  KVSIFT_TRY(kvsift::compress_prompt_workspace_bytes(exec, config, shape, &bytes));
+  return kvsift::compress_prompt(exec, config, shape, src, queries, lse, dst, out, workspace_of(bytes, allocate));
+}
+
 }  // namespace cuda_launch
 }  // namespace kvsift_torch
 
@@ -57,4 +68,8 @@ kvsift::Status decode_attention(cudaStream_t stream, const kvsift::DeviceFacts& 
       const kvsift::DecodeAttentionParams<T>&, const kvsift_torch::cuda_launch::Allocate&);                     \
   template kvsift::Status kvsift_torch::cuda_launch::decode_attention<kvsift::PagedKV<T>, T>(                    \
       cudaStream_t, const kvsift::DeviceFacts&, const kvsift::PagedKV<T>&, const kvsift::DecodeAttentionParams<T>&, \
-      const kvsift_torch::cuda_launch::Allocate&);
+      const kvsift_torch::cuda_launch::Allocate&);                                                              \
+  template kvsift::Status kvsift_torch::cuda_launch::compress_prompt<T>(                                          \
+      cudaStream_t, const kvsift::DeviceFacts&, const kvsift::PromptCompressionConfig&,                          \
+      const kvsift::PromptCompressionShape&, const kvsift::ContiguousKV<T>&, const kvsift::QueryRows<T>&,        \
+      const float*, const kvsift::ContiguousKV<T>&, kvsift::CompactOutputs, const kvsift_torch::cuda_launch::Allocate&);

@@ -27,5 +27,11 @@ template <class View, class T>
 kvsift::Status decode_attention(cudaStream_t stream, const kvsift::DeviceFacts& facts, const View& kv,
                                 const kvsift::DecodeAttentionParams<T>& params, const Allocate& allocate);
 
+template <class T>
+kvsift::Status compress_prompt(cudaStream_t stream, const kvsift::DeviceFacts& facts,
+                               const kvsift::PromptCompressionConfig& config, const kvsift::PromptCompressionShape& shape,
+                               const kvsift::ContiguousKV<T>& src, const kvsift::QueryRows<T>& queries, const float* lse,
+                               const kvsift::ContiguousKV<T>& dst, kvsift::CompactOutputs out, const Allocate& allocate);
+
 }  // namespace cuda_launch
 }  // namespace kvsift_torch

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include <kvsift/gates/roles_file.hpp>
 #include <kvsift/kvsift.hpp>
 
 namespace kvsift_torch {
@@ -355,6 +356,185 @@ kvsift::PagedKV<T> paged_view(const at::Tensor& k, const at::Tensor& v, const at
   if (k.size(0) > 1) kv.page_stride = k.stride(0);
   kv.block_table_stride = c.batch <= 1 ? block_table.size(1) : block_table.stride(0);
   return kv;
+}
+
+// ---- compress_prompt ----
+
+/// One compress_prompt call: the config and shape, the output tensors and the host/device-independent
+/// pieces of the views. The KV cache is contiguous, "BHSD" (k [B, H_kv, S, D], queries [B, H_q, W, D])
+/// or "BSHD" (k [B, S, H_kv, D], queries [B, W, H_q, D]); the outputs keep the layout with Cp slots
+/// and H_out heads (H_kv, or H_q with heads = "query_head").
+struct CompressCall {
+  KvLayout layout = KvLayout::kBHSD;
+  kvsift::PromptCompressionConfig config;
+  kvsift::PromptCompressionShape shape;
+  int out_heads = 0, head_dim = 0, q_capacity = 0;
+  at::Tensor k_out, v_out;    ///< the compacted cache, zero past each sequence's new length
+  at::Tensor new_lengths;     ///< [B] int32
+  at::Tensor positions;       ///< [B, H_out, Cp] int32: the original position of each slot, -1 when empty
+  at::Tensor dst_lengths;     ///< [B] int32 = Cp: the destination view's lengths (its capacity)
+  const float* lse = nullptr;
+};
+
+inline kvsift::CompressionPolicy parse_policy(const std::string& s, const char* op) {
+  if (s == "ClusterAttn") return kvsift::CompressionPolicy::kClusterAttn;
+  if (s == "SnapKV") return kvsift::CompressionPolicy::kSnapKV;
+  if (s == "StreamingLLM") return kvsift::CompressionPolicy::kStreamingLLM;
+  if (s == "H2O-prefill" || s == "H2O") return kvsift::CompressionPolicy::kH2OPrefill;
+  TORCH_CHECK_VALUE(false, "kvsift.", op, ": policy = '", s,
+                    "' must be 'ClusterAttn', 'SnapKV', 'StreamingLLM' or 'H2O-prefill'");
+}
+
+inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     const at::Tensor& kv_lengths, const at::Tensor& queries,
+                                     const std::string& policy, std::int64_t capacity, std::int64_t window,
+                                     const std::string& kv_layout, c10::optional<double> sm_scale,
+                                     const std::string& heads, const c10::optional<at::Tensor>& lse,
+                                     std::int64_t num_block, double theta, const std::string& block_rule,
+                                     const std::string& radius_rule, std::int64_t fixed_radius,
+                                     const std::string& pool, std::int64_t pool_kernel, std::int64_t sinks) {
+  const char* op = "compress_prompt";
+  CompressCall c;
+  c.layout = parse_kv_layout(kv_layout, op);
+  TORCH_CHECK_VALUE(!is_paged(c.layout), "kvsift.", op, ": kv_layout = '", kv_layout,
+                    "' is paged; compress_prompt takes a contiguous 'BHSD' or 'BSHD' cache");
+  kvsift::PromptCompressionConfig& cfg = c.config;
+  cfg.policy = parse_policy(policy, op);
+  cfg.capacity = to_int(capacity, op, "capacity");
+  cfg.window = to_int(window, op, "window");
+  cfg.sm_scale = sm_scale ? float(*sm_scale) : 0.f;
+  if (heads == "kv_head_mean") cfg.heads = kvsift::ScoreHeads::kKvHeadMean;
+  else if (heads == "query_head") cfg.heads = kvsift::ScoreHeads::kQueryHead;
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": heads = '", heads, "' must be 'kv_head_mean' or 'query_head'");
+  cfg.num_block = to_int(num_block, op, "num_block");
+  cfg.theta = float(theta);
+  if (block_rule == "prefix_split") cfg.block_rule = kvsift::BlockRule::kPrefixSplit;
+  else if (block_rule == "budget_split") cfg.block_rule = kvsift::BlockRule::kBudgetSplit;
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": block_rule = '", block_rule, "' must be 'prefix_split' or 'budget_split'");
+  if (radius_rule == "half_block") cfg.radius_rule = kvsift::RadiusRule::kHalfBlock;
+  else if (radius_rule == "budget_blocks") cfg.radius_rule = kvsift::RadiusRule::kBudgetBlocks;
+  else if (radius_rule == "fixed") cfg.radius_rule = kvsift::RadiusRule::kFixed;
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": radius_rule = '", radius_rule,
+                         "' must be 'half_block', 'budget_blocks' or 'fixed'");
+  cfg.fixed_radius = to_int(fixed_radius, op, "fixed_radius");
+  if (pool == "max") cfg.pool.kind = kvsift::PoolKind::kMax;
+  else if (pool == "avg") cfg.pool.kind = kvsift::PoolKind::kAvg;
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": pool = '", pool, "' must be 'max' or 'avg'");
+  cfg.pool.kernel = to_int(pool_kernel, op, "pool_kernel");
+  cfg.sinks = to_int(sinks, op, "sinks");
+  throw_if_error(kvsift::validate(cfg), op);
+
+  const c10::Device device = k_cache.device();
+  check_tensor(k_cache, op, "k_cache", 4, device, {at::kFloat, at::kHalf, at::kBFloat16});
+  check_tensor(v_cache, op, "v_cache", 4, device, {k_cache.scalar_type()});
+  check_tensor(queries, op, "queries", 4, device, {k_cache.scalar_type()});
+  check_rows_contiguous(k_cache, op, "k_cache");
+  check_rows_contiguous(v_cache, op, "v_cache");
+  check_rows_contiguous(queries, op, "queries");
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "kvsift.", op, ": v_cache shape ", v_cache.sizes(),
+                    " must equal k_cache shape ", k_cache.sizes());
+  const bool bhsd = c.layout == KvLayout::kBHSD;
+  const int batch = to_int(k_cache.size(0), op, "k_cache.size(0)");
+  const int kv_heads = to_int(k_cache.size(bhsd ? 1 : 2), op, "num_kv_heads");
+  const int prompt = to_int(k_cache.size(bhsd ? 2 : 1), op, "k_cache prompt capacity");
+  c.head_dim = to_int(k_cache.size(3), op, "k_cache.size(3)");
+  TORCH_CHECK_VALUE(queries.size(0) == batch, "kvsift.", op, ": queries batch ", queries.size(0),
+                    " must equal k_cache batch ", batch);
+  TORCH_CHECK_VALUE(queries.size(3) == c.head_dim, "kvsift.", op, ": queries head_dim ", queries.size(3),
+                    " must equal k_cache head_dim ", c.head_dim);
+  const int q_heads = to_int(queries.size(bhsd ? 1 : 2), op, "num_q_heads");
+  c.q_capacity = to_int(queries.size(bhsd ? 2 : 1), op, "queries rows");
+  check_int_vector(kv_lengths, op, "kv_lengths", batch, device);
+  c.shape = kvsift::PromptCompressionShape{batch, kv_heads, q_heads, prompt};
+  throw_if_error(kvsift::validate(cfg, c.shape), op);
+  if (lse) {
+    check_tensor(*lse, op, "lse", 3, device, {at::kFloat});
+    TORCH_CHECK_VALUE(lse->size(0) == batch && lse->size(1) == q_heads && lse->size(2) == c.q_capacity &&
+                          lse->is_contiguous(),
+                      "kvsift.", op, ": lse must be a contiguous float32 [B, H_q, queries rows] = [", batch, ", ",
+                      q_heads, ", ", c.q_capacity, "] tensor (got shape ", lse->sizes(), ")");
+    c.lse = lse->data_ptr<float>();
+  }
+  c.out_heads = c.shape.score_heads(cfg);
+  const std::int64_t slots = cfg.capacity;
+  const auto shape = bhsd ? std::vector<std::int64_t>{batch, c.out_heads, slots, c.head_dim}
+                          : std::vector<std::int64_t>{batch, slots, c.out_heads, c.head_dim};
+  c.k_out = at::zeros(shape, k_cache.options());
+  c.v_out = at::zeros(shape, k_cache.options());
+  c.new_lengths = at::empty({batch}, kv_lengths.options());
+  c.positions = at::full({batch, c.out_heads, slots}, -1, kv_lengths.options());
+  c.dst_lengths = at::full({batch}, slots, kv_lengths.options());
+  return c;
+}
+
+/// A contiguous-layout view of k, v (BHSD or BSHD) with the given lengths.
+template <class T>
+kvsift::ContiguousKV<T> layout_view(const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
+                                    KvLayout layout, const char* op) {
+  const bool bhsd = layout == KvLayout::kBHSD;
+  kvsift::ContiguousKV<T> kv;
+  kv.k = static_cast<T*>(k.data_ptr());
+  kv.v = static_cast<T*>(v.data_ptr());
+  kv.batch = to_int(k.size(0), op, "batch");
+  kv.num_kv_heads = to_int(k.size(bhsd ? 1 : 2), op, "heads");
+  kv.head_dim = to_int(k.size(3), op, "head_dim");
+  kv.capacity = to_int(k.size(bhsd ? 2 : 1), op, "kv capacity");
+  kv.k_batch_stride = k.stride(0);
+  kv.k_head_stride = k.stride(bhsd ? 1 : 2);
+  kv.k_token_stride = k.stride(bhsd ? 2 : 1);
+  kv.v_batch_stride = v.stride(0);
+  kv.v_head_stride = v.stride(bhsd ? 1 : 2);
+  kv.v_token_stride = v.stride(bhsd ? 2 : 1);
+  kv.lengths = lengths.data_ptr<std::int32_t>();
+  return kv;
+}
+
+template <class T>
+kvsift::QueryRows<T> compress_queries(const at::Tensor& q, const CompressCall& c) {
+  const bool bhsd = c.layout == KvLayout::kBHSD;
+  kvsift::QueryRows<T> rows;
+  rows.data = static_cast<const T*>(q.data_ptr());
+  rows.num_heads = c.shape.num_q_heads;
+  rows.capacity = c.q_capacity;
+  rows.batch_stride = q.stride(0);
+  rows.position_stride = q.stride(bhsd ? 2 : 1);
+  rows.head_stride = q.stride(bhsd ? 1 : 2);
+  return rows;
+}
+
+inline kvsift::CompactOutputs compress_outputs(const CompressCall& c) {
+  return kvsift::CompactOutputs{c.new_lengths.data_ptr<std::int32_t>(), c.positions.data_ptr<std::int32_t>(),
+                                c.config.capacity};
+}
+
+// ---- head roles ----
+
+/// The roles file's text (gates/roles_file.hpp) as a bool [layers, kv_heads] tensor, true = retrieval.
+inline at::Tensor parse_head_roles_op(c10::string_view text, std::int64_t expected_layers, std::int64_t expected_kv_heads) {
+  const char* op = "parse_head_roles";
+  kvsift::HeadRoles roles;
+  throw_if_error(kvsift::parse_head_roles(std::string(text), &roles, to_int(expected_layers, op, "expected_layers"),
+                                          to_int(expected_kv_heads, op, "expected_kv_heads")),
+                 op);
+  at::Tensor out = at::empty({roles.layers, roles.kv_heads}, at::TensorOptions().dtype(at::kBool));
+  bool* p = out.data_ptr<bool>();
+  for (int l = 0; l < roles.layers; ++l)
+    for (int h = 0; h < roles.kv_heads; ++h) p[std::int64_t(l) * roles.kv_heads + h] = roles.is_retrieval(l, h);
+  return out;
+}
+
+/// The roles file's text for a bool [layers, kv_heads] CPU tensor (true = retrieval).
+inline std::string format_head_roles_op(const at::Tensor& retrieval) {
+  const char* op = "format_head_roles";
+  check_tensor(retrieval, op, "retrieval", 2, c10::Device(c10::kCPU), {at::kBool});
+  const at::Tensor r = retrieval.contiguous();
+  const int layers = to_int(r.size(0), op, "layers"), kv_heads = to_int(r.size(1), op, "kv_heads");
+  std::vector<std::uint8_t> bytes(std::size_t(layers) * std::size_t(kv_heads));
+  const bool* p = r.data_ptr<bool>();
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = p[i] ? 1 : 0;
+  kvsift::HeadRoles roles;
+  throw_if_error(kvsift::make_head_roles(layers, kv_heads, bytes.data(), &roles), op);
+  return kvsift::format_head_roles(roles);
 }
 
 }  // namespace kvsift_torch

@@ -7,6 +7,8 @@
 // mutates its inputs.
 #include <torch/library.h>
 
+#include "op_args.hpp"
+
 TORCH_LIBRARY(kvsift, m) {
   // Per row of scores [rows, cols]: the `k` best positions of [0, lengths[r]) (the first `sink` and last
   // `recent` always in), ascending. Returns (indices [rows, max(k, sink + recent)] int32, -1 past the
@@ -19,6 +21,22 @@ TORCH_LIBRARY(kvsift, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lengths, str kv_layout=\"BHSD\", "
         "Tensor? block_table=None, float? sm_scale=None, int max_kv_length=0, int[] sparse_heads=[], "
         "Tensor? indices=None, Tensor? index_counts=None, int index_block_size=1) -> (Tensor out, Tensor lse)");
+  // Prompt KV-cache compression of one layer (kvsift::compress_prompt: ClusterAttn, SnapKV, StreamingLLM,
+  // H2O-prefill) of a contiguous cache k/v ("BHSD" [B, H_kv, S, D] or "BSHD" [B, S, H_kv, D]) with
+  // lengths kv_lengths, scored by `queries` (the last window queries; all prompt queries for H2O) in the
+  // same layout. Returns the compacted cache (k_out, v_out: [B, H_out, capacity, D] or [B, capacity,
+  // H_out, D]; H_out = H_kv, or H_q with heads="query_head"; zero past each new length), new_lengths [B]
+  // int32 and positions [B, H_out, capacity] int32 (each slot's original position, -1 when empty).
+  m.def("compress_prompt(Tensor k_cache, Tensor v_cache, Tensor kv_lengths, Tensor queries, str policy=\"ClusterAttn\", "
+        "int capacity=1024, int window=32, str kv_layout=\"BHSD\", float? sm_scale=None, str heads=\"kv_head_mean\", "
+        "Tensor? lse=None, int num_block=128, float theta=0.002, str block_rule=\"prefix_split\", "
+        "str radius_rule=\"half_block\", int fixed_radius=0, str pool=\"max\", int pool_kernel=7, int sinks=4)"
+        " -> (Tensor k_out, Tensor v_out, Tensor new_lengths, Tensor positions)");
+  // The head-roles file (gates/roles_file.hpp): its text parsed into a bool [layers, kv_heads] CPU tensor
+  // (true = retrieval head), and back. Host only, not traceable (the output shape is the file's).
+  m.def("parse_head_roles(str text, int expected_layers=-1, int expected_kv_heads=-1) -> Tensor",
+        &kvsift_torch::parse_head_roles_op);
+  m.def("format_head_roles(Tensor retrieval) -> str", &kvsift_torch::format_head_roles_op);
   // The version of the kvsift headers this library was compiled from (include/kvsift/version.hpp).
   m.def("version() -> str", []() -> std::string { return KVSIFT_PYTHON_VERSION; });
   // Whether the CUDA implementations were compiled in.

@@ -1,4 +1,4 @@
-"""kvsift: long-context decoding kernels (top-k selection, decode attention) as PyTorch custom ops.
+"""kvsift: long-context decoding kernels (top-k selection, decode attention, prompt compression) as PyTorch custom ops.
 
 The C++ library (header-only, ``include/kvsift``) is compiled into ``torch.ops.kvsift.*``: CPU tensors
 run kvsift's host references (``kvsift::host``), CUDA tensors its kernels (``kvsift::cuda``) when the
@@ -10,7 +10,17 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 
 from . import _ops
-from .ops import IndexSet, TopKParams, decode_attention, topk
+from .ops import (
+    COMPRESSION_POLICIES,
+    CompressedCache,
+    IndexSet,
+    PromptCompressionConfig,
+    TopKParams,
+    compress_prompt,
+    decode_attention,
+    topk,
+)
+from .roles import HeadRoles, load_head_roles
 
 try:
     __version__: str = _metadata.version("kvsift")
@@ -29,11 +39,17 @@ def header_version() -> str:
 
 
 __all__ = [
+    "COMPRESSION_POLICIES",
+    "CompressedCache",
+    "HeadRoles",
     "IndexSet",
+    "PromptCompressionConfig",
     "TopKParams",
     "__version__",
     "built_with_cuda",
+    "compress_prompt",
     "decode_attention",
     "header_version",
+    "load_head_roles",
     "topk",
 ]

@@ -73,6 +73,43 @@ def _decode_attention_fake(
     return out, lse
 
 
+@torch.library.register_fake("kvsift::compress_prompt")
+def _compress_prompt_fake(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lengths: torch.Tensor,
+    queries: torch.Tensor,
+    policy: str = "ClusterAttn",
+    capacity: int = 1024,
+    window: int = 32,
+    kv_layout: str = "BHSD",
+    sm_scale: Optional[float] = None,
+    heads: str = "kv_head_mean",
+    lse: Optional[torch.Tensor] = None,
+    num_block: int = 128,
+    theta: float = 2e-3,
+    block_rule: str = "prefix_split",
+    radius_rule: str = "half_block",
+    fixed_radius: int = 0,
+    pool: str = "max",
+    pool_kernel: int = 7,
+    sinks: int = 4,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    torch._check(k_cache.dim() == 4, lambda: f"kvsift.compress_prompt: k_cache must have 4 dimensions (got {tuple(k_cache.shape)})")
+    torch._check(queries.dim() == 4, lambda: f"kvsift.compress_prompt: queries must have 4 dimensions (got {tuple(queries.shape)})")
+    bhsd = kv_layout == "BHSD"
+    b, d = k_cache.shape[0], k_cache.shape[3]
+    # The compressed cache's heads: H_kv, or H_q with heads="query_head" (op_args.hpp, prepare_compress).
+    h = (queries.shape[1] if bhsd else queries.shape[2]) if heads == "query_head" else (
+        k_cache.shape[1] if bhsd else k_cache.shape[2])
+    shape = (b, h, capacity, d) if bhsd else (b, capacity, h, d)
+    k_out = k_cache.new_empty(shape)
+    v_out = k_cache.new_empty(shape)
+    new_lengths = kv_lengths.new_empty((b,))
+    positions = kv_lengths.new_empty((b, h, capacity))
+    return k_out, v_out, new_lengths, positions
+
+
 def default_sm_scale(head_dim: int) -> float:
     """1 / sqrt(head_dim), the decode_attention default."""
     return 1.0 / math.sqrt(head_dim)

@@ -178,3 +178,121 @@ def decode_attention(
     )
     return (out, lse) if return_lse else out
 
+
+
+COMPRESSION_POLICIES = ("ClusterAttn", "SnapKV", "StreamingLLM", "H2O-prefill")
+"""The ``policy`` values of :class:`PromptCompressionConfig` (C++ ``kvsift::CompressionPolicy``)."""
+
+
+@dataclass(frozen=True)
+class PromptCompressionConfig:
+    """The C++ ``kvsift::PromptCompressionConfig``: the policy, its budget and its stages' parameters.
+
+    Fields of the other policies' stages are ignored. kvsift validates the whole config on every call
+    (``validate(config, shape)``) and raises ``ValueError`` naming the field.
+
+    Attributes:
+        policy: one of :data:`COMPRESSION_POLICIES` (``"H2O"`` is accepted for ``"H2O-prefill"``).
+        capacity: Cp, tokens kept per head, window included; > window.
+        window: W, the observation window = the last W prompt tokens, always kept; >= 1.
+        sm_scale: logit scale of the window scores; ``None`` is ``1 / sqrt(D)``.
+        heads: ``"kv_head_mean"`` (one score row and compressed head per KV head: the mean of its query
+            heads) or ``"query_head"`` (one per query head, the SnapKV reference; H_q heads out).
+        num_block: ClusterAttn's cluster granularity, >= 1.
+        theta: ClusterAttn's density threshold on the window scores (strict ``>``), >= 0.
+        block_rule: ClusterAttn's block size: ``"prefix_split"`` ``ceil((L - W) / num_block)`` or
+            ``"budget_split"`` ``max(1, K / num_block)``.
+        radius_rule: ClusterAttn's cluster radius: ``"half_block"``, ``"budget_blocks"`` or ``"fixed"``.
+        fixed_radius: tokens, for ``radius_rule="fixed"``.
+        pool: SnapKV's pool before top-k: ``"max"`` (max_pool1d) or ``"avg"`` (avg_pool1d, pads count as 0).
+        pool_kernel: SnapKV's pool width, odd, >= 1 (1 is no pooling).
+        sinks: StreamingLLM's sink tokens, in ``[0, capacity - window]``; the rest of the budget is recent.
+    """
+
+    policy: str = "ClusterAttn"
+    capacity: int = 1024
+    window: int = 32
+    sm_scale: Optional[float] = None
+    heads: str = "kv_head_mean"
+    num_block: int = 128
+    theta: float = 2e-3
+    block_rule: str = "prefix_split"
+    radius_rule: str = "half_block"
+    fixed_radius: int = 0
+    pool: str = "max"
+    pool_kernel: int = 7
+    sinks: int = 4
+
+    @property
+    def budget(self) -> int:
+        """K = capacity - window: prefix tokens kept per head."""
+        return self.capacity - self.window
+
+
+class CompressedCache(NamedTuple):
+    """What :func:`compress_prompt` returns: an ordinary contiguous cache of ``capacity`` slots.
+
+    Attributes:
+        k: the compacted keys, the input's layout with ``capacity`` slots (zero past each new length).
+        v: the compacted values, like ``k``.
+        lengths: int32 ``[B]``, the new length of each sequence: ``min(K, L - W) + min(W, L)``
+            (``L`` when ``L <= capacity``).
+        positions: int32 ``[B, H_out, capacity]``, the original position of each slot (kept prefix
+            ascending, then the window), -1 past the new length. Decode continues at position ``L + t``.
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: torch.Tensor
+    positions: torch.Tensor
+
+
+def compress_prompt(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    kv_lengths: torch.Tensor,
+    queries: torch.Tensor,
+    config: Optional[PromptCompressionConfig] = None,
+    *,
+    kv_layout: str = "BHSD",
+    lse: Optional[torch.Tensor] = None,
+) -> CompressedCache:
+    """Prompt KV-cache compression of one layer (``kvsift::compress_prompt``), after prefill.
+
+    Scores the prompt tokens with the window queries (ClusterAttn, SnapKV; all queries for H2O-prefill;
+    none for StreamingLLM), selects ``K = capacity - window`` prefix tokens per head and compacts them,
+    ascending, followed by the last ``window`` tokens into a fresh cache. Ragged batches in one call;
+    a prompt with ``L <= capacity`` is copied whole. See docs/ops/prompt_compression.md.
+
+    Layouts (``kv_layout``), element type float32, float16 or bfloat16 (the same for all three),
+    the last dimension of every tensor contiguous:
+
+    ========  ================================  ==================================  ===========================
+    layout    k_cache / v_cache                 queries                             output k / v
+    ========  ================================  ==================================  ===========================
+    BHSD      ``[B, H_kv, S, D]``               ``[B, H_q, W', D]``                 ``[B, H_out, capacity, D]``
+    BSHD      ``[B, S, H_kv, D]``               ``[B, W', H_q, D]``                 ``[B, capacity, H_out, D]``
+    ========  ================================  ==================================  ===========================
+
+    Args:
+        k_cache: the layer's post-RoPE prompt keys; S (the capacity) > window bounds every length.
+        v_cache: the values, the same shape as k_cache.
+        kv_lengths: int32 ``[B]``, the prompt length L of each sequence (clamped to S).
+        queries: post-RoPE queries: row ``i`` of ``W'`` (>= window) is position ``L - min(W', L) + i``
+            (the last ``W'`` of each prompt); for H2O-prefill all prompt queries (``W' = S``, row i =
+            position i for full-length prompts). Unused by StreamingLLM (pass any with the right heads).
+        config: a :class:`PromptCompressionConfig` (default: ClusterAttn, capacity 1024, window 32).
+        kv_layout: ``"BHSD"`` or ``"BSHD"``.
+        lse: optional float32 ``[B, H_q, W']``, each scored query's log-sum-exp from the prefill
+            (saves one pass over K).
+
+    Returns:
+        :class:`CompressedCache` ``(k, v, lengths, positions)`` on the input's device.
+    """
+    c = config if config is not None else PromptCompressionConfig()
+    k, v, lengths, positions = ops.compress_prompt(
+        k_cache, v_cache, kv_lengths, queries, c.policy, c.capacity, c.window, kv_layout, c.sm_scale, c.heads,
+        lse, c.num_block, float(c.theta), c.block_rule, c.radius_rule, c.fixed_radius, c.pool, c.pool_kernel,
+        c.sinks,
+    )
+    return CompressedCache(k, v, lengths, positions)
