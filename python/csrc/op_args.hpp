@@ -308,17 +308,18 @@ kvsift::DecodeAttentionParams<T> decode_params(const at::Tensor& q, const Decode
   return p;
 }
 
+/// A contiguous view of k, v (BHSD or BSHD) with the given lengths, for decode_attention and compress_prompt.
 template <class T>
-kvsift::ContiguousKV<T> contiguous_view(const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
-                                        const DecodeCall& c) {
-  const bool bhsd = c.layout == KvLayout::kBHSD;
+kvsift::ContiguousKV<T> layout_view(const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
+                                    KvLayout layout, const char* op) {
+  const bool bhsd = layout == KvLayout::kBHSD;
   kvsift::ContiguousKV<T> kv;
   kv.k = static_cast<T*>(k.data_ptr());
   kv.v = static_cast<T*>(v.data_ptr());
-  kv.batch = c.batch;
-  kv.num_kv_heads = c.num_kv_heads;
-  kv.head_dim = c.head_dim;
-  kv.capacity = to_int(k.size(bhsd ? 2 : 1), "decode_attention", "kv capacity");
+  kv.batch = to_int(k.size(0), op, "batch");
+  kv.num_kv_heads = to_int(k.size(bhsd ? 1 : 2), op, "heads");
+  kv.head_dim = to_int(k.size(3), op, "head_dim");
+  kv.capacity = to_int(k.size(bhsd ? 2 : 1), op, "kv capacity");
   kv.k_batch_stride = k.stride(0);
   kv.k_head_stride = k.stride(bhsd ? 1 : 2);
   kv.k_token_stride = k.stride(bhsd ? 2 : 1);
@@ -467,27 +468,6 @@ inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor
   return c;
 }
 
-/// A contiguous-layout view of k, v (BHSD or BSHD) with the given lengths.
-template <class T>
-kvsift::ContiguousKV<T> layout_view(const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
-                                    KvLayout layout, const char* op) {
-  const bool bhsd = layout == KvLayout::kBHSD;
-  kvsift::ContiguousKV<T> kv;
-  kv.k = static_cast<T*>(k.data_ptr());
-  kv.v = static_cast<T*>(v.data_ptr());
-  kv.batch = to_int(k.size(0), op, "batch");
-  kv.num_kv_heads = to_int(k.size(bhsd ? 1 : 2), op, "heads");
-  kv.head_dim = to_int(k.size(3), op, "head_dim");
-  kv.capacity = to_int(k.size(bhsd ? 2 : 1), op, "kv capacity");
-  kv.k_batch_stride = k.stride(0);
-  kv.k_head_stride = k.stride(bhsd ? 1 : 2);
-  kv.k_token_stride = k.stride(bhsd ? 2 : 1);
-  kv.v_batch_stride = v.stride(0);
-  kv.v_head_stride = v.stride(bhsd ? 1 : 2);
-  kv.v_token_stride = v.stride(bhsd ? 2 : 1);
-  kv.lengths = lengths.data_ptr<std::int32_t>();
-  return kv;
-}
 
 template <class T>
 kvsift::QueryRows<T> compress_queries(const at::Tensor& q, const CompressCall& c) {

@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention_cpu(
       throw_if_error(kv.validate_block_table_host(), "decode_attention");
       throw_if_error(kvsift::host::decode_attention(exec, kv, p), "decode_attention");
     } else {
-      throw_if_error(kvsift::host::decode_attention(exec, contiguous_view<T>(k_cache, v_cache, kv_lengths, c), p),
+      throw_if_error(kvsift::host::decode_attention(exec, layout_view<T>(k_cache, v_cache, kv_lengths, c.layout, "decode_attention"), p),
                      "decode_attention");
     }
   });

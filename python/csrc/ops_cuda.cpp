@@ -67,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor> decode_attention_cuda(
       const auto kv = paged_view<T>(k_cache, v_cache, *block_table, kv_lengths, c);
       throw_if_error(cuda_launch::decode_attention(ctx.stream, ctx.facts, kv, p, ctx.allocator()), "decode_attention");
     } else {
-      const auto kv = contiguous_view<T>(k_cache, v_cache, kv_lengths, c);
+      const auto kv = layout_view<T>(k_cache, v_cache, kv_lengths, c.layout, "decode_attention");
       throw_if_error(cuda_launch::decode_attention(ctx.stream, ctx.facts, kv, p, ctx.allocator()), "decode_attention");
     }
   });

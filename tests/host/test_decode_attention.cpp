@@ -30,9 +30,34 @@ struct Problem {
   int score_block = 0;  // 0: no scores
 };
 
-template <class T>
-struct Data {
-  std::vector<T> k, v, q;
+
+// What a Problem adds to a call's params: its index rows (mutable copies the index set points at), a
+// score buffer filled with the 12345 sentinel, and the LSE output. Not copyable: p points into it.
+struct ProblemInputs {
+  std::vector<std::int32_t> idx, counts;
+  std::vector<float> scores;
+  const Problem& pr;
+  explicit ProblemInputs(const Problem& problem)
+      : idx(problem.idx), counts(problem.counts), pr(problem) {
+    const int sb = pr.score_block ? pr.score_block : 1;
+    scores.assign(std::size_t(pr.batch) * pr.hkv * ((pr.cap + sb - 1) / sb), 12345.f);
+  }
+  ProblemInputs(const ProblemInputs&) = delete;
+  ProblemInputs& operator=(const ProblemInputs&) = delete;
+  template <class T>
+  void attach(kvsift::DecodeAttentionParams<T>& p, std::vector<float>& lse) {
+    p.io.lse = lse.data();
+    p.roles = pr.roles;
+    if (!idx.empty()) {
+      auto set = kvsift::make_index_set(idx.data(), counts.data(), pr.batch * pr.hkv, pr.idx_cap, pr.gran, pr.block);
+      p.index_set = kvsift::as_const(set);
+    }
+    if (pr.score_block) {
+      p.scores = scores.data();
+      p.score_row_stride = (pr.cap + pr.score_block - 1) / pr.score_block;
+      p.score_block_size = pr.score_block;
+    }
+  }
 };
 
 // The contract written out directly, in double, and compared with what the reference wrote: per
@@ -130,21 +155,9 @@ void check_against_naive(const Problem& pr, std::mt19937_64& rng) {
   std::vector<float> lse(std::size_t(B) * QL * Hq);
   const auto kv = kvsift::make_bshd(k.data(), v.data(), B, H, S, D, pr.lengths.data());
   auto p = kvsift::make_decode_attention_params(q.data(), out.data(), QL, Hq, D);
-  p.io.lse = lse.data();
-  p.roles = pr.roles;
-  std::vector<std::int32_t> idx = pr.idx, counts = pr.counts;
-  if (!idx.empty()) {
-    auto set = kvsift::make_index_set(idx.data(), counts.data(), B * H, pr.idx_cap, pr.gran, pr.block);
-    p.index_set = kvsift::as_const(set);
-  }
-  const int sb = pr.score_block ? pr.score_block : 1;
-  const int cols = (S + sb - 1) / sb;
-  std::vector<float> scores(std::size_t(B) * H * cols, 12345.f);
-  if (pr.score_block) {
-    p.scores = scores.data();
-    p.score_row_stride = cols;
-    p.score_block_size = sb;
-  }
+  ProblemInputs inputs(pr);
+  inputs.attach(p, lse);
+  const std::vector<float>& scores = inputs.scores;
   const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   auto element = [&](const std::vector<T>& x) {
@@ -607,21 +620,9 @@ void check_fp8_against_float64(const Problem& pr, Fp8Layout layout, kvsift::Scal
   };
 
   auto p = kvsift::make_decode_attention_params(q.data(), out.data(), QL, Hq, D);
-  p.io.lse = lse.data();
-  p.roles = pr.roles;
-  std::vector<std::int32_t> idx = pr.idx, counts = pr.counts;
-  if (!idx.empty()) {
-    auto set = kvsift::make_index_set(idx.data(), counts.data(), B * H, pr.idx_cap, pr.gran, pr.block);
-    p.index_set = kvsift::as_const(set);
-  }
-  const int sb = pr.score_block ? pr.score_block : 1;
-  const int cols = (S + sb - 1) / sb;
-  std::vector<float> scores(std::size_t(B) * H * cols, 12345.f);
-  if (pr.score_block) {
-    p.scores = scores.data();
-    p.score_row_stride = cols;
-    p.score_block_size = sb;
-  }
+  ProblemInputs inputs(pr);
+  inputs.attach(p, lse);
+  const std::vector<float>& scores = inputs.scores;
   p.max_kv_length = S;
   kvsift::Status st;
   if (paged) {
