@@ -48,7 +48,8 @@ struct Inputs {
 };
 
 template <class View>
-void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block) {
+void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block,
+         double kv_bytes_per_element = sizeof(BF16)) {
   auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
   const int gblock = mode == Mode::kGatherBlock || mode == Mode::kMixed ? block : 1;
   const int per_row = selected / gblock;
@@ -81,7 +82,7 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
     return;
   }
   kvsift_bench::DeviceArray<unsigned char> ws(bytes);
-  const double traffic = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() +
+  const double traffic = kv_tokens * 2.0 * kD * kv_bytes_per_element + 2.0 * in.q.bytes() +
                          (mode != Mode::kDense ? double(idx.bytes()) : 0.0);
   kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
     const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
@@ -115,6 +116,34 @@ void BM_Paged(benchmark::State& state, Mode mode, int block) {
   run(state, in, kv, mode, 4096, block, 0);
 }
 
+// fp8 (e4m3) codes from a hash, never the NaN code 0x7f / 0xff.
+__global__ void fill_e4m3(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint32_t h = std::uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = std::uint8_t((h % 0x7eu) | (h & 0x80u));
+  }
+}
+
+// The same shapes over an fp8 e4m3 cache with per-token scales (BSHD): half the K/V bytes.
+void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block) {
+  const int B = int(state.range(0)), S = int(state.range(1));
+  using E4M3 = kvsift::fp8_e4m3_t;
+  const std::size_t n = std::size_t(B) * S * kHkv * kD;
+  kvsift_bench::DeviceArray<E4M3> k(n), v(n);
+  kvsift_bench::DeviceArray<float> ks(std::size_t(B) * S * kHkv), vs(ks.n);
+  fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(k.get()), n, 21);
+  fill_e4m3<<<1024, 256>>>(reinterpret_cast<std::uint8_t*>(v.get()), n, 22);
+  kvsift_bench::fill_uniform(ks.get(), ks.n, 0.005f, 0.01f, 23);
+  kvsift_bench::fill_uniform(vs.get(), vs.n, 0.005f, 0.01f, 24);
+  Inputs in(B, S, 1);  // q, out, lengths (its bf16 K/V are unused)
+  auto kv = kvsift::make_bshd(k.get(), v.get(), B, kHkv, S, kD, in.lengths.get());
+  kv.scales = kvsift::make_per_token_scales_for(kv, ks.get(), vs.get());
+  run(state, in, kv, mode, 4096, block, 0, sizeof(E4M3) + 4.0 / kD);
+}
+
 void dense_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 1024, 0});  // a short context: the fixed cost of a call
   for (int batch : {1, 8})
@@ -144,4 +173,6 @@ KVSIFT_DECODE_BENCH(gather_token_4096, BM_Contiguous, batch_shapes, Mode::kGathe
 KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Contiguous, batch_shapes, Mode::kGatherBlock, 64, 0);
 KVSIFT_DECODE_BENCH(mixed_1dense_7block64, BM_Contiguous, batch_shapes, Mode::kMixed, 64, 0);
 KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
+KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
+KVSIFT_DECODE_BENCH(gather_token_4096_fp8, BM_ContiguousFp8, batch_shapes, Mode::kGatherToken, 1);
 KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Paged, paged_gather_shapes, Mode::kGatherBlock, 64);

@@ -507,7 +507,7 @@ TEST_CASE("decode_attention workspace query needs no device memory and grows wit
   CHECK(bytes > 0);
   kvsift::detail::DecodePlan plan;
   REQUIRE(kvsift::detail::plan_decode_attention(kH200.device, kv_ok, p, &plan).ok());
-  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::decode_ctas_per_sm(true, 128));
+  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::decode_ctas_per_sm(true, 128, 256));
   CHECK(plan.ctas_per_tile >= 132);
   CHECK(plan.chunk % kvsift::detail::kDecodeCtaTokens == 0);
   CHECK(std::size_t(plan.ctas_per_tile) * 8 * 129 * 4 <= bytes);
@@ -522,7 +522,7 @@ TEST_CASE("decode_attention workspace query needs no device memory and grows wit
   CHECK(plan.num_retrieval == 1);
   CHECK(plan.head_at[0] == 0);
   CHECK(plan.retrieval_splits >= 16 * plan.sparse_splits);
-  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::decode_ctas_per_sm(true, 128));
+  CHECK(plan.ctas_per_tile <= 132 * kvsift::detail::decode_ctas_per_sm(true, 128, 256));
 }
 
 TEST_CASE("decode_attention workspace: the query for a batch covers every smaller batch") {
@@ -563,7 +563,7 @@ TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a defa
   kvsift::detail::DecodePlan big, small;
   REQUIRE(kvsift::detail::plan_decode_attention(kH200.device, kv, p, &big).ok());
   REQUIRE(kvsift::detail::plan_decode_attention(a100.device, kv, p, &small).ok());
-  CHECK(small.ctas_per_tile <= 108 * kvsift::detail::decode_ctas_per_sm(true, 128));
+  CHECK(small.ctas_per_tile <= 108 * kvsift::detail::decode_ctas_per_sm(true, 128, 256));
   CHECK(small.ctas_per_tile < big.ctas_per_tile);
   // The host reference needs no workspace.
   REQUIRE(kvsift::decode_attention_workspace_bytes(kvsift::host::Exec{}, kv, p, &bytes).ok());

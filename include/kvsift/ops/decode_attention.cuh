@@ -28,6 +28,14 @@
 namespace kvsift {
 namespace detail {
 
+// ContiguousKV and PagedKV (whose fp8 scale addressing KvRows hoists).
+template <class V>
+struct is_shipped_view : std::false_type {};
+template <class E>
+struct is_shipped_view<ContiguousKV<E>> : std::true_type {};
+template <class E>
+struct is_shipped_view<PagedKV<E>> : std::true_type {};
+
 /// head_dim from a runtime value to a template parameter: the one place that does it.
 template <class F>
 Status dispatch_head_dim(int head_dim, F&& f) {
@@ -55,7 +63,7 @@ Status allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
 
 template <int D, int R, class View, class QT>
 Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, int score_blocks, cudaStream_t stream) {
-  const std::size_t smem = mma_smem_bytes<D, R>(score_blocks);
+  const std::size_t smem = mma_smem_bytes<D, R, int(sizeof(typename View::value_type))>(score_blocks);
   KVSIFT_TRY(allow_dynamic_smem(decode_split_mma_kernel<D, R, View, QT>, smem));
   decode_split_mma_kernel<D, R, View, QT><<<grid, kDecodeThreads, smem, stream>>>(launch);
   KVSIFT_CHECK_LAUNCH();
@@ -119,11 +127,10 @@ Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionP
   // The plan validates the shapes and values; what it cannot see without data is checked here.
   KVSIFT_TRY(detail::plan_decode_attention(exec.device, kv, p, &launch.plan));
   KVSIFT_TRY(detail::validate_decode_attention_rows(kv, p));
-  if constexpr (is_fp8_view_v<View>) {
-    // The host reference reads fp8 views; the CUDA kernels do not yet (their fragments are built for
-    // 16- and 32-bit rows), so the launcher refuses rather than misread the codes.
+  if constexpr (is_fp8_view_v<View> && !detail::is_shipped_view<View>::value) {
+    // The kernel hoists the scale addressing of the shipped views; a custom fp8 view has no such form.
     return make_status(StatusCode::kUnsupported,
-                       "decode_attention: fp8 KV views are not supported by the CUDA backend yet (host backend only)");
+                       "decode_attention: fp8 KV on the GPU needs a ContiguousKV or PagedKV view");
   } else {
     return detail::launch_decode_attention(exec, kv, launch, workspace);
   }

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/exec.hpp"
@@ -30,27 +31,31 @@ inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch
 /// splits 61.2 us, at most 64 69.4 us.
 inline constexpr int kDecodeMaxSplits = 128;
 
-/// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds).
-/// Measured on the H200 at head_dim 128: two 32 KiB stages with three blocks per SM match three
-/// stages with two blocks on dense calls and are 10% faster on token gathers (more blocks hide the
-/// index and block-table loads); one block with four stages was 20-60% slower. A stage at head_dim
-/// 256 is 64 KiB, so three stages leave room for one block.
-template <int D>
-inline constexpr int kDecodeStages = D <= 64 ? 4 : D <= 128 ? 2 : 3;
-/// Blocks resident per SM the split plan assumes (see kDecodeStages).
-template <int D>
-inline constexpr int kDecodeCtasPerSm = D <= 128 ? 3 : 1;
+/// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds),
+/// by the bytes of one K or V row (head_dim x element size). Measured on the H200 with 256-byte rows
+/// (bf16, d 128): two 32 KiB stages with three blocks per SM match three stages with two blocks on
+/// dense calls and are 10% faster on token gathers (more blocks hide the index and block-table
+/// loads); one block with four stages was 20-60% slower. 128-byte rows (bf16 d 64, fp8 d 128) take
+/// four stages in the same shared memory; 512-byte rows (bf16 d 256) leave room for one block.
+template <int RowBytes>
+inline constexpr int kDecodeStages = RowBytes <= 128 ? 4 : RowBytes <= 256 ? 2 : 3;
+/// Blocks resident per SM the split plan assumes (see kDecodeStages). Three blocks cap a thread at 170
+/// registers, which head_dim 256 (fp8) overflows by ~250 bytes of spills, so it takes two.
+template <int RowBytes, int D>
+inline constexpr int kDecodeCtasPerSm = RowBytes > 256 ? 1 : D >= 256 ? 2 : 3;
 
-/// kDecodeCtasPerSm for a run-time head_dim; the CUDA-core kernel (float K/V) plans for two.
-inline int decode_ctas_per_sm(bool tensor_cores, int head_dim) {
+/// kDecodeCtasPerSm for run-time sizes; the CUDA-core kernel (float K/V) plans for two.
+inline int decode_ctas_per_sm(bool tensor_cores, int head_dim, int row_bytes) {
   if (!tensor_cores) return 2;
-  return head_dim <= 64 ? kDecodeCtasPerSm<64> : head_dim <= 128 ? kDecodeCtasPerSm<128> : kDecodeCtasPerSm<256>;
+  return row_bytes > 256 ? 1 : head_dim >= 256 ? 2 : 3;
 }
 
-/// The tensor-core kernel serves 16-bit K/V; float K/V take the CUDA-core kernel.
+/// The tensor-core kernel serves 16-bit and fp8 K/V (fp8 is widened to fp16 in registers); float K/V
+/// take the CUDA-core kernel.
 template <class View>
 constexpr bool decode_uses_tensor_cores() {
-  return sizeof(typename View::value_type) == 2;
+  using KT = std::remove_const_t<typename View::value_type>;
+  return sizeof(KT) == 2 || is_fp8_dtype<KT>::value;
 }
 
 struct DecodePlan {
@@ -131,7 +136,8 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   int quantum = kDecodeCtaTokens;
   if (pl.num_sparse > 0) quantum = std::max(quantum, p.index_set.block_size);
   if (p.scores) quantum = std::max(quantum, p.score_block_size);
-  const std::int64_t target = std::int64_t(device.num_sms) * decode_ctas_per_sm(mma, p.head_dim);
+  const int row_bytes = p.head_dim * int(sizeof(typename View::value_type));
+  const std::int64_t target = std::int64_t(device.num_sms) * decode_ctas_per_sm(mma, p.head_dim, row_bytes);
   const std::int64_t work = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles *
                             (std::int64_t(pl.num_retrieval) * pl.max_len + std::int64_t(pl.num_sparse) * pl.sparse_tokens);
   const double per_cta = std::max(1.0, double(work) / double(target));

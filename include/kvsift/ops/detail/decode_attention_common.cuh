@@ -118,6 +118,8 @@ struct KvRows {
   __device__ __forceinline__ Handle handle(int t) const { return t; }
   __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
   __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
+  // fp8 only: the index of the row's scale in kv.scales.k / .v.
+  __device__ __forceinline__ std::int64_t scale_at(Handle t) const { return kv.scale_offset(b, h, t); }
 };
 
 template <class E>
@@ -126,14 +128,18 @@ struct KvRows<ContiguousKV<E>> {
   const T* k_base;
   const T* v_base;
   std::int64_t k_stride, v_stride;
+  std::int64_t scale_base, scale_token_stride;  // fp8 per-token scales: base + t * stride; per head: h
   __device__ KvRows(const ContiguousKV<E>& kv, int b, int h)
-      : k_base(kv.k_row(b, h, 0)), v_base(kv.v_row(b, h, 0)), k_stride(kv.k_token_stride), v_stride(kv.v_token_stride) {}
+      : k_base(kv.k_row(b, h, 0)), v_base(kv.v_row(b, h, 0)), k_stride(kv.k_token_stride), v_stride(kv.v_token_stride),
+        scale_base(kv.scale_offset(b, h, 0)),
+        scale_token_stride(kv.scales.granularity == ScaleGranularity::kPerToken ? kv.scales.token_stride : 0) {}
   __device__ __forceinline__ const T* k(int t) const { return k_base + t * k_stride; }
   __device__ __forceinline__ const T* v(int t) const { return v_base + t * v_stride; }
   using Handle = int;  // the token: its address is arithmetic
   __device__ __forceinline__ Handle handle(int t) const { return t; }
   __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
   __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
+  __device__ __forceinline__ std::int64_t scale_at(Handle t) const { return scale_base + t * scale_token_stride; }
 };
 
 template <class E>
@@ -144,16 +150,28 @@ struct KvRows<PagedKV<E>> {
   const std::int32_t* table;
   std::int64_t page_stride, slot_stride, head_offset;
   int page_size, page_shift;  // page_shift < 0: page_size is not a power of two
+  // fp8 per-token scales: page * scale_page_stride + slot * scale_slot_stride + scale_head_offset (the
+  // view's scale_offset_at, hoisted); per-head scales: scale_head_offset = h, the strides 0.
+  std::int64_t scale_page_stride, scale_slot_stride, scale_head_offset;
   __device__ KvRows(const PagedKV<E>& kv, int b, int h)
       : k_pages(kv.k_pages), v_pages(kv.v_pages), table(kv.block_table + b * kv.block_table_stride),
         page_stride(kv.page_stride) {
     const bool nhd = kv.layout == PageLayout::kNHD;
+    const bool per_token = kv.scales.granularity == ScaleGranularity::kPerToken;
+    scale_page_stride = per_token ? kv.scales.page_stride : 0;
+    scale_slot_stride = per_token ? (nhd ? kv.num_kv_heads : 1) : 0;
+    scale_head_offset = per_token ? (nhd ? h : std::int64_t(h) * kv.page_size) : h;
     slot_stride = nhd ? std::int64_t(kv.num_kv_heads) * kv.head_dim : kv.head_dim;
     head_offset = nhd ? std::int64_t(h) * kv.head_dim : std::int64_t(h) * kv.page_size * kv.head_dim;
     page_size = kv.page_size;
     page_shift = (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
   }
-  __device__ __forceinline__ std::int64_t offset(int t) const {
+  // The row's offset (the same in the K and the V pool) and, for fp8, its scale's index: both from one
+  // block-table read.
+  struct Handle {
+    std::int64_t row = 0, scale = 0;
+  };
+  __device__ __forceinline__ Handle handle(int t) const {
     int page, slot;
     if (page_shift >= 0) {
       page = t >> page_shift;
@@ -162,14 +180,17 @@ struct KvRows<PagedKV<E>> {
       page = t / page_size;
       slot = t - page * page_size;
     }
-    return std::int64_t(__ldg(table + page)) * page_stride + slot * slot_stride + head_offset;
+    const int id = __ldg(table + page);
+    Handle hd;
+    hd.row = std::int64_t(id) * page_stride + slot * slot_stride + head_offset;
+    if constexpr (is_fp8_dtype<T>::value) hd.scale = id * scale_page_stride + slot * scale_slot_stride + scale_head_offset;
+    return hd;
   }
-  __device__ __forceinline__ const T* k(int t) const { return k_pages + offset(t); }
-  __device__ __forceinline__ const T* v(int t) const { return v_pages + offset(t); }
-  using Handle = std::int64_t;  // the row's offset, the same in the K and the V pool
-  __device__ __forceinline__ Handle handle(int t) const { return offset(t); }
-  __device__ __forceinline__ const T* k_at(Handle o) const { return k_pages + o; }
-  __device__ __forceinline__ const T* v_at(Handle o) const { return v_pages + o; }
+  __device__ __forceinline__ const T* k(int t) const { return k_pages + handle(t).row; }
+  __device__ __forceinline__ const T* v(int t) const { return v_pages + handle(t).row; }
+  __device__ __forceinline__ const T* k_at(Handle o) const { return k_pages + o.row; }
+  __device__ __forceinline__ const T* v_at(Handle o) const { return v_pages + o.row; }
+  __device__ __forceinline__ std::int64_t scale_at(Handle o) const { return o.scale; }
 };
 
 // 16-byte streaming load: K/V are read once, so they skip L1; the L2 hint fetches whole 256-byte

@@ -16,6 +16,13 @@
 // Shared-memory rows are XOR-swizzled by 16-byte chunk (chunk c of position p sits at c ^ (p & 7)),
 // so the eight rows an ldmatrix phase reads fall in eight different bank groups.
 //
+// fp8 K/V (e4m3, e5m2) run the same kernel on fp16 tensor cores: codes are widened in registers
+// (exact: every fp8 value is an fp16 value) and the scales applied in fp32 - a K scale multiplies the
+// scores of its token, a V scale the softmax weight of its token before P V (per-head scales are the
+// same number for every token). The 16-byte chunks of a 128-byte fp8 row hold 16 dims, so the k-index
+// of Q K^T and the m-index of V^T P^T are permuted to what ldmatrix delivers (the dot product does not
+// care about the order of its terms, and each output dim is written to its true place at the end).
+//
 // A position becomes a row address through a lookahead chain, so no thread waits on a dependent load
 // inside the loop: the token ids of a stage (an index-entry load for sparse heads) are read two
 // stages before its copies are issued, its row handles (the block-table load of a paged view) one
@@ -80,50 +87,79 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 inline constexpr int kStageTokens = kDecodeWarps * 16;  // one 16-position step per warp
-// Threads sharing one row's copies: eight lanes move 128 contiguous bytes per instruction (16 per
-// row measured no better).
-template <int D>
-inline constexpr int kLoadThreadsPerRow = 8 < D / 8 ? 8 : D / 8;
-template <int D>
-inline constexpr int kLoadRowsPerPass = kDecodeThreads / kLoadThreadsPerRow<D>;
-template <int D>
-inline constexpr int kLoadTokensPerThread = kStageTokens / kLoadRowsPerPass<D>;
-
-// One ring slot: K and V of kStageTokens positions (swizzled rows of D elements), then their tokens.
-template <int D>
+// One ring slot: K and V of kStageTokens positions (swizzled rows of D elements of EB bytes), their
+// token ids, and for fp8 their per-token K and V scales.
+template <int D, int EB>
 struct StageLayout {
-  static constexpr int kRowBytes = D * 2;
+  static constexpr int kRowBytes = D * EB;
+  static constexpr int kChunks = kRowBytes / 16;  // 16-byte chunks per row
+  static constexpr int kSwizzle = (kChunks < 8 ? kChunks : 8) - 1;
   static constexpr int kKBytes = kStageTokens * kRowBytes;
-  static constexpr int kSlotBytes = 2 * kKBytes + kStageTokens * int(sizeof(int));
-  static constexpr int kRingBytes = kDecodeStages<D> * kSlotBytes;
+  static constexpr int kIdsBytes = kStageTokens * int(sizeof(int));
+  static constexpr int kScaleBytes = EB == 1 ? kStageTokens * int(sizeof(float)) : 0;
+  static constexpr int kSlotBytes = 2 * kKBytes + kIdsBytes + 2 * kScaleBytes;
+  static constexpr int kRingBytes = kDecodeStages<kRowBytes> * kSlotBytes;
+  // Threads sharing one row's copies: eight lanes move 128 contiguous bytes per instruction (16 per
+  // row measured no better).
+  static constexpr int kLoadThreadsPerRow = kChunks < 8 ? kChunks : 8;
+  static constexpr int kLoadRowsPerPass = kDecodeThreads / kLoadThreadsPerRow;
+  static constexpr int kLoadTokensPerThread = kStageTokens / kLoadRowsPerPass;
+  static constexpr int kChunksPerThread = kChunks / kLoadThreadsPerRow;
   // Byte offset of chunk c of position p inside a K or V tile.
-  static __device__ __forceinline__ unsigned at(int p, int c) { return unsigned(p * kRowBytes + ((c ^ (p & 7)) << 4)); }
+  static __device__ __forceinline__ unsigned at(int p, int c) { return unsigned(p * kRowBytes + ((c ^ (p & kSwizzle)) << 4)); }
 };
 
-/// Dynamic shared memory of the tensor-core kernel: the ring (the epilogue's SplitSmem reuses it), then
-/// the block-max scratch of score emission.
-template <int D, int R>
+// Two fp8 codes (low byte first) widened to a packed fp16 pair (low half first), exactly.
+template <class T>
+__device__ __forceinline__ std::uint32_t widen_fp8x2(std::uint32_t two) {
+  if constexpr (dtype_traits<T>::dtype == DType::kFp8E4M3) {
+    std::uint32_t h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(std::uint16_t(two & 0xffffu)));
+    return h2;
+  } else {
+    return __byte_perm(two, 0u, 0x1404);  // e5m2 is the top byte of an fp16
+  }
+}
+
+// 4-byte copy for the per-token scales (the 16-byte form needs .cg; 4 bytes need .ca).
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+
+inline constexpr unsigned kSmemLine = 128;  // the ring's alignment (see the kernel)
+
+/// Dynamic shared memory of the tensor-core kernel: up to one line of padding to align the ring, the
+/// ring (the epilogue's SplitSmem reuses it), then the block-max scratch of score emission.
+template <int D, int R, int EB>
 constexpr std::size_t mma_smem_bytes(int score_blocks) {
-  const std::size_t ring = std::size_t(StageLayout<D>::kRingBytes);
+  const std::size_t ring = std::size_t(StageLayout<D, EB>::kRingBytes);
   const std::size_t merge = sizeof(SplitSmem<D, R>);
-  return (ring > merge ? ring : merge) + std::size_t(score_blocks) * sizeof(unsigned);
+  return kSmemLine + (ring > merge ? ring : merge) + std::size_t(score_blocks) * sizeof(unsigned);
 }
 
 template <int D, int R, class View, class QT>
-__global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
+__global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeof(typename View::value_type)), D>)
     decode_split_mma_kernel(const __grid_constant__ DecodeLaunch<View, QT> a) {
   using T = std::remove_const_t<typename View::value_type>;
-  using L = StageLayout<D>;
-  constexpr bool kBF16 = is_bf16_v<T>;
-  constexpr int kStages = kDecodeStages<D>;
+  constexpr bool kFp8 = is_fp8_dtype<T>::value;
+  using L = StageLayout<D, int(sizeof(T))>;
+  constexpr bool kBF16 = !kFp8 && is_bf16_v<T>;  // fp8 widens to fp16
+  constexpr int kStages = kDecodeStages<L::kRowBytes>;
   constexpr int kKSteps = D / 16;
   constexpr int kMTiles = D / 16;
   constexpr int kHalves = R / 8;
-  constexpr int kLoadThreadsPerRow = detail::kLoadThreadsPerRow<D>;
-  constexpr int kLoadRowsPerPass = detail::kLoadRowsPerPass<D>;
-  constexpr int kLoadTokensPerThread = detail::kLoadTokensPerThread<D>;
-  constexpr int kChunksPerThread = D / 8 / kLoadThreadsPerRow;  // 16-byte chunks of a row per thread
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  constexpr int kLoadThreadsPerRow = L::kLoadThreadsPerRow;
+  constexpr int kLoadRowsPerPass = L::kLoadRowsPerPass;
+  constexpr int kLoadTokensPerThread = L::kLoadTokensPerThread;
+  constexpr int kChunksPerThread = L::kChunksPerThread;
+  extern __shared__ __align__(16) unsigned char smem_dynamic[];
+  // The epilogue's static shared memory sits before the dynamic block, which therefore starts only
+  // 16-byte aligned; the ring is moved to a 128-byte line. Why (a hypothesis, to be measured): ncu
+  // counted every L2 sector requested twice by this kernel (268 M sectors for 134 M of data, dense
+  // B=8 128K) but once by a micro-benchmark with the same copies and no static shared memory; a
+  // 128-byte global segment that lands across two shared-memory lines would be split that way.
+  unsigned char* smem_raw =
+      smem_dynamic + ((kSmemLine - (unsigned(__cvta_generic_to_shared(smem_dynamic)) & (kSmemLine - 1))) & (kSmemLine - 1));
   auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);  // valid only after the loop
   unsigned* scratch = reinterpret_cast<unsigned*>(smem_raw + (L::kRingBytes > int(sizeof(SplitSmem<D, R>))
                                                                   ? std::size_t(L::kRingBytes)
@@ -132,11 +168,25 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
   auto slot_k = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes); };
   auto slot_v = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes + L::kKBytes); };
   auto slot_tok = [&](int slot) { return reinterpret_cast<int*>(smem_raw + slot * L::kSlotBytes + 2 * L::kKBytes); };
+  // fp8 per-token scales of a slot: K at [0, 64), V at [64, 128).
+  auto slot_scale = [&](int slot) {
+    return reinterpret_cast<float*>(smem_raw + slot * L::kSlotBytes + 2 * L::kKBytes + L::kIdsBytes);
+  };
 
   const DecodeWork w = locate_work(a);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, j = lane & 3;
   const KvRows<View> rows(a.kv, w.b, w.h);
   using Handle = typename KvRows<View>::Handle;
+  // fp8: per-token scales ride the ring; a per-head scale is one number for the whole block.
+  bool per_token_scales = false;
+  float k_head_scale = 1.f, v_head_scale = 1.f;
+  if constexpr (kFp8) {
+    per_token_scales = a.kv.scales.granularity == ScaleGranularity::kPerToken;
+    if (!per_token_scales) {
+      k_head_scale = a.kv.scales.k[w.h];
+      v_head_scale = a.kv.scales.v[w.h];
+    }
+  }
 
   // The score row (group-mean query of the last position) is row q_rows of the head.
   const int q_rows = a.p.q_len * a.plan.group;
@@ -175,13 +225,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
     for (int i = 0; i < kLoadTokensPerThread; ++i) {
       const int p = load_row + i * kLoadRowsPerPass;
       const bool ok = tok_issue[i] >= 0;
-      const T* kp = ok ? rows.k_at(hdl_issue[i]) : nullptr;
-      const T* vp = ok ? rows.v_at(hdl_issue[i]) : nullptr;
+      const char* kp = ok ? reinterpret_cast<const char*>(rows.k_at(hdl_issue[i])) : nullptr;
+      const char* vp = ok ? reinterpret_cast<const char*>(rows.v_at(hdl_issue[i])) : nullptr;
 #pragma unroll
       for (int u = 0; u < kChunksPerThread; ++u) {
         const int c = load_chunk + u * kLoadThreadsPerRow;
-        cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 8) : dummy, ok ? 16 : 0);
-        cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 8) : dummy, ok ? 16 : 0);
+        cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 16) : dummy, ok ? 16 : 0);
+        cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 16) : dummy, ok ? 16 : 0);
+      }
+      if constexpr (kFp8) {
+        if (per_token_scales && load_chunk == 0) {
+          const std::int64_t at = ok ? rows.scale_at(hdl_issue[i]) : 0;
+          const unsigned sd = unsigned(__cvta_generic_to_shared(slot_scale(slot) + p));
+          cp_async4(sd, ok ? static_cast<const void*>(a.kv.scales.k + at) : dummy, ok ? 4 : 0);
+          cp_async4(sd + kStageTokens * 4, ok ? static_cast<const void*>(a.kv.scales.v + at) : dummy, ok ? 4 : 0);
+        }
       }
       if (load_chunk == 0) ids[p] = tok_issue[i];
     }
@@ -209,14 +267,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
 #pragma unroll
       for (int e = 0; e < 4; ++e) f[ks][e] = 0.f;
     limit[rh] = w.len - 1;
-    // Thread (g, j) holds dims 16 ks + 2j + {0, 1} and 16 ks + 8 + 2j + {0, 1} of its row.
+    // Thread (g, j) holds dims 16 ks + 2j + {0, 1} and 16 ks + 8 + 2j + {0, 1} of its row; for fp8
+    // the k-index follows the bytes ldmatrix delivers: dims 16 ks + 4j + {0, 1} and + {2, 3}.
+    const int d_lo = kFp8 ? 4 * j : 2 * j, d_hi = kFp8 ? 4 * j + 2 : 8 + 2 * j;
     auto add_row = [&](const QT* q, float scale) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
-        f[ks][0] += scale * to_float(q[16 * ks + 2 * j]);
-        f[ks][1] += scale * to_float(q[16 * ks + 2 * j + 1]);
-        f[ks][2] += scale * to_float(q[16 * ks + 8 + 2 * j]);
-        f[ks][3] += scale * to_float(q[16 * ks + 9 + 2 * j]);
+        f[ks][0] += scale * to_float(q[16 * ks + d_lo]);
+        f[ks][1] += scale * to_float(q[16 * ks + d_lo + 1]);
+        f[ks][2] += scale * to_float(q[16 * ks + d_hi]);
+        f[ks][3] += scale * to_float(q[16 * ks + d_hi + 1]);
       }
     };
     if (r < q_rows) {
@@ -255,16 +315,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
       for (int c = 0; c < 4; ++c) s[nt][c] = 0.f;
+      // One ldmatrix.x4 reads 4 chunks of 8 positions: 2 k-steps of 16-bit K, 4 of fp8 K.
 #pragma unroll
-      for (int kp = 0; kp < kKSteps / 2; ++kp) {
+      for (int kp = 0; kp < L::kChunks / 4; ++kp) {
         std::uint32_t b[4];
         ldmatrix_x4(b, kb + L::at(p0 + 8 * nt + (lane & 7), 4 * kp + (lane >> 3)));
+        constexpr int kStepsPerLoad = kFp8 ? 4 : 2;
 #pragma unroll
-        for (int h2 = 0; h2 < 2; ++h2) {
-          const int ks = 2 * kp + h2;
+        for (int h2 = 0; h2 < kStepsPerLoad; ++h2) {
+          const int ks = kStepsPerLoad * kp + h2;
           const std::uint32_t a1 = kHalves > 1 ? qa[ks][kHalves - 1][0] : 0u;
           const std::uint32_t a3 = kHalves > 1 ? qa[ks][kHalves - 1][1] : 0u;
-          mma_16816<kBF16>(s[nt], qa[ks][0][0], a1, qa[ks][0][1], a3, b[2 * h2], b[2 * h2 + 1]);
+          std::uint32_t b0, b1;
+          if constexpr (kFp8) {  // dims 4j .. 4j + 3 of the chunk: k-slots 2j, 2j + 1 | 2j + 8, 2j + 9
+            b0 = widen_fp8x2<T>(b[h2]);
+            b1 = widen_fp8x2<T>(b[h2] >> 16);
+          } else {
+            b0 = b[2 * h2];
+            b1 = b[2 * h2 + 1];
+          }
+          mma_16816<kBF16>(s[nt], qa[ks][0][0], a1, qa[ks][0][1], a3, b0, b1);
         }
       }
     }
@@ -273,6 +343,23 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
     const int2 t01 = *reinterpret_cast<const int2*>(ids + p0 + 2 * j);
     const int2 t89 = *reinterpret_cast<const int2*>(ids + p0 + 8 + 2 * j);
     const int tok[4] = {t01.x, t01.y, t89.x, t89.y};
+    float v_scale[4] = {v_head_scale, v_head_scale, v_head_scale, v_head_scale};
+    if constexpr (kFp8) {  // dequantize the scores: S = k_scale * (q . code)
+      float k_scale[4] = {k_head_scale, k_head_scale, k_head_scale, k_head_scale};
+      if (per_token_scales) {
+        const float* sc = slot_scale(slot);
+        const float2 k01 = *reinterpret_cast<const float2*>(sc + p0 + 2 * j);
+        const float2 k89 = *reinterpret_cast<const float2*>(sc + p0 + 8 + 2 * j);
+        const float2 v01 = *reinterpret_cast<const float2*>(sc + kStageTokens + p0 + 2 * j);
+        const float2 v89 = *reinterpret_cast<const float2*>(sc + kStageTokens + p0 + 8 + 2 * j);
+        k_scale[0] = k01.x, k_scale[1] = k01.y, k_scale[2] = k89.x, k_scale[3] = k89.y;
+        v_scale[0] = v01.x, v_scale[1] = v01.y, v_scale[2] = v89.x, v_scale[3] = v89.y;
+      }
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) s[nt][c] *= k_scale[nt * 2 + (c & 1)];
+    }
     if (score_tile) {  // raw group-mean scores, before masking by causality
       const bool upper = score_row >= 8;  // which half of the S rows holds the score row
       const int gs = score_row % 8;
@@ -312,6 +399,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
       for (int q = 0; q < 4; ++q) p[q] = exp2f(x[q] - m_use);
       l[rh] = l[rh] * alpha + ((p[0] + p[1]) + (p[2] + p[3]));
       m[rh] = m_new;
+      if constexpr (kFp8) {  // P V with V = v_scale * code: the scale rides the weight
+#pragma unroll
+        for (int q = 0; q < 4; ++q) p[q] *= v_scale[q];
+      }
       pb[rh][0] = pack_pair<kBF16>(p[0], p[1]);
       pb[rh][1] = pack_pair<kBF16>(p[2], p[3]);
       // This thread's output rows are 2j and 2j + 1; their factors live in the threads with g = row.
@@ -325,15 +416,41 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
         o[rh][mt][3] *= a_odd;
       }
     }
-    // V^T fragments: matrices (positions 0-7 | 8-15) x (dims 16 mt + 0-7 | 8-15), transposed.
-    const int vp = p0 + (lane & 7) + 8 * (lane >> 4);
-    const int vc = (lane >> 3) & 1;
+    if constexpr (!kFp8) {
+      // V^T fragments: matrices (positions 0-7 | 8-15) x (dims 16 mt + 0-7 | 8-15), transposed.
+      const int vp = p0 + (lane & 7) + 8 * (lane >> 4);
+      const int vc = (lane >> 3) & 1;
 #pragma unroll
-    for (int mt = 0; mt < kMTiles; ++mt) {
-      std::uint32_t va[4];
-      ldmatrix_x4_trans(va, vb + L::at(vp, 2 * mt + vc));
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        std::uint32_t va[4];
+        ldmatrix_x4_trans(va, vb + L::at(vp, 2 * mt + vc));
 #pragma unroll
-      for (int rh = 0; rh < kHalves; ++rh) mma_16816<kBF16>(o[rh][mt], va[0], va[1], va[2], va[3], pb[rh][0], pb[rh][1]);
+        for (int rh = 0; rh < kHalves; ++rh)
+          mma_16816<kBF16>(o[rh][mt], va[0], va[1], va[2], va[3], pb[rh][0], pb[rh][1]);
+      }
+    } else {
+      // fp8 V^T: a transposed 8x8 b16 matrix of 8 positions x one 16-dim chunk gives thread (g, j) the
+      // codes of dims 2g, 2g + 1 at positions 2j, 2j + 1; regrouped by dim they are the A values of
+      // m-slot g (dim 2g) and m-slot g + 8 (dim 2g + 1). Matrices: (positions 0-7 | 8-15) x
+      // (chunks 2 mp | 2 mp + 1); one chunk is one m-tile.
+      const int vp = p0 + (lane & 7) + 8 * ((lane >> 3) & 1);
+      const int vc = lane >> 4;
+#pragma unroll
+      for (int mp = 0; mp < kMTiles / 2; ++mp) {
+        std::uint32_t r[4];
+        ldmatrix_x4_trans(r, vb + L::at(vp, 2 * mp + vc));
+#pragma unroll
+        for (int hm = 0; hm < 2; ++hm) {
+          const std::uint32_t lo = r[2 * hm], hi = r[2 * hm + 1];  // positions 0-7, 8-15
+          const std::uint32_t a0 = widen_fp8x2<T>(__byte_perm(lo, 0u, 0x0020));
+          const std::uint32_t a1 = widen_fp8x2<T>(__byte_perm(lo, 0u, 0x0031));
+          const std::uint32_t a2 = widen_fp8x2<T>(__byte_perm(hi, 0u, 0x0020));
+          const std::uint32_t a3 = widen_fp8x2<T>(__byte_perm(hi, 0u, 0x0031));
+#pragma unroll
+          for (int rh = 0; rh < kHalves; ++rh)
+            mma_16816<kBF16>(o[rh][2 * mp + hm], a0, a1, a2, a3, pb[rh][0], pb[rh][1]);
+        }
+      }
     }
   };
 
@@ -360,12 +477,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D>)
       sm.l[warp][rh * 8 + g] = lsum;
     }
     const int row = rh * 8 + 2 * j;
+    // m-slot g of m-tile mt is dim 16 mt + g (16-bit V) or 16 mt + 2g (fp8); slot g + 8 is + 8 or + 2g + 1.
+    const int dim_g = kFp8 ? 2 * g : g, dim_g8 = kFp8 ? 2 * g + 1 : g + 8;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
-      sm.o[warp][row][16 * mt + g] = o[rh][mt][0];
-      sm.o[warp][row + 1][16 * mt + g] = o[rh][mt][1];
-      sm.o[warp][row][16 * mt + g + 8] = o[rh][mt][2];
-      sm.o[warp][row + 1][16 * mt + g + 8] = o[rh][mt][3];
+      sm.o[warp][row][16 * mt + dim_g] = o[rh][mt][0];
+      sm.o[warp][row + 1][16 * mt + dim_g] = o[rh][mt][1];
+      sm.o[warp][row][16 * mt + dim_g8] = o[rh][mt][2];
+      sm.o[warp][row + 1][16 * mt + dim_g8] = o[rh][mt][3];
     }
   }
   finish_split(a, w, sm);
