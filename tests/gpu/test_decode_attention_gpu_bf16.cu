@@ -234,16 +234,28 @@ TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace")
   CHECK(st.code() == kvsift::StatusCode::kMisaligned);
 }
 
-TEST_CASE("decode_attention CUDA launcher refuses fp8 KV views with a named error (host backend only)") {
+TEST_CASE("decode_attention CUDA launcher names bad fp8 scale layouts") {
   std::vector<std::int32_t> lh = {4};
   kvsift_test::DeviceBuffer<kvsift::fp8_e4m3_t> k(4 * 128);
   kvsift_test::DeviceBuffer<bfloat16_t> q(4 * 128), out(4 * 128);
   kvsift_test::DeviceBuffer<float> scales(std::vector<float>{1.f});
   kvsift_test::DeviceBuffer<std::int32_t> len(lh);
   auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, 4, 128, len.get());
-  kv.scales = kvsift::make_per_head_scales(scales.get(), scales.get());
   const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);
-  const auto st = kvsift::cuda::decode_attention(kvsift::cuda::Exec::for_current_device(), kv, p);
-  CHECK(st.code() == kvsift::StatusCode::kUnsupported);
-  CHECK(st.message().find("fp8") != std::string::npos);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
+  // No scales at all: an fp8 view cannot be dequantized.
+  auto st = kvsift::cuda::decode_attention(exec, kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kNullPointer);
+  CHECK(st.message().find("kv.scales.k") != std::string::npos);
+  // Per-head scales carrying a token stride were built for the other granularity.
+  kv.scales = kvsift::make_per_head_scales(scales.get(), scales.get());
+  kv.scales.token_stride = 1;
+  st = kvsift::cuda::decode_attention(exec, kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(st.message().find("kv.scales.token_stride") != std::string::npos);
+  // A V scale pointer missing alone is named too.
+  kv.scales = kvsift::make_per_head_scales(scales.get(), nullptr);
+  st = kvsift::cuda::decode_attention(exec, kv, p);
+  CHECK(st.code() == kvsift::StatusCode::kNullPointer);
+  CHECK(st.message().find("kv.scales.v") != std::string::npos);
 }
