@@ -229,3 +229,16 @@ def test_bad_input():
         hf.make_cache(model, "snapkv").fork("dense")
     with pytest.raises(ValueError, match="reserve = 0"):
         hf.make_cache(model, reserve=0)
+
+
+@pytest.mark.parametrize("mode", ["beams", "return_sequences"])
+def test_beam_search_and_repeated_batches_equal_eager(mode):
+    # generate reorders the cache (beam search) or repeats its batch (num_return_sequences)
+    model = tiny_llama()
+    ids = prompts(2, 30)
+    extra = dict(num_beams=3, do_sample=False) if mode == "beams" else dict(do_sample=True, top_k=1,
+                                                                           num_return_sequences=2)
+    kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, pad_token_id=0, eos_token_id=None, **extra)
+    ref = model.generate(ids, **kwargs)
+    hf.enable(model, "dense")
+    assert torch.equal(model.generate(ids, **kwargs), ref)
