@@ -76,20 +76,25 @@ def lycheedecode_layer(layer: "KvsiftCacheLayer", query: torch.Tensor, options: 
                            max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set)
     if retrieval:
         n = layer.stored
+        every = len(retrieval) == kv_heads
+        # The retrieval heads as a device index made once per table: indexing with a Python list would
+        # copy it to the device in every step (a pageable copy, which waits for the stream).
+        rows = None if every else table.rows(layer.layer_idx, retrieval)
         # group-mean query of each retrieval KV head (query head hq reads KV head hq // group)
-        qbar = query[:, :, 0].reshape(batch, kv_heads, group, dim)[:, retrieval].float().mean(2)
-        keys = layer.keys[:, retrieval, :n].float()                       # [B, R, n, D]
+        qbar = query[:, :, 0].reshape(batch, kv_heads, group, dim)
+        qbar = (qbar if every else qbar.index_select(1, rows)).float().mean(2)              # [B, R, D]
+        keys = layer.keys[:, :, :n] if every else layer.keys[:, :, :n].index_select(1, rows)
+        keys = keys.float()                                                                 # [B, R, n, D]
         scores = torch.matmul(keys, qbar.unsqueeze(-1)).squeeze(-1)        # [B, R, n]
         # Every sequence holds n tokens (no padding), so no per-row lengths are needed.
         sel = topk(scores.reshape(batch * len(retrieval), n), options.budget, sink=options.sink, recent=options.recent)
         # width = max(budget, sink + recent) = budget (make_policy checks budget >= sink + recent)
         idx = sel.indices.reshape(batch, len(retrieval), options.budget)
         cnt = sel.counts.reshape(batch, len(retrieval))
-        if len(retrieval) == kv_heads:
+        if every:
             table.indices.copy_(idx)
             table.counts.copy_(cnt)
         else:  # only the retrieval rows: the sparse rows keep an earlier layer's selection
-            rows = table.rows(layer.layer_idx, retrieval)
             table.indices.index_copy_(1, rows, idx)
             table.counts.index_copy_(1, rows, cnt)
     return out
