@@ -21,6 +21,16 @@ from .ops import (
     topk,
 )
 from .roles import HeadRoles, load_head_roles
+from .gates import (
+    HardKumaOptions,
+    HardKumaStats,
+    hardkuma_eval_gate,
+    hardkuma_expected_l0,
+    hardkuma_noise,
+    hardkuma_sample,
+    hardkuma_stats,
+    head_roles_from_gates,
+)
 
 try:
     __version__: str = _metadata.version("kvsift")
@@ -41,6 +51,8 @@ def header_version() -> str:
 __all__ = [
     "COMPRESSION_POLICIES",
     "CompressedCache",
+    "HardKumaOptions",
+    "HardKumaStats",
     "HeadRoles",
     "IndexSet",
     "PromptCompressionConfig",
@@ -49,6 +61,12 @@ __all__ = [
     "built_with_cuda",
     "compress_prompt",
     "decode_attention",
+    "hardkuma_eval_gate",
+    "hardkuma_expected_l0",
+    "hardkuma_noise",
+    "hardkuma_sample",
+    "hardkuma_stats",
+    "head_roles_from_gates",
     "header_version",
     "load_head_roles",
     "topk",
