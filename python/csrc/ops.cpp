@@ -7,6 +7,7 @@
 // mutates its inputs.
 #include <torch/library.h>
 
+#include "lycheedecode_args.hpp"
 #include "op_args.hpp"
 
 TORCH_LIBRARY(kvsift, m) {
@@ -53,6 +54,22 @@ TORCH_LIBRARY(kvsift, m) {
   // iff E[K] > threshold, or the top total_retrieval_heads; returns (retrieval bool, E[K]) [layers, kv_heads].
   m.def("extract_head_roles(Tensor a, Tensor b, str selection=\"threshold\", float threshold=0.5, "
         "int total_retrieval_heads=0, bool force_layer0=True, bool clamp_shape=True) -> (Tensor retrieval, Tensor scores)");
+  // LycheeDecode (policy/lycheedecode.hpp): the configuration's fields, roles flattened layer-major (1 =
+  // retrieval). lycheedecode_table_shape validates a configuration and returns the index table's
+  // [rows, capacity] and the tokens per entry (host only). lycheedecode_layer runs one layer of a decode
+  // step (or, with correction=True, of a cache-correction step) and writes the retrieval heads' selections
+  // into (table_indices, table_counts) in place; layer / next_layer / step_batch are the caller's layer
+  // cursor. Returns (out, like q; lse float32) as decode_attention does.
+#define KVSIFT_LYCHEEDECODE_CONFIG                                                                               \
+  "int num_layers, int num_q_heads, int num_kv_heads, int head_dim, int[] roles, int max_batch, "              \
+  "int max_kv_length, str selection=\"token\", int budget=4096, float rho=0.7, int sink=128, int recent=256, " \
+  "int block_size=64, int num_blocks=64, int sink_blocks=1, int index_capacity=0, int correction_interval=0, "  \
+  "float? sm_scale=None"
+  m.def("lycheedecode_table_shape(" KVSIFT_LYCHEEDECODE_CONFIG ") -> int[]", &kvsift_torch::lycheedecode_table_shape_op);
+  m.def("lycheedecode_layer(Tensor q, Tensor k_cache, Tensor v_cache, Tensor kv_lengths, Tensor(a!) table_indices, "
+        "Tensor(b!) table_counts, int layer, int next_layer, int step_batch, " KVSIFT_LYCHEEDECODE_CONFIG
+        ", str kv_layout=\"BHSD\", Tensor? block_table=None, bool correction=False) -> (Tensor out, Tensor lse)");
+#undef KVSIFT_LYCHEEDECODE_CONFIG
   // The head-roles file (gates/roles_file.hpp): its text parsed into a bool [layers, kv_heads] CPU tensor
   // (true = retrieval head), and back. Host only, not traceable (the output shape is the file's).
   m.def("parse_head_roles(str text, int expected_layers=-1, int expected_kv_heads=-1) -> Tensor",
