@@ -127,12 +127,12 @@ inline LycheeLayerCall prepare_lycheedecode_layer(const at::Tensor& q, const at:
                     " query heads but num_q_heads = ", c.num_q_heads);
   TORCH_CHECK_VALUE(d.head_dim == c.head_dim, "kvsift.", op, ": q has head_dim ", d.head_dim, " but head_dim = ",
                     c.head_dim);
+  TORCH_CHECK_VALUE(!correction || c.correction_interval > 0, "kvsift.", op,
+                    ": correction_interval = 0: cache correction is off");
   const int want_q_len = correction ? c.correction_interval : 1;
   TORCH_CHECK_VALUE(d.q_len == want_q_len, "kvsift.", op, ": q_len = ", d.q_len, " must be ", want_q_len,
                     correction ? " (correction_interval: a correction step re-runs that many positions)"
                                : " (one new token per sequence; correct_layer takes correction_interval)");
-  TORCH_CHECK_VALUE(!correction || c.correction_interval > 0, "kvsift.", op,
-                    ": correction_interval = 0: cache correction is off");
 
   const c10::Device device = q.device();
   const std::int64_t rows = std::int64_t(c.max_batch) * c.num_kv_heads, capacity = call.policy.index_capacity();
