@@ -122,7 +122,9 @@ class LycheeDecode:
         if config.selection not in LYCHEEDECODE_SELECTIONS:
             raise ValueError(f"kvsift.LycheeDecode: selection = '{config.selection}' must be one of "
                              f"{', '.join(LYCHEEDECODE_SELECTIONS)}")
-        rows, capacity, entry_tokens = ops.lycheedecode_table_shape(*config.op_args())
+        # The schema arguments once: a layer call then passes them without rebuilding the roles list.
+        self._op_args = config.op_args()
+        rows, capacity, entry_tokens = ops.lycheedecode_table_shape(*self._op_args)
         self.config = config
         self.entry_tokens: int = int(entry_tokens)
         self.table_indices = torch.full((rows, capacity), -1, dtype=torch.int32, device=device)
@@ -156,7 +158,7 @@ class LycheeDecode:
                return_lse: bool) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
         out, lse = ops.lycheedecode_layer(
             q, k_cache, v_cache, kv_lengths, self.table_indices, self.table_counts, int(layer), self._next_layer,
-            self._step_batch, *self.config.op_args(), kv_layout, block_table, correction)
+            self._step_batch, *self._op_args, kv_layout, block_table, correction)
         # The policy accepted the call: advance the cursor as LycheeDecodePolicy::advance does.
         if layer == 0:
             self._step_batch = int(q.shape[0])

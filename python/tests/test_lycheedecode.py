@@ -303,3 +303,26 @@ def test_opcheck(device, roles):
     torch.library.opcheck(torch.ops.kvsift.lycheedecode_layer.default,
                           (qs[0], ks[0], vs[0], lengths, ld.table_indices, ld.table_counts, 0, 0, 0,
                            *cfg.op_args(), "BSHD"))
+
+
+def test_compile_fullgraph_step(device, roles):
+    """A whole step under torch.compile(fullgraph=True): the layer op's fake kernel and its in-place
+    table writes trace without a graph break, and the compiled step equals the eager one."""
+    torch._dynamo.reset()
+    cfg = config(roles)
+    qs, ks, vs, lengths = make_step(cfg, 2, 96, [96, 40], device, seed=13)
+    ld = kvsift.LycheeDecode(cfg, device=device)
+
+    def step(qs, ks, vs, lengths):
+        return [ld.decode_layer(l, qs[l], ks[l], vs[l], lengths, kv_layout="BSHD") * 2 for l in range(cfg.num_layers)]
+
+    eager = step(qs, ks, vs, lengths)
+    table = ld.table_indices.clone()
+    ld.table_indices.fill_(-7)
+    # aot_eager: dynamo + AOT autograd with the fake kernel and functionalized table writes, without
+    # inductor's C++ codegen (which test_compile.py covers, and which costs tens of seconds on CPU).
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")(qs, ks, vs, lengths)
+    for x, y in zip(compiled, eager):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    rows = 2 * cfg.num_kv_heads  # the rows of this batch's sequences; the rest are not written
+    assert torch.equal(ld.table_indices[:rows], table[:rows]) and ld.next_layer == 0
