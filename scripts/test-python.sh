@@ -2,8 +2,9 @@
 # Builds the Python package (python/) and runs its pytest suite.
 #
 #   scripts/test-python.sh            a venv in build/python-venv (made on first use): installs torch
-#                                     ($KVSIFT_TORCH, default the version the GPU machine has) and pytest
-#                                     from the package registry, then `pip install ./python`, then pytest.
+#                                     ($KVSIFT_TORCH, default the version the GPU machine has), pytest and
+#                                     transformers ($KVSIFT_TRANSFORMERS) from the package registry, then
+#                                     `pip install ./python`, then pytest.
 #   scripts/test-python.sh --system   the current python3 as it is, nothing downloaded (a machine without
 #                                     a package registry, e.g. the GPU machine): needs torch and pytest;
 #                                     installs with pip when scikit-build-core is there, else builds
@@ -33,7 +34,9 @@ if [ "$mode" = venv ]; then
   fi
   py="$venv/bin/python"
   # torch from PyPI: on Linux that is the CUDA build, which imports and runs CPU tensors without a GPU.
-  "$py" -m pip install --quiet "${KVSIFT_TORCH:-torch==2.11.0}" pytest numpy
+  # transformers for kvsift.hf's tests (python/kvsift/hf/versions.py: the tested range; the --system
+  # mode installs nothing, and the HF tests are skipped where transformers is missing).
+  "$py" -m pip install --quiet "${KVSIFT_TORCH:-torch==2.11.0}" pytest numpy "${KVSIFT_TRANSFORMERS:-transformers>=5.17,<5.25}"
   # A fresh build every time (the package is small; the build tree is pip's temporary one).
   "$py" -m pip install --quiet --force-reinstall --no-deps ./python
   pythonpath=""

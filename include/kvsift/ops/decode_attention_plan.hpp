@@ -26,9 +26,9 @@ namespace detail {
 
 inline constexpr int kDecodeCtaTokens = 64;    ///< tokens one block consumes per step (4 warps x 16)
 inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch in shared memory
-/// Splits per head at most: the last block of a head merges all of them alone, ~0.1 us per split.
-/// Measured on the H200, 1 retrieval + 7 sparse heads, B = 1, 128K: ~300 splits 80.8 us, at most 128
-/// splits 61.2 us, at most 64 69.4 us.
+/// Splits per head at most: the last block of a head merges all of them alone, one L2 round trip per
+/// 16 splits. Measured on the H200, 1 retrieval + 7 sparse heads, B = 1, 128K (with the earlier, slower
+/// merge): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us.
 inline constexpr int kDecodeMaxSplits = 128;
 
 /// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds),

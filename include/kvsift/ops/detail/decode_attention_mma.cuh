@@ -245,7 +245,25 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   };
 
-  // Start the ring before touching Q, so the first bytes are in flight during the prologue.
+  // This thread's Q elements are loaded before the ring starts and converted after it: issued behind
+  // the first stage, they queued behind every block's K/V requests (measured on the H200, B = 1: the
+  // prologue ended 6.1 us into the kernel, the first stage had landed 0.1 us later, so Q came last).
+  // Thread (g, j) holds dims 16 ks + 2j + {0, 1} and 16 ks + 8 + 2j + {0, 1} of its row; for fp8
+  // the k-index follows the bytes ldmatrix delivers: dims 16 ks + 4j + {0, 1} and + {2, 3}.
+  const int d_lo = kFp8 ? 4 * j : 2 * j, d_hi = kFp8 ? 4 * j + 2 : 8 + 2 * j;
+  QT q_raw[kHalves][kKSteps][4];
+#pragma unroll
+  for (int rh = 0; rh < kHalves; ++rh) {
+    const int r = w.tile * R + rh * 8 + g;
+    const QT* q = r < q_rows ? a.p.io.q.row(w.b, r / a.plan.group, w.h * a.plan.group + r % a.plan.group) : nullptr;
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int at[4] = {16 * ks + d_lo, 16 * ks + d_lo + 1, 16 * ks + d_hi, 16 * ks + d_hi + 1};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) q_raw[rh][ks][e] = q ? q[at[e]] : from_float<QT>(0.f);
+    }
+  }
+
   read_tokens(tok_next, 0);
   advance(1);
 #pragma unroll
@@ -267,9 +285,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
 #pragma unroll
       for (int e = 0; e < 4; ++e) f[ks][e] = 0.f;
     limit[rh] = w.len - 1;
-    // Thread (g, j) holds dims 16 ks + 2j + {0, 1} and 16 ks + 8 + 2j + {0, 1} of its row; for fp8
-    // the k-index follows the bytes ldmatrix delivers: dims 16 ks + 4j + {0, 1} and + {2, 3}.
-    const int d_lo = kFp8 ? 4 * j : 2 * j, d_hi = kFp8 ? 4 * j + 2 : 8 + 2 * j;
     auto add_row = [&](const QT* q, float scale) {
 #pragma unroll
       for (int ks = 0; ks < kKSteps; ++ks) {
@@ -280,9 +295,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       }
     };
     if (r < q_rows) {
-      const int qpos = r / a.plan.group;
-      add_row(a.p.io.q.row(w.b, qpos, w.h * a.plan.group + r % a.plan.group), 1.f);
-      limit[rh] = w.len - a.p.q_len + qpos;
+#pragma unroll
+      for (int ks = 0; ks < kKSteps; ++ks)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f[ks][e] = to_float(q_raw[rh][ks][e]);
+      limit[rh] = w.len - a.p.q_len + r / a.plan.group;
     } else if (r == q_rows && a.p.scores != nullptr) {
       const float inv = 1.f / a.plan.group;
       for (int gg = 0; gg < a.plan.group; ++gg) add_row(a.p.io.q.row(w.b, a.p.q_len - 1, w.h * a.plan.group + gg), inv);
