@@ -2,38 +2,14 @@
 // launchers (launch_cuda.hpp) on torch's current stream of the tensors' device. No host sync and no
 // read of device data: lengths, counts and block tables stay on the device, so the calls can be
 // captured in a CUDA graph. The workspace comes from torch's caching allocator.
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "cuda_context.hpp"
 #include "launch_cuda.hpp"
 #include "op_args.hpp"
 
 namespace kvsift_torch {
 namespace {
-
-/// The stream, the device facts and an allocator whose buffers live as long as this object (until the
-/// op returns; the caching allocator keeps a freed block from reuse by other streams until the work
-/// queued on this one is done).
-struct CudaContext {
-  c10::cuda::CUDAGuard guard;
-  cudaStream_t stream;
-  kvsift::DeviceFacts facts;
-  std::vector<at::Tensor> buffers;
-  c10::TensorOptions options;
-
-  CudaContext(const at::Tensor& like, const char* op)
-      : guard(like.device()), stream(c10::cuda::getCurrentCUDAStream(like.device().index()).stream()),
-        options(like.options().dtype(at::kByte)) {
-    throw_if_error(cuda_launch::device_facts(like.device().index(), &facts), op);
-  }
-  cuda_launch::Allocate allocator() {
-    return [this](std::size_t bytes) -> void* {
-      buffers.push_back(at::empty({static_cast<std::int64_t>(bytes)}, options));
-      return buffers.back().data_ptr();
-    };
-  }
-};
 
 std::tuple<at::Tensor, at::Tensor> topk_cuda(const at::Tensor& scores, std::int64_t k,
                                              const c10::optional<at::Tensor>& lengths,

@@ -1,4 +1,5 @@
-"""kvsift: long-context decoding kernels (top-k selection, decode attention, prompt compression) as PyTorch custom ops.
+"""kvsift: long-context decoding kernels (top-k selection, decode attention, prompt compression, LycheeDecode,
+HardKuma gates) as PyTorch custom ops.
 
 The C++ library (header-only, ``include/kvsift``) is compiled into ``torch.ops.kvsift.*``: CPU tensors
 run kvsift's host references (``kvsift::host``), CUDA tensors its kernels (``kvsift::cuda``) when the
@@ -21,6 +22,17 @@ from .ops import (
     topk,
 )
 from .roles import HeadRoles, load_head_roles
+from .lycheedecode import CORRECTION_INTERVAL, LYCHEEDECODE_SELECTIONS, LycheeDecode, LycheeDecodeConfig
+from .gates import (
+    HardKumaOptions,
+    HardKumaStats,
+    hardkuma_eval_gate,
+    hardkuma_expected_l0,
+    hardkuma_noise,
+    hardkuma_sample,
+    hardkuma_stats,
+    head_roles_from_gates,
+)
 
 try:
     __version__: str = _metadata.version("kvsift")
@@ -39,8 +51,14 @@ def header_version() -> str:
 
 
 __all__ = [
+    "CORRECTION_INTERVAL",
+    "LYCHEEDECODE_SELECTIONS",
+    "LycheeDecode",
+    "LycheeDecodeConfig",
     "COMPRESSION_POLICIES",
     "CompressedCache",
+    "HardKumaOptions",
+    "HardKumaStats",
     "HeadRoles",
     "IndexSet",
     "PromptCompressionConfig",
@@ -49,6 +67,12 @@ __all__ = [
     "built_with_cuda",
     "compress_prompt",
     "decode_attention",
+    "hardkuma_eval_gate",
+    "hardkuma_expected_l0",
+    "hardkuma_noise",
+    "hardkuma_sample",
+    "hardkuma_stats",
+    "head_roles_from_gates",
     "header_version",
     "load_head_roles",
     "topk",

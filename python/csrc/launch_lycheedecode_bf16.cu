@@ -1,0 +1,4 @@
+// kvsift::bfloat16_t instantiations of launch_lycheedecode.cuh (one element type per file: two cores compile them in parallel).
+#include "launch_lycheedecode.cuh"
+
+KVSIFT_TORCH_INSTANTIATE_LYCHEEDECODE(kvsift::bfloat16_t)
