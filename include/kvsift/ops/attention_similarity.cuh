@@ -17,17 +17,12 @@ namespace kvsift {
 namespace cuda {
 
 /// Same contract as host::attention_cosine (fp32 accumulation); pointers are device pointers.
-/// Asynchronous on exec.stream; needs no workspace. kUnsupported when batch * q.num_heads > 65535, and
-/// for fp8 views (the host reference reads them).
+/// Asynchronous on exec.stream; needs no workspace. kUnsupported when batch * q.num_heads > 65535. fp8
+/// views: each K element is dequantized as code x scale, as the host reference does.
 template <class View, class QT>
 Status attention_cosine(const Exec& exec, const View& kv, const QueryRows<QT>& q, int num_queries, float sm_scale,
                         const KeptPositions& kept, float* cosine, Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
-  if constexpr (is_fp8_view_v<View>) {
-    // The kernel stages K as 16/32-bit elements; an fp8 path needs its own (host: supported).
-    (void)exec, (void)kv, (void)q, (void)num_queries, (void)sm_scale, (void)kept, (void)cosine;
-    return make_status(StatusCode::kUnsupported, "attention_cosine on the GPU does not read fp8 KV yet");
-  } else {
   KVSIFT_TRY(detail::validate_attention_cosine(kv, q, num_queries, kept, cosine));
   if (kv.batch == 0 || num_queries == 0) return Status();
   KVSIFT_REQUIRE(std::int64_t(kv.batch) * q.num_heads <= 65535, kUnsupported, "batch * q.num_heads must be <= 65535");
@@ -36,7 +31,6 @@ Status attention_cosine(const Exec& exec, const View& kv, const QueryRows<QT>& q
                                     launch.plan.smem_bytes, exec.stream>>>(kv, q, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
-  }
 }
 
 }  // namespace cuda

@@ -59,16 +59,11 @@ namespace cuda {
 /// no allocation, no synchronization, no read of device data by the host. Unless params.lse is given,
 /// `workspace` must hold window_scores_workspace_bytes(exec, ...) bytes (kNullPointer when its data
 /// is null). kUnsupported when batch * num_kv_heads > 65535 or the prompt is too long for one launch,
-/// and for fp8 views ("window_scores on the GPU does not read fp8 KV yet"; the host reference does).
+/// fp8 views are read by the CUDA-core kernels (each K element dequantized as code x scale).
 template <class View, class QT>
 Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params,
                      StridedView2D<float> scores, Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
-  if constexpr (is_fp8_view_v<View>) {
-    // The kernels read K as 16/32-bit elements; an fp8 path needs its own K staging (host: supported).
-    (void)exec, (void)kv, (void)q, (void)params, (void)scores, (void)workspace;
-    return make_status(StatusCode::kUnsupported, "window_scores on the GPU does not read fp8 KV yet");
-  } else {
   KVSIFT_TRY(detail::validate_window_scores(kv, q, params, scores));
   const detail::WindowScorePlan plan = detail::plan_window_scores(kv, q, params, scores);
   KVSIFT_REQUIRE(plan.max_length >= 0, kInvalidArgument,
@@ -95,7 +90,6 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
     }
   }
   return detail::launch_window_score_passes<0>(exec.stream, kv, q, launch);
-  }
 }
 
 /// Same contract as host::scored_prefix_lengths; row_lengths is a device pointer. Asynchronous on

@@ -61,8 +61,11 @@ __global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View k
   __syncthreads();
   auto logit = [&](int j) {
     const auto* k = kv.k_row(b, kh, j);
+    // fp8: each element dequantized as the host reference does (code x scale in float); 1 otherwise.
+    float k_scale = 1.f;
+    if constexpr (is_fp8_view_v<View>) k_scale = kv.k_scale(b, kh, j);
     float s = 0.f;
-    for (int e = 0; e < kv.head_dim; ++e) s = fmaf(q_shared[e], to_float(k[e]), s);
+    for (int e = 0; e < kv.head_dim; ++e) s = fmaf(q_shared[e], to_float(k[e]) * k_scale, s);
     return s;
   };
   float m_full = -INFINITY, m_kept = -INFINITY;

@@ -35,7 +35,11 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
       float qv = 0.f, kval = 0.f;
       if (d < kv.head_dim) {
         if (row < sp.rows()) qv = to_float(q.row(b, row / sp.group, hk * sp.group + row % sp.group)[d]);
-        if (key < sp.len) kval = to_float(kv.k_row(b, hk, key)[d]);
+        if (key < sp.len) {
+          kval = to_float(kv.k_row(b, hk, key)[d]);
+          // fp8: dequantized as the host reference does, code x scale in float, before the product.
+          if constexpr (is_fp8_view_v<View>) kval *= kv.k_scale(b, hk, key);
+        }
       }
       qs[r][dd] = qv;
       ks[r][dd] = kval;
