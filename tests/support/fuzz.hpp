@@ -37,10 +37,10 @@ struct Budget {
 inline const Budget& budget() {
   static const Budget b = [] {
     Budget r;
-    if (const char* s = std::getenv("KVSIFT_FUZZ_SEED"))
-      r.seed = std::uint64_t(std::strtoull(s, nullptr, 10));
-    else
-      r.seed = test_seed();  // KVSIFT_TEST_SEED, or a fresh seed printed by test_seed()
+    // One seed for the fuzz families and for the shared harnesses they call (which draw from
+    // test_seed()): KVSIFT_FUZZ_SEED is handed to test_seed() as KVSIFT_TEST_SEED before its first use.
+    if (const char* s = std::getenv("KVSIFT_FUZZ_SEED")) setenv("KVSIFT_TEST_SEED", s, 1);
+    r.seed = test_seed();
     if (const char* s = std::getenv("KVSIFT_FUZZ_CASES")) r.cases = std::max(1L, std::strtol(s, nullptr, 10));
     if (const char* s = std::getenv("KVSIFT_FUZZ_SECONDS")) r.seconds = std::max(0.1, std::strtod(s, nullptr));
     if (const char* s = std::getenv("KVSIFT_FUZZ_CASE")) r.only_case = std::strtol(s, nullptr, 10);
@@ -64,14 +64,17 @@ inline std::uint64_t hash_name(const std::string& s) {  // FNV-1a
   return h;
 }
 
-// The cases of one family: `weight` is its share of the run's cases and seconds (the weights of a
-// binary's families need not sum to 1; each binary's comment says what they sum to). Use as
+// The cases of one family: `weight` is its share of the run's cases (and, unless time_weight says
+// otherwise, of its seconds); each binary's comment lists its families' shares. Use as
 //   for (Family f("topk", 0.2); f.next();) { auto rng = f.rng(); INFO(f.replay()); ... }
 class Family {
  public:
-  Family(std::string name, double weight, std::string test_case)
+  // time_weight < 0: the same share of the time box as of the cases; families whose cases cost more
+  // than the average (a multi-layer decode step) take a larger share of the seconds.
+  Family(std::string name, double weight, std::string test_case, double time_weight = -1)
       : name_(std::move(name)), test_case_(std::move(test_case)),
-        quota_(std::max(1L, long(double(budget().cases) * weight + 0.5))), seconds_(budget().seconds * weight),
+        quota_(std::max(1L, long(double(budget().cases) * weight + 0.5))),
+        seconds_(budget().seconds * (time_weight < 0 ? weight : time_weight)),
         start_(std::chrono::steady_clock::now()) {}
   Family(const Family&) = delete;
   Family& operator=(const Family&) = delete;
