@@ -34,7 +34,7 @@ using kvsift::make_strided_view;
 using kvsift_test::DeviceBuffer;
 
 std::vector<std::int32_t> row_lengths(std::mt19937_64& rng, int rows, int cols) {
-  std::vector<std::int32_t> len(std::size_t(rows));
+  std::vector<std::int32_t> len(static_cast<std::size_t>(rows));
   for (auto& l : len) {
     const int u = pick(rng, 0, 7);
     l = u == 0 ? 0 : u == 1 ? 1 : u == 2 ? -pick(rng, 1, 9) : u == 3 ? cols + pick(rng, 1, 9) : pick(rng, 0, cols);
@@ -188,7 +188,7 @@ void fuzz_compact(std::mt19937_64& rng, std::string* what) {
     const int prefix = std::max(0, p.lengths[std::size_t(b)] - W);
     const int n = std::min(K, prefix);
     for (int h = 0; h < hkv; ++h) {  // every head the same count, as the policies produce
-      std::vector<int> all(std::size_t(prefix));
+      std::vector<int> all(static_cast<std::size_t>(prefix));
       for (int j = 0; j < prefix; ++j) all[std::size_t(j)] = j;
       std::shuffle(all.begin(), all.end(), rng);
       all.resize(std::size_t(n));
@@ -212,7 +212,7 @@ void fuzz_compact(std::mt19937_64& rng, std::string* what) {
                                  kvsift::CompactOutputs{h_new.data(), h_pos.data(), slots});
   REQUIRE_MESSAGE(hs.ok(), hs.to_string());
   DeviceBuffer<float> sk(p.k), sv(p.v), dk(dst_elems), dv(dst_elems);
-  DeviceBuffer<std::int32_t> slen(p.lengths), dlen(dst_len), dkept(kept), dcounts(counts), d_new(std::size_t(batch)),
+  DeviceBuffer<std::int32_t> slen(p.lengths), dlen(dst_len), dkept(kept), dcounts(counts), d_new(static_cast<std::size_t>(batch)),
       d_pos(h_pos.size());
   for (auto* b : {&dk, &dv}) b->poison();
   d_new.poison();

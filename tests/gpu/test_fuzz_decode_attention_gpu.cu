@@ -158,7 +158,7 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   }
   std::vector<std::int32_t> table(std::size_t(B) * max_pages, 0);
   {
-    std::vector<std::int32_t> perm(std::size_t(num_pages));
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(num_pages));
     std::iota(perm.begin(), perm.end(), 0);
     std::shuffle(perm.begin(), perm.end(), rng);
     std::copy(perm.begin(), perm.begin() + table.size(), table.begin());
@@ -194,7 +194,7 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
 
   // Lengths: random (0, 1, negative, past the capacity), or at the chunk boundaries of this launch's
   // own split plan (computed from the same view, params and device facts the launch uses).
-  std::vector<std::int32_t> lengths(std::size_t(B));
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(B));
   const bool boundary = chance(rng, 30);
   int chunk = 0;
   if (boundary) {

@@ -38,7 +38,7 @@ void fuzz_sample(std::mt19937_64& rng, std::string* what) {
   o.sample_eps = std::uniform_real_distribution<double>(1e-6, 1e-2)(rng);
   const double lo = o.clamp_shape ? 1e-7 : 1e-3, hi = o.clamp_shape ? 200.0 : 50.0;
   std::uniform_real_distribution<double> d(std::log(lo), std::log(hi));
-  std::vector<T> a(std::size_t(n)), b(std::size_t(n));
+  std::vector<T> a(static_cast<std::size_t>(n)), b(static_cast<std::size_t>(n));
   for (auto& x : a) x = T(std::exp(d(rng)));
   for (auto& x : b) x = T(std::exp(d(rng)));
   const kvsift::PhiloxStream stream{rng(), chance(rng, 50) ? rng() : std::uint64_t(pick(rng, 0, 9))};
