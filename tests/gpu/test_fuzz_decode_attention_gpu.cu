@@ -148,8 +148,10 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   const std::size_t rows = paged ? std::size_t(num_pages) * page * H : std::size_t(B) * S * H;
   std::vector<KT> k(rows * D), v(rows * D);
   const float code_scale = fp8 ? 200.f : 1.f;  // fp8 codes use their range; the scales bring them back
-  for (auto& x : k) x = kvsift::from_float<KT>(code_scale * fz::kv_value(rng, range, true));
-  for (auto& x : v) x = kvsift::from_float<KT>(code_scale * fz::kv_value(rng, range, false));
+  // fp8 codes stay inside the smaller (e4m3) range: an overflowing code is not a number.
+  auto code = [&](float x) { return fp8 ? std::clamp(code_scale * x, -440.f, 440.f) : x; };
+  for (auto& x : k) x = kvsift::from_float<KT>(code(fz::kv_value(rng, range, true)));
+  for (auto& x : v) x = kvsift::from_float<KT>(code(fz::kv_value(rng, range, false)));
   std::vector<float> ks(per_token ? rows : std::size_t(H), 1.f), vs(ks.size(), 1.f);
   if (fp8) {
     std::uniform_real_distribution<float> sc(0.001f, 0.02f);
@@ -200,7 +202,9 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   if (boundary) {
     DeviceBuffer<std::int32_t> dzero(std::vector<std::int32_t>(std::size_t(B) * H * std::max(1, idx_stride) + 1, 0));
     kvsift::detail::DecodePlan plan;
-    const auto p = params_for(dq.get(), const_cast<QT*>(dq.get()), nullptr, nullptr, dzero.get(), dzero.get());
+    // Non-null lse / scores pointers like the launch's: the plan (the chunk) depends on them.
+    const auto p = params_for(dq.get(), const_cast<QT*>(dq.get()), reinterpret_cast<float*>(dzero.get()),
+                              reinterpret_cast<float*>(dzero.get()), dzero.get(), dzero.get());
     const auto st = make_view(dk.get(), dv.get(), dks.get(), dvs.get(), dtab.get(), dzero.get(), [&](const auto& kv) {
       return kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan);
     });
