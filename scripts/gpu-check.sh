@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine checks everything: builds the GPU preset, runs all tests (GPU ones must
-# pass, not skip), runs compute-sanitizer memcheck and racecheck over every GPU test binary, and
-# runs the benchmarks. Logs go to $LOG_DIR (default build/gpu-check-logs; $OUT when that is set).
+# pass, not skip), runs compute-sanitizer memcheck, racecheck, initcheck and synccheck over every GPU
+# test binary (scripts/gpu-sanitize.sh), and runs the benchmarks. Logs go to $LOG_DIR (default
+# build/gpu-check-logs; $OUT when that is set). Only the sanitizers, over an existing build dir:
+#   scripts/gpu-check.sh sanitize [BUILD_DIR]    (TOOLS, ONLY, TIMEOUT, SPLIT: see gpu-sanitize.sh)
 #
 #   scripts/gpu-check.sh                      everything
 #   SKIP_BENCH=1 scripts/gpu-check.sh         no benchmarks
@@ -9,8 +11,10 @@
 #   ONLY=topk scripts/gpu-check.sh            only GPU tests / benchmarks whose name contains "topk"
 #   BENCH_ARGS="--benchmark_min_time=0.2" scripts/gpu-check.sh
 #   SANITIZER_TIMEOUT=300                     seconds per sanitizer run (default 600)
+#   SANITIZER_TOOLS="memcheck initcheck"      a subset of the four tools
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = sanitize ]; then exec scripts/gpu-sanitize.sh "${2:-build/gpu}"; fi
 LOG_DIR=${LOG_DIR:-${OUT:-build/gpu-check-logs}}
 mkdir -p "$LOG_DIR"
 ONLY=${ONLY:-}
@@ -33,16 +37,11 @@ ctest "${ctest_args[@]}" -LE consumer >"$LOG_DIR/ctest.log" 2>&1; rc=$?
 grep -E "tests passed|Skipped|Failed|\*\*\*" "$LOG_DIR/ctest.log"
 if [ $rc -ne 0 ] || grep -q "Skipped" "$LOG_DIR/ctest.log"; then status=1; note "tests: FAILED or skipped (see ctest.log)"; else note "tests: all passed"; fi
 
-gpu_tests=$(ls build/gpu/tests/test_*_gpu 2>/dev/null | grep -- "${ONLY}" || true)
+# compute-sanitizer, all four tools by default, through scripts/gpu-sanitize.sh (its table is printed).
 if [ -z "${SKIP_SANITIZER:-}" ]; then
-  for t in $gpu_tests; do
-    for tool in memcheck racecheck; do
-      log="$LOG_DIR/sanitizer-$(basename "$t")-$tool.log"
-      timeout "${SANITIZER_TIMEOUT:-600}" compute-sanitizer --tool "$tool" --error-exitcode 3 "$t" >"$log" 2>&1; rc=$?
-      line=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1)
-      if [ $rc -ne 0 ]; then status=1; note "$tool $(basename "$t"): FAILED rc=$rc ${line}"; else note "$tool $(basename "$t"): ${line:-clean}"; fi
-    done
-  done
+  ONLY="${ONLY:-.}" TIMEOUT="${SANITIZER_TIMEOUT:-600}" TOOLS="${SANITIZER_TOOLS:-memcheck racecheck initcheck synccheck}" \
+    LOG_DIR="$LOG_DIR/sanitizer" scripts/gpu-sanitize.sh build/gpu
+  if [ $? -ne 0 ]; then status=1; note "sanitizers: FAILED (table above, logs in $LOG_DIR/sanitizer)"; else note "sanitizers: clean"; fi
 fi
 
 if [ -z "${SKIP_BENCH:-}" ]; then

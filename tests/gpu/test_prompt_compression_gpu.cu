@@ -4,6 +4,7 @@
 // stitched cache must then match exactly. Also: CUDA-graph capture and replay.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -113,12 +114,24 @@ void run_policy(std::mt19937_64& rng, CompressionPolicy policy, ScoreHeads heads
     std::size_t score_bytes = 0;
     REQUIRE(window_scores_workspace_bytes(exec, dp.device_view(), q, sp, score_view, &score_bytes).ok());
     DeviceBuffer<unsigned char> sws(std::max<std::size_t>(1, score_bytes));
+    // window_scores writes only each row's scored prefix [0, len - window) and leaves the other
+    // columns untouched (ops/window_scores.hpp), so the buffer is poisoned first: unpoisoned, the
+    // download below copied never-written device memory (initcheck's 3,207 uninitialized reads).
+    dscores.poison();
     REQUIRE(kc::window_scores(exec, dp.device_view(), q, sp, score_view, Workspace{sws.get(), sws.size()}).ok());
     kvsift_test::sync_and_check();
     scores = dscores.download();
   }
   std::vector<std::int32_t> row_len(rows);
   REQUIRE(kh::scored_prefix_lengths(kh::Exec{}, dp.host_view(), c.window, H, L, row_len.data()).ok());
+  if (policy != CompressionPolicy::kStreamingLLM) {
+    // The columns past the scored prefix still hold the poison: nothing wrote them.
+    for (int r = 0; r < rows; ++r)
+      for (int j = row_len[r]; j < L; ++j) {
+        const float s = scores[std::size_t(r) * L + j];
+        if (!std::isnan(s)) REQUIRE_MESSAGE(std::isnan(s), "scores row ", r, " col ", j, " was written: ", s);
+      }
+  }
   std::vector<std::int32_t> kept(std::size_t(rows) * c.budget()), counts(rows);
   auto kept_set = make_index_set(kept.data(), counts.data(), rows, c.budget());
   host_select(c, scores, row_len, rows, L, kept_set);
