@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/smem_limit.cuh"
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
@@ -48,17 +49,11 @@ Status dispatch_head_dim(int head_dim, F&& f) {
 }
 
 // Opts the kernel into the dynamic shared memory it needs (static shared memory counts against the
-// 48 KiB default too, so it is set for every size). Called on every launch: the attribute is per
-// device, the call is cheap, idempotent and safe from several host threads, and it enqueues nothing,
-// so a captured graph is unaffected.
+// 48 KiB default too, so it is asked for every size; core/smem_limit.cuh says why the limit is only
+// ever raised). The plan counts on kDecodeCtasPerSm resident blocks, hence the largest carveout.
 template <class Kernel>
 Status allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
-  KVSIFT_TRY(from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
-                       "decode_attention: cudaFuncSetAttribute"));
-  // The plan counts on kDecodeCtasPerSm resident blocks; ask for the shared-memory carveout that holds them.
-  return from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        int(cudaSharedmemCarveoutMaxShared)),
-                   "decode_attention: cudaFuncSetAttribute (carveout)");
+  return raise_dynamic_smem_limit(kernel, bytes, /*max_carveout=*/true, "decode_attention: cudaFuncSetAttribute");
 }
 
 template <int D, int R, class View, class QT>

@@ -14,6 +14,7 @@
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/smem_limit.cuh"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/detail/topk_candidate_select.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
@@ -46,21 +47,18 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   auto kernel = launch.plan.kernel == detail::TopkKernel::kRadixSelect ? detail::topk_radix_select_kernel<T, Key>
                 : launch.plan.threads == 256 ? detail::topk_candidate_select_kernel<T, Key, 256>
                                              : detail::topk_candidate_select_kernel<T, Key, 512>;
+  // The 256-thread configuration has no peer loop (detail::kTopkCandMaxGroup).
+  KVSIFT_REQUIRE(launch.plan.kernel != detail::TopkKernel::kCandidateSelect || launch.plan.threads == 512 ||
+                     launch.plan.ctas_per_row == 1,
+                 kInternal, "topk plan: 256-thread CTAs in a group of ", launch.plan.ctas_per_row);
   // Static shared memory (about 17-19 KB) counts against the 48 KB default too, so the dynamic limit is
-  // raised for every cached launch, not only for slices above 48 KB. The attribute is per function and
-  // idempotent, so concurrent calls from several host threads set the same value.
+  // raised for every cached launch, not only for slices above 48 KB, and only ever raised
+  // (core/smem_limit.cuh: several host threads). Two 113 KB candidate-select CTAs per SM need the
+  // largest carveout; the kernel streams its row once, so the L1 it gives up holds nothing worth keeping.
   if (launch.plan.smem_bytes > 0)
-    KVSIFT_CUDA_TRY(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(launch.plan.smem_bytes)));
-  if (launch.plan.kernel == detail::TopkKernel::kCandidateSelect) {
-    // The 256-thread configuration has no peer loop (detail::kTopkCandMaxGroup).
-    KVSIFT_REQUIRE(launch.plan.threads == 512 || launch.plan.ctas_per_row == 1, kInternal,
-                   "topk plan: 256-thread CTAs in a group of ", launch.plan.ctas_per_row);
-    // Two 113 KB CTAs per SM need the largest shared-memory carveout; the kernel streams its row
-    // once, so the L1 it gives up holds nothing worth keeping.
-    KVSIFT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                         int(cudaSharedmemCarveoutMaxShared)));
-  }
+    KVSIFT_TRY(detail::raise_dynamic_smem_limit(kernel, launch.plan.smem_bytes,
+                                                launch.plan.kernel == detail::TopkKernel::kCandidateSelect,
+                                                "topk: cudaFuncSetAttribute"));
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(scores.rows * launch.plan.ctas_per_row));
