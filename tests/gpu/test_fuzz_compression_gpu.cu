@@ -181,7 +181,9 @@ void fuzz_compact(std::mt19937_64& rng, std::string* what) {
   const int batch = pick(rng, 1, 3), hkv = pick(rng, 1, 3), D = fz::one_of(rng, {64, 128}), cap = pick(rng, 1, 200);
   kvsift_test::Prompt p(rng, batch, hkv, 1, cap, D, 1);
   for (auto& l : p.lengths) l = pick(rng, 0, cap);
-  const int K = pick(rng, 0, 48), W = pick(rng, 0, 24), slots = K + W + pick(rng, 0, 4);
+  // The index set's capacity is max(K, 1) (a row cannot have capacity 0), and compact_kv needs
+  // capacity + W destination slots.
+  const int K = pick(rng, 0, 48), W = pick(rng, 0, 24), slots = std::max(K, 1) + W + pick(rng, 0, 4);
   if (slots == 0) return;
   std::vector<std::int32_t> kept(std::size_t(batch) * hkv * std::max(K, 1), -1), counts(std::size_t(batch) * hkv);
   for (int b = 0; b < batch; ++b) {

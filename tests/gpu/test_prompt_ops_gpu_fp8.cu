@@ -54,10 +54,12 @@ void check_window_scores(std::mt19937_64& rng, bool per_token, kvsift::ScoreHead
   const auto hq = kvsift::make_query_rows<const bfloat16_t>(p.q.data(), kWindow, kQHeads, kDim);
   kvsift::WindowScoreParams params;
   params.window = kWindow;
+  params.num_queries = kWindow;  // the default (32) exceeds the kWindow query rows given
   params.heads = heads;
   const int rows = kBatch * (heads == kvsift::ScoreHeads::kKvHeadMean ? kKvHeads : kQHeads), cols = kCap;
   std::vector<float> expect(std::size_t(rows) * cols, -3.f);
-  REQUIRE(kh::window_scores(kh::Exec{}, hkv, hq, params, make_strided_view(expect.data(), rows, cols)).ok());
+  const auto hst = kh::window_scores(kh::Exec{}, hkv, hq, params, make_strided_view(expect.data(), rows, cols));
+  REQUIRE_MESSAGE(hst.ok(), hst.to_string());
 
   DeviceBuffer<E> dk(p.k), dv(p.v);
   DeviceBuffer<float> dks(p.ks), dvs(p.vs), out(std::size_t(rows) * cols);
