@@ -63,6 +63,12 @@ inline Status read_to_host(const Exec&, void* host_dst, const void* src, std::si
   if (bytes) std::memcpy(host_dst, src, bytes);
   return Status();
 }
+
+/// Set `bytes` of backend memory to zero (in order with the Exec's other work; no synchronisation).
+inline Status zero_memory(const Exec&, void* dst, std::size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+  return Status();
+}
 }  // namespace host
 
 /// `is_host_exec<Exec>::value`: whether a backend-generic template was instantiated for the host

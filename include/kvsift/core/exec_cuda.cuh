@@ -63,5 +63,12 @@ inline Status read_to_host(const Exec& exec, void* host_dst, const void* src, st
   KVSIFT_CUDA_TRY(cudaStreamSynchronize(exec.stream));
   return Status();
 }
+
+/// Set `bytes` of device memory to zero on the Exec's stream (asynchronous; a memset node in a graph).
+inline Status zero_memory(const Exec& exec, void* dst, std::size_t bytes) {
+  if (bytes == 0) return Status();
+  KVSIFT_CUDA_TRY(cudaMemsetAsync(dst, 0, bytes, exec.stream));
+  return Status();
+}
 }  // namespace cuda
 }  // namespace kvsift

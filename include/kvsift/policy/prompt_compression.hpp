@@ -271,6 +271,12 @@ Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, 
 
   const std::int64_t rows = std::int64_t(src.batch) * heads, cols = shape.max_prompt_len;
   const int budget = config.budget();
+  // The score stages write each row's scored prefix only, and top-k loads whole rows (its loads go out
+  // before a row's length arrives, and it uses nothing past the length). Clearing the matrices first
+  // keeps those loads off memory nothing wrote (compute-sanitizer initcheck counted 14,552 such reads);
+  // on the GPU one memset, ~2 us for 8 heads x 128K against a ~1.3 ms compression.
+  KVSIFT_TRY(zero_memory(exec, x.scores, std::size_t(rows * cols) * sizeof(float)));
+  if (x.pooled) KVSIFT_TRY(zero_memory(exec, x.pooled, std::size_t(rows * cols) * sizeof(float)));
   KVSIFT_TRY(scored_prefix_lengths(exec, src, config.window, heads, cols, x.row_lengths, x.stage));
   auto scores = make_strided_view(x.scores, rows, cols);
   auto selection_scores = make_strided_view<const float>(x.scores, rows, cols);
