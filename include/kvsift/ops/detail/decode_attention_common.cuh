@@ -193,16 +193,6 @@ struct KvRows<PagedKV<E>> {
   __device__ __forceinline__ std::int64_t scale_at(Handle o) const { return o.scale; }
 };
 
-// 16-byte streaming load: K/V are read once, so they skip L1; the L2 hint fetches whole 256-byte
-// lines, which is one K or V row at head_dim 128.
-__device__ __forceinline__ uint4 load_stream16(const void* p) {
-  uint4 r;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-      : "l"(p));
-  return r;
-}
-
 // Floats ordered as unsigned integers, so block maxima use integer atomics in shared memory.
 __device__ __forceinline__ unsigned ordered_key(float f) {
   const unsigned u = __float_as_uint(f);
