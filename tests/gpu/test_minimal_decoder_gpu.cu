@@ -7,7 +7,8 @@
 // the host reference accumulates attention in double. The weights are bf16 on both sides (rounded
 // by the test, or stored as bf16 in the checkpoint), so the weights add no difference of their own.
 // Emulating the GEMM-input and KV rounding on the host gives a logit error of about 0.5% of the
-// largest logit on these models; the bound below is 2%.
+// largest logit on these models; the bound below is 2%. The last case runs --profile (every part of a
+// decode step timed alone) with and without graph replay.
 
 #include <doctest/doctest.h>
 
@@ -404,5 +405,42 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
         INFO("step ", s, " (paged)");
         CHECK(paged[s] == launched[s]);
       }
+    }
+}
+
+TEST_CASE("minimal decoder: --profile on the GPU times every part of a decode step (graph replay and direct launches)") {
+  const md::ModelConfig c = small_config();
+  md::CudaBackend gpu;
+  const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 3);
+  for (bool graph : {true, false})
+    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kLycheeDecode}) {
+      md::GenerationRequest req;
+      req.prompts = random_prompts({700, 400}, c.vocab_size, 5);
+      req.synthetic_prefill = true;
+      req.new_tokens = 2;
+      req.graph_steps = graph;
+      req.policy = decoder_test::test_policy(kind, 64, 64, 4, 8);
+      const md::StepProfile p = md::profile_step(gpu, c, w, req, 15);
+      INFO("policy ", p.policy, ", graph ", graph);
+      CHECK(p.graph == graph);
+      CHECK(std::string(p.clock) == "CUDA events");
+      CHECK(p.lengths == std::vector<int>{701, 401});
+      REQUIRE(p.parts.size() == 5);
+      const char* names[] = {"weights", "attention", "selection", "rest", "step"};
+      double shares = 0;
+      for (std::size_t i = 0; i < 5; ++i) {
+        CHECK(p.parts[i].name == names[i]);
+        if (p.parts[i].timed) CHECK(p.parts[i].us > 0);
+        if (i < 4) shares += p.parts[i].share;
+      }
+      CHECK(shares == doctest::Approx(1.0).epsilon(1e-9));
+      const double step = p.part("step").us;
+      // Alone the parts cost about what they cost together: none may exceed the step by far, and the
+      // derived ones (selection, rest) may dip below 0 only by the medians' noise.
+      CHECK(p.part("weights").us + p.part("attention").us <= 1.5 * step);
+      CHECK(p.part("rest").us >= -0.25 * step);
+      CHECK(p.part("selection").us >= -0.25 * step);
+      if (kind == md::PolicyKind::kDense) CHECK(p.part("selection").us == 0.0);
+      CHECK(p.part("step").bytes == p.part("weights").bytes + p.part("attention").bytes);
     }
 }

@@ -1,7 +1,8 @@
 // examples/minimal_decoder on the host backend: a tiny checkpoint written here (config.json + two
 // safetensors shards + index, f32/bf16/f16 tensors) loads and gives the logits of a direct
 // computation written below; every policy with a budget larger than the context gives exactly the
-// dense logits; bad checkpoints and bad arguments fail with one clear message.
+// dense logits; bad checkpoints and bad arguments fail with one clear message; --profile reports
+// every part of a decode step, with shares that sum to 1.
 
 #include <doctest/doctest.h>
 
@@ -12,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
+#include "tools/step_profile_report.hpp"
 
 namespace md = minimal_decoder;
 namespace fs = std::filesystem;
@@ -494,4 +497,89 @@ TEST_CASE("minimal decoder: prefill_from (one shared dense prefill) gives the lo
   snap.compression.window = 16;
   md::Decoder<md::HostBackend> wide(be, c, weights, snap, limits);
   CHECK_ERROR_CONTAINS(wide.prefill_from(source), "the source kept 8 window queries, this policy needs 16");
+}
+
+TEST_CASE("minimal decoder: --profile times every part of a decode step, and the shares sum to 1") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 17);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kLycheeDecode}) {
+    md::GenerationRequest req;
+    req.synthetic_prefill = true;
+    req.prompts = random_prompts({511, 180}, c.vocab_size, 4);  // 511 + the step = max_position_embeddings
+    req.new_tokens = 0;  // the profile makes room for its one step itself
+    req.policy = decoder_test::test_policy(kind, 64, 32, 4, 8);
+    const md::StepProfile p = md::profile_step(be, c, weights, req, 9);
+    INFO("policy ", p.policy);
+    CHECK(p.repetitions == 9);
+    CHECK(p.lengths == std::vector<int>{512, 181});  // the profiled step's token attends to itself
+    CHECK(std::string(p.clock) == "std::chrono");
+    CHECK(!p.graph);  // the CPU backend records no graphs, whatever graph_steps says
+    REQUIRE(p.parts.size() == 5);
+    const std::vector<std::string> names = {"weights", "attention", "selection", "rest", "step"};
+    double shares = 0;
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      const md::StepProfilePart& part = p.parts[i];
+      CHECK(part.name == names[i]);
+      if (part.timed) CHECK(part.us > 0);
+      if (part.name != "step") shares += part.share;
+    }
+    CHECK(shares == doctest::Approx(1.0).epsilon(1e-9));
+    const double step = p.part("step").us;
+    // On the CPU the parts run one after another, so alone they add up to about the whole step: a
+    // part timed twice over (the attention inside the weights part, say) would break this.
+    CHECK(p.part("weights").us + p.part("attention").us + p.part("selection").us <= 1.5 * step);
+    CHECK(p.part("rest").us >= -0.5 * step);
+    CHECK(p.part("selection").us >= -0.5 * step);
+    if (kind == md::PolicyKind::kDense) CHECK(p.part("selection").us == 0.0);
+    CHECK(p.part("weights").bytes == p.part("step").bytes - p.part("attention").bytes);
+    CHECK(p.part("rest").bytes == 0);
+
+    // The table: a row per part, each with a nonnegative time where it is timed; the printed shares
+    // of the four parts sum to 100% up to their rounding. No bandwidth columns on the CPU.
+    const std::string table = md::step_profile_table(p, 0);
+    INFO(table);
+    std::istringstream lines(table);
+    std::string line;
+    std::getline(lines, line);
+    CHECK(line.find("median of 9 repetitions per part (std::chrono") != std::string::npos);
+    std::getline(lines, line);
+    CHECK(line.find("GB/step") == std::string::npos);
+    double printed = 0;
+    for (const std::string& name : names) {
+      REQUIRE(std::getline(lines, line));
+      std::istringstream row(line);
+      std::string part, share;
+      double us = 0;
+      row >> part >> us >> share;
+      CHECK(part == name);
+      if (p.part(name).timed) CHECK(us >= 0);
+      REQUIRE(share.back() == '%');
+      if (name != "step") printed += std::stod(share.substr(0, share.size() - 1));
+    }
+    CHECK(printed == doctest::Approx(100.0).epsilon(0.002));
+
+    // --json: the same parts, with bytes and a ceiling fraction where a bandwidth is given.
+    const nlohmann::json j = nlohmann::json::parse(md::step_profile_json(p, 4.45));
+    CHECK(j["repetitions"] == 9);
+    REQUIRE(j["parts"].size() == 5);
+    for (std::size_t i = 0; i < names.size(); ++i) CHECK(j["parts"][i]["part"] == names[i]);
+    CHECK(j["parts"][0]["bytes"] == p.part("weights").bytes);
+    CHECK(j["parts"][0]["ceiling_fraction"].is_number());
+    CHECK(j["parts"][3]["bytes"].is_null());
+    CHECK(md::step_profile_table(p, 4.45).find("% of 4.45 TB/s") != std::string::npos);
+  }
+}
+
+TEST_CASE("minimal decoder: --profile parses, and refuses what it cannot time") {
+  auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
+  const md::Options o = parse({"--random", "tiny", "--random-prompts", "40", "--profile", "--profile-reps", "5", "--json", "p.json"});
+  CHECK(o.profile);
+  CHECK(o.profile_reps == 5);
+  CHECK(o.json == "p.json");
+  CHECK(o.passkey.json == "p.json");  // the one flag serves --eval-passkey too
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--profile", "--check"}), "drop --compare and --check");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--profile-reps", "0"}),
+                       "--profile-reps: 0 is not an integer >= 1");
 }

@@ -9,15 +9,18 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "cli/options.hpp"
 #include "engine/checkpoint.hpp"
 #include "engine/host_engine.hpp"
+#include "engine/median.hpp"
 #include "tools/output_file.hpp"
 #include "tools/passkey_tools.hpp"
 #include "tools/progress.hpp"
 #include "tools/prompt_files.hpp"
+#include "tools/step_profile_report.hpp"
 #ifdef MINIMAL_DECODER_CUDA
 #include "engine/cuda/cuda_engine.hpp"
 #endif
@@ -42,11 +45,6 @@ std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vo
   return prompts;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
 void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
   std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
               r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
@@ -59,7 +57,7 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     std::printf("\n");
     // Roofline: the bytes a step must read over the bandwidth, against the median step (the first
     // step also records the CUDA graph, so the mean would charge that to every step).
-    const double step_ms = median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
+    const double step_ms = md::median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
     const double floor_ms = gb / roofline_tbps;  // GB / (TB/s) = ms
     std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %.2f TB/s = %.3f ms; median step %.3f ms"
                 " = %.1f%% of the roofline\n",
@@ -126,6 +124,22 @@ void run_compare(Backend& be, const md::Options& o, const md::ModelConfig& confi
   }
 }
 
+// --profile: where one decode step's time goes, as a table (and with --json as JSON). The bandwidth
+// columns are the GPU's: on the CPU an HBM ceiling says nothing.
+template <class Backend>
+void run_profile(Backend& be, const md::Options& o, const md::ModelConfig& config,
+                 const md::BackendWeights<Backend>& weights, const md::GenerationRequest& req) {
+  std::printf("policy: %s\n", req.policy.describe().c_str());
+  md::ProgressBar bar(!o.quiet);
+  md::GenerationRequest r = req;
+  r.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
+  const md::StepProfile p = md::profile_step(be, config, weights, r, o.profile_reps);
+  bar.finish();
+  const double tbps = std::is_same_v<Backend, md::HostBackend> ? 0.0 : o.roofline_tbps;
+  std::fputs(md::step_profile_table(p, tbps).c_str(), stdout);
+  if (!o.json.empty()) md::write_file_replacing(o.json, md::step_profile_json(p, tbps), "--json");
+}
+
 template <class Backend>
 int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::BackendWeights<Backend>& weights) {
   if (o.passkey_tool()) return md::run_passkey_tool(be, o.passkey, config, weights);  // --eval-passkey and friends
@@ -133,6 +147,10 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   req.prompts = load_prompts(o, config.vocab_size);
   if (o.compare) {
     run_compare(be, o, config, weights, req);
+    return 0;
+  }
+  if (o.profile) {
+    run_profile(be, o, config, weights, req);
     return 0;
   }
   std::printf("policy: %s\n", req.policy.describe().c_str());

@@ -150,6 +150,13 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_option("--device", p.device, "backend (auto: the GPU when this build has CUDA and a device is present)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))->capture_default_str()->group(g);
   app.add_flag("--quiet", o.quiet, "no progress bar, no per-sequence output")->group(g);
+  app.add_flag("--profile", o.profile, "after the prefill, time the parts of the next decode step alone (weights, "
+               "attention, LycheeDecode's selection, the rest, the whole step; each the median of --profile-reps "
+               "repetitions) and print where the step's time goes, instead of generating (--new-tokens does not apply)")->group(g);
+  app.add_option("--profile-reps", o.profile_reps, "--profile: repetitions per part")
+      ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_option("--json", o.json, "also write as JSON: --profile's table, or --eval-passkey's results (every "
+                 "prompt's output)")->group(g);
 
   g = "passkey fidelity (issue 9; checkpoints like passkey-llama-13m, docs/fidelity.md); each replaces the prompts";
   app.add_option("--eval-passkey", p.eval_passkey, "the README protocol on \"ANSWER d1..d5 | ids\" prompts for every policy "
@@ -165,7 +172,6 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_option("--limit", pk.limit, "prompts per length (default: all)")->check(at_least(1))->group(g);
   app.add_option("--eval-batch", pk.batch, "prompts per batch, one shared dense prefill each")
       ->check(at_least(1))->capture_default_str()->group(g);
-  app.add_option("--json", pk.json, "--eval-passkey: also write the results (every prompt's output) as JSON")->group(g);
   app.add_option("--eval-clusterattn", p.eval_clusterattn, "THETA:NUM_BLOCK,..: evaluate ClusterAttn once per setting "
                  "(default: --theta, --num-block)")->delimiter(',')->group(g);
   app.add_option("--thetas", pk.thetas, "calibration sweep")
@@ -216,6 +222,7 @@ void check_combinations(const Options& o) {
   const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
   if (o.passkey_tool()) {
     const PasskeyToolOptions& pk = o.passkey;
+    if (o.profile) throw DecoderError("--profile times a decode step of the prompts given; drop the passkey tool");
     if (sources != 0 || o.compare || o.generation.check)
       throw DecoderError("the passkey tools read their own prompt file; drop the prompt source, --check and --compare");
     if (o.model_dir.empty()) throw DecoderError("the passkey tools need a trained checkpoint (--model DIR)");
@@ -232,6 +239,8 @@ void check_combinations(const Options& o) {
   }
   if (sources != 1) throw DecoderError("give exactly one prompt source: --prompt-ids, --prompt-file or --random-prompts");
   if (o.compare && o.generation.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
+  if (o.profile && (o.compare || o.generation.check))
+    throw DecoderError("--profile times one policy's decode step: drop --compare and --check");
   if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
 }
@@ -274,6 +283,7 @@ Options parse_options(const std::vector<std::string>& args) {
   o.passkey.kv_dtype = o.generation.kv_dtype;
   o.passkey.verbose = !o.quiet;
   o.passkey.model_dir = o.model_dir;
+  o.passkey.json = o.json;
   return o;
 }
 

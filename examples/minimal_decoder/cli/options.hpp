@@ -29,6 +29,9 @@ struct Options {
   double roofline_tbps = 4.45;
   // output
   bool compare = false;
+  bool profile = false;  // --profile: time the parts of one decode step instead of generating
+  int profile_reps = 20;
+  std::string json;      // --json: --eval-passkey's results or --profile's table as JSON
   std::string output_ids;
   DeviceChoice device = DeviceChoice::kAuto;
   bool quiet = false;

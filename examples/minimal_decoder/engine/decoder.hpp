@@ -17,6 +17,8 @@
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
 //                        ordinary step is recorded into a CUDA graph once and replayed.
+//   begin_step_parts,    --profile (step_profile.hpp): the ordinary step's parts (weights, attention,
+//   run_step_part        LycheeDecode's layer calls, the whole step) launched alone, same inputs.
 //
 // KV layout (kv_cache.hpp): contiguous, one [batch, kv_heads, capacity, head_dim] tensor each for K
 // and V per layer (kvsift::ContiguousKV), or paged, a page pool and a block table per layer
@@ -292,10 +294,7 @@ class Decoder {
   // One decode step for every sequence of the batch; returns logits [B, vocab].
   std::vector<float> decode(const std::vector<std::int32_t>& next) {
     const int B = batch_;
-    if (int(next.size()) != B) throw DecoderError("decode needs one token per sequence");
-    for (int b = 0; b < B; ++b)
-      if (cache_len_[std::size_t(b)] >= decode_capacity_)
-        throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
+    check_step_room(next);
     timing_ = StepTiming();
     const double t0 = be_.now_ms();
     for (int b = 0; b < B; ++b) history_[std::size_t(b)].push_back(next[std::size_t(b)]);
@@ -324,7 +323,7 @@ class Decoder {
     for (int L : src.prompt_len_)
       if (L > lim_.max_prompt_len) throw DecoderError("prefill_from: a prompt of " + std::to_string(L) + " tokens exceeds the decoder's limit");
     batch_ = B;
-    step_graph_.reset();
+    reset_step_graphs();
     prompt_len_ = src.prompt_len_;
     history_ = src.history_;
     cache_len_ = prompt_len_;
@@ -385,6 +384,65 @@ class Decoder {
   void set_attention_timing(bool on) { time_attention_ = on; }
   const std::vector<int>& cache_lengths() const { return cache_len_; }
   int batch() const { return batch_; }
+
+  // --profile (engine/step_profile.hpp times these): the device work of an ordinary decode step in
+  // parts that launch alone. kStep: the whole step; kWeights: the step with every attention slot
+  // empty (embedding, norms, projections, RoPE, store_kv, MLP, LM head); kAttention: kvsift's
+  // attention launches of every layer (for LycheeDecode without the top-k handoff); kLayerCalls:
+  // the policy's call of every layer (LycheeDecode's decode_layer: attention and handoff; for the
+  // other policies the same as kAttention).
+  enum class StepPart { kStep, kWeights, kAttention, kLayerCalls };
+  // Sets up the step decode(next) would run (its rows and lengths), runs it once and keeps each
+  // layer's queries, so that run_step_part launches the parts with that step's inputs. Every part
+  // rewrites the same buffers and the same cache slot, so every repetition sees the same lengths and
+  // queries (the K/V in the step's own slot are whichever part wrote them last; no cost depends on
+  // one token's values). The attention timing is switched off (the parts are timed whole). The
+  // decoder is left inside the step: prefill again before decoding.
+  void begin_step_parts(const std::vector<std::int32_t>& next) {
+    if (batch_ == 0) throw DecoderError("begin_step_parts: prefill first");
+    check_step_room(next);
+    const int B = batch_;
+    time_attention_ = false;
+    upload_step_rows(next);
+    profile_q_.clear();
+    for (int l = 0; l < c_.num_layers; ++l) profile_q_.push_back(be_.template alloc<float>(std::size_t(B) * c_.q_dim()));
+    if (policy_.kind == PolicyKind::kLycheeDecode)
+      profile_scores_ = be_.template alloc<float>(std::size_t(lycheedecode_.config().max_batch) * c_.num_kv_heads *
+                                                  std::size_t(lycheedecode_score_stride()));
+    single_token_forward([&](int l, const float* q, float* out) {
+      // A decode step's seq_ rows are 0 .. B-1, so scattering to them copies the B query rows.
+      be_.scatter_rows(q, B, c_.q_dim(), seq_.data(), profile_q_[std::size_t(l)].data());
+      step_attention(l, q, out, false);
+    });
+    be_.synchronize();
+  }
+  // Launches one part (after begin_step_parts): with graph steps on, from a CUDA graph of its own
+  // recorded on the first call (the whole step replays the decode step's graph), else directly.
+  void run_step_part(StepPart part) {
+    if (profile_q_.empty()) throw DecoderError("run_step_part: call begin_step_parts first");
+    const auto launch = [&] {
+      switch (part) {
+        case StepPart::kStep:
+          single_token_forward();
+          break;
+        case StepPart::kWeights:
+          single_token_forward([](int, const float*, float*) {});
+          break;
+        case StepPart::kAttention:
+        case StepPart::kLayerCalls:
+          for (int l = 0; l < c_.num_layers; ++l)
+            step_attention(l, profile_q_[std::size_t(l)].data(), attn_.data(), part == StepPart::kAttention);
+          break;
+      }
+    };
+    if (graph_steps_ && !query_tap_)
+      be_.replay(part == StepPart::kStep ? step_graph_ : part_graphs_[int(part)], launch);
+    else
+      launch();
+  }
+  // Whether the policy's layer calls select (kLayerCalls differs from kAttention): LycheeDecode.
+  bool step_selects() const { return policy_.kind == PolicyKind::kLycheeDecode; }
+  bool graph_steps() const { return graph_steps_; }
   // Bytes of K and V the decode caches hold now, and the bytes allocated for them.
   std::int64_t kv_bytes_used() const {
     std::int64_t tokens = 0;
@@ -397,11 +455,16 @@ class Decoder {
   // (possibly compressed) cache for dense and prompt compression; for LycheeDecode, the whole cache of
   // retrieval heads and min(length, budget) tokens of sparse heads (ratio mode: the kept fraction).
   // Norm weights, embedding rows, activations and index tables are left out (< 0.1% at 8B).
-  std::int64_t step_bytes() const {
+  std::int64_t step_bytes() const { return weight_bytes() + attended_kv_bytes(); }
+  // The first part of step_bytes: every projection matrix and the LM head, once.
+  std::int64_t weight_bytes() const {
     const std::int64_t H = c_.hidden_size, I = c_.intermediate_size;
     const std::int64_t weights = c_.num_layers * (H * (c_.q_dim() + 2 * c_.kv_dim()) + c_.q_dim() * H + 3 * H * I) +
                                  std::int64_t(c_.vocab_size) * H;
-    const std::int64_t weight_bytes = weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
+    return weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
+  }
+  // The second part: the K/V the policy attends to.
+  std::int64_t attended_kv_bytes() const {
     const std::int64_t row_bytes = 2 * kv_row_bytes();  // one token of one KV head, K and V
     std::int64_t kv_rows = 0;  // (token, layer, KV head) triples read
     for (int n : cache_len_) {
@@ -417,7 +480,7 @@ class Decoder {
       for (int l = 0; l < c_.num_layers; ++l)
         for (int h = 0; h < c_.num_kv_heads; ++h) kv_rows += lc.roles.is_retrieval(l, h) ? n : std::min<std::int64_t>(n, kept);
     }
-    return weight_bytes + kv_rows * row_bytes;
+    return kv_rows * row_bytes;
   }
 
  private:
@@ -430,11 +493,7 @@ class Decoder {
   // The ordinary decode step: the new token's K/V appended at slot cache_len[b], one query per sequence.
   std::vector<float> single_token_step(const std::vector<std::int32_t>& next) {
     const int B = batch_;
-    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
-    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
-    upload_rows(next, position_, seq, slots);
-    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
-    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    upload_step_rows(next);
     // Everything from here to the logits reads only device buffers filled above, so on the GPU it is
     // captured into a graph once and replayed (kvsift's launchers never allocate or synchronise and
     // size their grids from capacities, never from device lengths: that is what makes this legal).
@@ -449,33 +508,89 @@ class Decoder {
     return logits;
   }
 
+  // A step can take `next`: one token per sequence, and a free cache slot for each.
+  void check_step_room(const std::vector<std::int32_t>& next) const {
+    if (int(next.size()) != batch_) throw DecoderError("decode needs one token per sequence");
+    for (int b = 0; b < batch_; ++b)
+      if (cache_len_[std::size_t(b)] >= decode_capacity_)
+        throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
+  }
+
+  // The inputs of an ordinary step in the device buffers: row b is sequence b's new token at
+  // position position_[b], stored at slot cache_len[b]; the lengths then count it.
+  void upload_step_rows(const std::vector<std::int32_t>& next) {
+    const int B = batch_;
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(B)), slots(cache_len_);
+    for (int b = 0; b < B; ++b) seq[std::size_t(b)] = b;
+    upload_rows(next, position_, seq, slots);
+    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];  // the new token attends to itself
+    be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+  }
+
   // The device part of single_token_step: embedding, every layer, final norm and LM head into logits_.
-  void single_token_forward() {
+  // `attention(l, q, out)` fills the attention slot of layer l: the policy's call (step_attention) in
+  // a real step; --profile also runs the step with an empty slot (its weights part).
+  template <class Attention>
+  void single_token_forward(Attention&& attention) {
     const int B = batch_;
     be_.embed(tokens_.data(), B, w_.embed, x_.data());
-    for (int l = 0; l < c_.num_layers; ++l) {
-      LayerCache& cache = decode_caches_[std::size_t(l)];
-      layer_forward(l, B, cache, [&](const float* q, float* out) {
-        cache.with_view(B, lengths_.data(), [&](const auto& kv) {
-          if (policy_.kind == PolicyKind::kLycheeDecode) {
-            // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
-            // to the table rows of the latest retrieval head with their index.
-            with_query_rows(kv, q, out, std::int64_t(B) * c_.q_dim(), [&](const auto* qq, auto* oo) {
-              timed([&] {
-                check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv,
-                                                 kvsift::make_query_io(qq, oo, 1, c_.num_q_heads, c_.head_dim),
-                                                 kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
-                      "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
-              });
-            });
-          } else {
-            // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
-            attend(l, kv, q, out, 1);
-          }
+    for (int l = 0; l < c_.num_layers; ++l)
+      layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
+    lm_head_to_device(x_.data(), B);
+  }
+  void single_token_forward() {
+    single_token_forward([&](int l, const float* q, float* out) { step_attention(l, q, out, false); });
+  }
+
+  // The attention slot of decode-step layer l over its cache, one query per sequence. The policy's
+  // call: for LycheeDecode decode_layer (attention, then its retrieval heads' top-k handoff), else
+  // dense decode_attention. With `attention_only` (--profile) LycheeDecode runs the attention launch
+  // of decode_layer alone, without the handoff, so that the selection's cost is the difference.
+  void step_attention(int l, const float* q, float* out, bool attention_only) {
+    const int B = batch_;
+    decode_caches_[std::size_t(l)].with_view(B, lengths_.data(), [&](const auto& kv) {
+      if (policy_.kind != PolicyKind::kLycheeDecode) {
+        // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
+        attend(l, kv, q, out, 1);
+        return;
+      }
+      // kvsift: retrieval heads attend densely and refresh the index table; sparse heads attend
+      // to the table rows of the latest retrieval head with their index.
+      with_query_rows(kv, q, out, std::int64_t(B) * c_.q_dim(), [&](const auto* qq, auto* oo) {
+        const auto io = kvsift::make_query_io(qq, oo, 1, c_.num_q_heads, c_.head_dim);
+        if (attention_only) {
+          lycheedecode_attention_only(l, kv, io);
+          return;
+        }
+        timed([&] {
+          check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv, io,
+                                           kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
+                "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
         });
       });
-    }
-    lm_head_to_device(x_.data(), B);
+    });
+  }
+
+  // --profile: the decode_attention launch LycheeDecode's decode_layer makes for layer l (the same
+  // parameters, built by kvsift's own function; retrieval heads' scores included), into a score
+  // buffer of the profile's. kvsift keeps the top-k handoff private to decode_layer, so the
+  // selection cannot be launched alone; it is timed as decode_layer minus this launch.
+  template <class View, class T>
+  void lycheedecode_attention_only(int l, const View& kv, const kvsift::QueryIO<T>& io) {
+    const bool selects = lycheedecode_.retrieval_heads(l) > 0;
+    const auto p = kvsift::detail::lycheedecode_attention_params(
+        lycheedecode_.config(), io, 1, lycheedecode_.roles(l), kvsift::as_const(lycheedecode_state_.table),
+        selects ? profile_scores_.data() : nullptr, lycheedecode_score_stride());
+    check(decode_attention(be_.exec(), kv, p, kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
+          "LycheeDecode attention (layer " + std::to_string(l) + ")");
+  }
+
+  // Floats per score row of a LycheeDecode layer: one per entry (token or block) of the longest
+  // sequence, rounded up to 16 bytes as decode_layer's own score rows are.
+  std::int64_t lycheedecode_score_stride() const {
+    const kvsift::LycheeDecodeConfig& lc = lycheedecode_.config();
+    const int entry = kvsift::lycheedecode_entry_tokens(lc);
+    return (std::int64_t(lc.max_kv_length + entry - 1) / entry + 3) / 4 * 4;
   }
 
   // LycheeDecode cache correction: the last N positions (the new token included) run through every
@@ -711,7 +826,7 @@ class Decoder {
   // The end of every prefill: the cache now holds the prompt; a compressing policy shrinks it (kvsift's
   // compress_prompt per layer) and decode positions continue at the prompt length either way.
   void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
-    step_graph_.reset();  // a recorded step is for the previous batch
+    reset_step_graphs();  // a recorded step is for the previous batch
     cache_len_ = prompt_len_;
     position_ = prompt_len_;
     if (compress) {
@@ -720,6 +835,11 @@ class Decoder {
     }
     be_.synchronize();
     timing_.total_ms = be_.now_ms() - t0;
+  }
+
+  void reset_step_graphs() {
+    step_graph_.reset();
+    for (auto& g : part_graphs_) g.reset();
   }
 
   // kvsift: compress_prompt once per layer, from the full prompt cache into the decode cache.
@@ -786,6 +906,11 @@ class Decoder {
   bool time_attention_ = true;
   bool graph_steps_ = false;
   typename Backend::StepGraph step_graph_;
+  // --profile: a graph per step part (StepPart's order; the whole step replays step_graph_), each
+  // layer's queries of the profiled step, and LycheeDecode's score rows of its attention-only launches.
+  typename Backend::StepGraph part_graphs_[4];
+  std::vector<Buffer<float>> profile_q_;
+  Buffer<float> profile_scores_;
 };
 
 }  // namespace minimal_decoder

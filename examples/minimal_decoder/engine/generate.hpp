@@ -64,19 +64,37 @@ struct GenerationRequest {
   GenerationProgress progress;
 };
 
-// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
-template <class Backend>
-GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
-                          const GenerationRequest& req) {
-  const int B = int(req.prompts.size()), V = config.vocab_size;
+// The sizes a decoder for `req` is built with: its batch, its longest prompt, its new tokens.
+inline DecoderLimits request_limits(const GenerationRequest& req) {
   DecoderLimits limits;
-  limits.max_batch = B;
+  limits.max_batch = int(req.prompts.size());
   for (const auto& p : req.prompts) limits.max_prompt_len = std::max(limits.max_prompt_len, int(p.size()));
   limits.max_new_tokens = req.new_tokens;
   limits.prefill_chunk = req.prefill_chunk;
   limits.kv_layout = req.kv_layout;
   limits.page_size = req.page_size;
   limits.kv_dtype = req.kv_dtype;
+  return limits;
+}
+
+// The prefill of req's prompts, run (progress told) or synthetic; returns its logits [batch, vocab].
+template <class Backend>
+std::vector<float> prefill_request(Decoder<Backend>& model, const GenerationRequest& req) {
+  if (!req.synthetic_prefill)
+    return model.prefill(req.prompts, [&](long long d, long long t) {
+      if (req.progress) req.progress("prefill", d, t);
+    });
+  std::vector<int> lengths;
+  for (const auto& p : req.prompts) lengths.push_back(int(p.size()));
+  return model.synthetic_prefill(lengths, req.sampling.seed + 1);
+}
+
+// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
+template <class Backend>
+GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
+                          const GenerationRequest& req) {
+  const int B = int(req.prompts.size()), V = config.vocab_size;
+  const DecoderLimits limits = request_limits(req);
   Decoder<Backend> model(be, config, weights, req.policy, limits);
   model.set_attention_timing(req.time_attention);
   model.set_graph_steps(req.graph_steps);
@@ -86,15 +104,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   GenerationReport r;
   r.generated.assign(std::size_t(B), {});
   for (const auto& p : req.prompts) r.prompt_tokens += (long long)p.size();
-  if (req.synthetic_prefill) {
-    std::vector<int> lengths;
-    for (const auto& p : req.prompts) lengths.push_back(int(p.size()));
-    r.prefill_logits = model.synthetic_prefill(lengths, req.sampling.seed + 1);
-  } else {
-    r.prefill_logits = model.prefill(req.prompts, [&](long long d, long long t) {
-      if (req.progress) req.progress("prefill", d, t);
-    });
-  }
+  r.prefill_logits = prefill_request(model, req);
   r.prefill_ms = model.timing().total_ms;
   if (dense) dense->prefill(req.prompts);
 

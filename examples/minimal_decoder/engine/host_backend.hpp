@@ -80,6 +80,7 @@ struct HostBackend {
   Matrix make_matrix(const std::vector<float>& w, int rows, int cols) const;
   void synchronize() const {}
   // The CUDA backend records a decode step into a graph once and replays it; here it simply runs.
+  static constexpr bool kRecordsGraphs = false;
   struct StepGraph {
     void reset() {}
   };
@@ -89,6 +90,14 @@ struct HostBackend {
     return true;
   }
   double now_ms() const;
+  // Wall time of `work` in ms: --profile's clock on this backend (engine/step_profile.hpp).
+  template <class F>
+  double elapsed_ms(F&& work) const {
+    const double t0 = now_ms();
+    work();
+    return now_ms() - t0;
+  }
+  static constexpr const char* kClock = "std::chrono";
 
   // out[i] = table[tokens[i]]
   void embed(const std::int32_t* tokens, int n, const Matrix& table, float* out) const;

@@ -72,6 +72,19 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+// An owning CUDA event (timing enabled): the two ends of CudaBackend::elapsed_ms.
+class CudaEvent {
+ public:
+  CudaEvent() { cuda_check(cudaEventCreate(&event_), "cudaEventCreate"); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  ~CudaEvent() { cudaEventDestroy(event_); }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 class CudaBackend {
  public:
   using Exec = kvsift::cuda::Exec;
@@ -120,6 +133,7 @@ class CudaBackend {
 
   // A decode step recorded once into a CUDA graph and replayed from then on: one launch per step
   // instead of ~20 per layer, so the GPU never waits for the host between kernels.
+  static constexpr bool kRecordsGraphs = true;
   class StepGraph {
    public:
     StepGraph() = default;
@@ -164,6 +178,21 @@ class CudaBackend {
   double now_ms() const {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
+  // GPU time in ms of what `work` queues on the stream, between two events recorded around it, and
+  // waits for it: --profile's clock on this backend (engine/step_profile.hpp). Host time spent
+  // queueing counts only where the GPU waited for it (launch gaps), as it does in a decode step.
+  template <class F>
+  double elapsed_ms(F&& work) const {
+    const CudaEvent start, stop;
+    cuda_check(cudaEventRecord(start.get(), stream()), "cudaEventRecord");
+    work();
+    cuda_check(cudaEventRecord(stop.get(), stream()), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop.get()), "cudaEventSynchronize");
+    float ms = 0.f;
+    cuda_check(cudaEventElapsedTime(&ms, start.get(), stop.get()), "cudaEventElapsedTime");
+    return double(ms);
+  }
+  static constexpr const char* kClock = "CUDA events";
 
   // The members of HostBackend, as kernels on the stream (cuda_backend.cu).
   void embed(const std::int32_t* tokens, int n, const Matrix& table, float* out) const;
