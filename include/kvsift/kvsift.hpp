@@ -8,6 +8,7 @@
 #include "kvsift/core/query_rows.hpp"
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/config.hpp"
+#include "kvsift/core/data_error.hpp"
 #include "kvsift/core/dtype.hpp"
 #include "kvsift/core/online_softmax.hpp"
 #include "kvsift/core/status.hpp"

@@ -351,3 +351,44 @@ TEST_CASE("PagedKV fp8 per-token scales follow the page layout (NHD and HND)") {
     CHECK(kv.scale_offset(1, 1, 6) == 1);
   }
 }
+
+TEST_CASE("kv_row_in_pool and data_error_status: what the kernels check and record about bad engine data") {
+  // A paged view over host memory: the check reads the block table like the kernels do.
+  std::vector<float> pool(4 * 2 * 8, 0.f);
+  const std::vector<std::int32_t> table = {0, 1, 9, -1, 2, 3, 0, 1};  // sequence 0: pages 0, 1, then 9 (pool of 4), -1
+  const std::vector<std::int32_t> lengths = {32, 16};
+  const auto kv = kvsift::make_paged(pool.data(), pool.data(), table.data(), 2, 4, 4, 1, 8, 8,
+                                     kvsift::PageLayout::kNHD, lengths.data());
+  CHECK(kvsift::kv_row_in_pool(kv, 0, 0));
+  CHECK(kvsift::kv_row_in_pool(kv, 0, 15));
+  CHECK_FALSE(kvsift::kv_row_in_pool(kv, 0, 16));  // page 9
+  CHECK_FALSE(kvsift::kv_row_in_pool(kv, 0, 31));  // page -1
+  CHECK(kvsift::kv_page_of(kv, 0, 20) == 9);
+  CHECK(kvsift::kv_row_in_pool(kv, 1, 15));
+  // Other views vouch for every row.
+  std::vector<float> kc(2 * 1 * 32 * 8), vc(kc.size());
+  const auto ckv = kvsift::make_bhsd(kc.data(), vc.data(), 2, 1, 32, 8, lengths.data());
+  CHECK(kvsift::kv_row_in_pool(ckv, 1, 31));
+
+  kvsift::DataError e;
+  CHECK(kvsift::data_error_status(e).ok());  // nothing recorded
+  e.state = 2;
+  e.op = kvsift::DataErrorOp::kDecodeAttention;
+  e.kind = kvsift::DataErrorKind::kPageOutOfPool;
+  e.batch = 0;
+  e.row = 0;
+  e.position = 16;
+  e.value = 9;
+  auto s = kvsift::data_error_status(e);
+  CHECK(s.code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(s.to_string() == "invalid argument: decode_attention: kv.block_table entry 9 of sequence 0 (token 16, KV head 0) "
+                         "is outside the page pool; its tokens were skipped");
+  e.op = kvsift::DataErrorOp::kCompactKv;
+  e.kind = kvsift::DataErrorKind::kIndexOutOfRange;
+  e.value = 1000;
+  e.position = 3;
+  s = kvsift::data_error_status(e);
+  CHECK(s.to_string().find("compact_kv: index_set entry 3 of sequence 0, KV head 0 = 1000") != std::string::npos);
+  e.kind = kvsift::DataErrorKind::kCountOutOfRange;
+  CHECK(kvsift::data_error_status(e).to_string().find("clamped") != std::string::npos);
+}

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/data_error.hpp"
 #include "kvsift/core/exec.hpp"
 
 namespace kvsift {
@@ -34,6 +35,10 @@ inline Status query_device_facts(int device, DeviceFacts* facts) {
 struct Exec {
   cudaStream_t stream = nullptr;  ///< where the op's launches are queued (nullptr: the legacy default stream)
   DeviceFacts device;             ///< the facts plans are made from; zero until for_current_device fills them
+  /// Optional, device memory: where kernels record the first item of engine data they had to ignore (a
+  /// block-table entry outside the pool, an index entry outside the sequence; core/data_error.hpp). The
+  /// engine zeroes it and reads it when it likes; nullptr records nothing (the bad item is still ignored).
+  DataError* data_error = nullptr;
 
   /// The current device's facts and `stream`. Without a usable device the facts stay zero, and every op
   /// whose plan needs them returns a Status saying so (an Exec is made once, outside the hot path).

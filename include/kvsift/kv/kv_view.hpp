@@ -31,6 +31,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "kvsift/core/config.hpp"
 #include "kvsift/core/dtype.hpp"
 #include "kvsift/core/status.hpp"
 
@@ -157,6 +158,25 @@ template <class V>
 Status validate_view_host(const V& kv) {
   (void)kv;
   return Status();
+}
+
+/// Whether token `t` of sequence `b` has an address the view vouches for, checked on the device before
+/// a kernel reads or writes the row: true by default; PagedKV overloads it (its block-table entry must
+/// lie in [0, num_pages)), so a page id from a scheduler bug is skipped and recorded (core/data_error.hpp)
+/// instead of read or written out of the pool. A custom view whose address map can fail offers the same
+/// overload in its namespace.
+template <class V>
+KVSIFT_HD bool kv_row_in_pool(const V& kv, int b, int t) {
+  (void)kv, (void)b, (void)t;
+  return true;
+}
+
+/// What a data-error record reports for a row that fails kv_row_in_pool: the page id for PagedKV, the
+/// token otherwise.
+template <class V>
+KVSIFT_HD long long kv_page_of(const V& kv, int b, int t) {
+  (void)kv, (void)b;
+  return t;
 }
 
 /// Call at the top of every op templated on a view. Each assert names the member that is missing.

@@ -58,10 +58,12 @@ struct PagedKV {
   KVSIFT_HD std::int64_t in_page_index(int h, int slot) const {
     return layout == PageLayout::kNHD ? std::int64_t(slot) * num_kv_heads + h : std::int64_t(h) * page_size + slot;
   }
+  /// The block-table entry of the page holding token `t` of sequence `b` (unchecked: see kv_row_in_pool).
+  KVSIFT_HD int page_id(int b, int t) const { return block_table[b * block_table_stride + t / page_size]; }
   /// Element offset of token `t`'s row of sequence `b`, KV head `h`, into either pool; reads the block
-  /// table, no bounds check.
+  /// table, no bounds check (kernels test kv_row_in_pool first).
   KVSIFT_HD std::int64_t row_offset(int b, int h, int t) const {
-    const int page = block_table[b * block_table_stride + t / page_size];
+    const int page = page_id(b, t);
     return std::int64_t(page) * page_stride + in_page_index(h, t % page_size) * head_dim;
   }
   /// Index into scales.k / scales.v of the scale of KV head `h` at `slot` of physical page `page`: h per
@@ -196,6 +198,20 @@ Status PagedKV<T>::validate() const {
 template <class T>
 Status validate_view_host(const PagedKV<T>& kv) {
   return kv.validate_block_table_host();
+}
+
+/// kv_row_in_pool for a paged view (kv_view.hpp): the page holding token t lies in the pool. Reads the
+/// block table, so it runs where the table lives (the device, for the kernels).
+template <class T>
+KVSIFT_HD bool kv_row_in_pool(const PagedKV<T>& kv, int b, int t) {
+  const int id = kv.page_id(b, t);
+  return id >= 0 && id < kv.num_pages;
+}
+
+/// kv_page_of for a paged view: the block-table entry of the row's page.
+template <class T>
+KVSIFT_HD long long kv_page_of(const PagedKV<T>& kv, int b, int t) {
+  return kv.page_id(b, t);
 }
 
 template <class T>

@@ -28,7 +28,7 @@ Status compact_kv(const Exec& exec, const Src& src, ConstIndexSet kept, int wind
   if (rows == 0 || slots == 0) return Status();
   KVSIFT_REQUIRE(rows <= 65535, kUnsupported, "dst.batch * dst.num_kv_heads = ", rows, " must be <= 65535");
   const dim3 grid((slots + detail::kCompactSlotsPerBlock - 1) / detail::kCompactSlotsPerBlock, rows);
-  const detail::CompactKvLaunch launch{kept, window, out};
+  const detail::CompactKvLaunch launch{kept, window, out, exec.data_error};
   detail::compact_kv_kernel<<<grid, detail::kCompactThreads, 0, exec.stream>>>(src, dst, launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();

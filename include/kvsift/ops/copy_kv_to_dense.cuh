@@ -32,7 +32,7 @@ Status copy_kv_to_dense(const Exec& exec, const View& kv, int max_tokens,
   const dim3 grid((max_tokens + detail::kCopyDenseRowsPerBlock - 1) / detail::kCopyDenseRowsPerBlock,
                   kv.num_kv_heads, kv.batch);
   detail::copy_kv_to_dense_kernel<<<grid, detail::kCopyDenseThreads, 0, exec.stream>>>(
-      kv, detail::CopyKvToDenseLaunch<Out>{max_tokens, k_out, v_out});
+      kv, detail::CopyKvToDenseLaunch<Out>{max_tokens, k_out, v_out, exec.data_error});
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

@@ -118,7 +118,7 @@ Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionP
                         Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
   static_assert(is_supported_dtype<T>::value, "decode_attention: Q must be float, half or bfloat16");
-  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr, nullptr};
+  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr, nullptr, exec.data_error};
   // The plan validates the shapes and values; what it cannot see without data is checked here.
   KVSIFT_TRY(detail::plan_decode_attention(exec.device, kv, p, &launch.plan));
   KVSIFT_TRY(detail::validate_decode_attention_rows(kv, p));

@@ -28,7 +28,7 @@ Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Wor
   const std::int64_t blocks = (pairs + detail::kStoreKvWarpsPerBlock - 1) / detail::kStoreKvWarpsPerBlock;
   KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * num_kv_heads = ", pairs, " is too many rows for one launch");
   detail::store_kv_kernel<<<unsigned(blocks), detail::kStoreKvThreads, 0, exec.stream>>>(
-      kv, detail::StoreKvLaunch<T>{p, kv_capacity(kv)});
+      kv, detail::StoreKvLaunch<T>{p, kv_capacity(kv), exec.data_error});
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

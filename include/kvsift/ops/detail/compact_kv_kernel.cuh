@@ -3,7 +3,11 @@
 // copies the K and V rows; slots are independent, so the grid covers the capacity, not the live
 // lengths.
 
+#include <type_traits>
+
+#include "kvsift/core/data_error.cuh"
 #include "kvsift/kv/index_set.hpp"
+#include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/compact_kv.hpp"
 
 namespace kvsift {
@@ -18,6 +22,7 @@ struct CompactKvLaunch {
   ConstIndexSet kept;
   int window;
   CompactOutputs out;
+  DataError* data_error;  // cuda::Exec::data_error, or null
 };
 static_assert(sizeof(CompactKvLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
@@ -33,11 +38,32 @@ __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
   if (s >= slots) return;
   const int len = src.length(b);
   const int p = compact_source_position(kept, r, s, len, window);
+  if (p < 0 && s < kept.count(r) && lane == 0)  // a kept entry outside the prefix: skipped, recorded
+    record_data_error(launch.data_error, DataErrorOp::kCompactKv, DataErrorKind::kIndexOutOfRange, b, h, s, kept.row(r)[s]);
   if (lane == 0 && out.positions) out.positions[r * out.positions_stride + s] = p;
   if (lane == 0 && s == 0 && h == 0) out.new_lengths[b] = kept.count(r) + (window < len ? window : len);
   const int src_head = h / (dst.num_kv_heads / src.num_kv_heads);
-  if (lane == 0) compact_copy_scales(src, dst, b, h, src_head, s, p);  // fp8 views only; a no-op otherwise
+  // A page outside a pool (only rows that get a token are checked): a destination row there is not
+  // written; a source row there is copied as zeros. Either is recorded.
+  const bool dst_ok = p < 0 || kv_row_in_pool(dst, b, s), src_ok = p < 0 || kv_row_in_pool(src, b, p);
+  if (!dst_ok || !src_ok) {
+    if (lane == 0)
+      record_data_error(launch.data_error, DataErrorOp::kCompactKv, DataErrorKind::kPageOutOfPool, b, h, dst_ok ? p : s,
+                        dst_ok ? kv_page_of(src, b, p) : kv_page_of(dst, b, s));
+    if (!dst_ok) return;
+  }
+  if (lane == 0 && src_ok) compact_copy_scales(src, dst, b, h, src_head, s, p);  // fp8 views only; a no-op otherwise
   if (p < 0) return;
+  if (!src_ok) {
+    using DT = std::remove_const_t<typename Dst::value_type>;
+    DT* kd = dst.k_row(b, h, s);
+    DT* vd = dst.v_row(b, h, s);
+    for (int e = lane; e < dst.head_dim; e += 32) {
+      kd[e] = DT{};  // zero bits: +0 in every dtype
+      vd[e] = DT{};
+    }
+    return;
+  }
   const auto* ks = src.k_row(b, src_head, p);
   const auto* vs = src.v_row(b, src_head, p);
   auto* kd = dst.k_row(b, h, s);

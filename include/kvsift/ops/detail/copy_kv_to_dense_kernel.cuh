@@ -3,6 +3,8 @@
 
 #include <cstdint>
 
+#include "kvsift/core/data_error.cuh"
+#include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 
 namespace kvsift {
@@ -18,6 +20,7 @@ struct CopyKvToDenseLaunch {
   int max_tokens;
   Out* k_out;
   Out* v_out;
+  DataError* data_error;  // cuda::Exec::data_error, or null
 };
 static_assert(sizeof(CopyKvToDenseLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
@@ -34,6 +37,16 @@ __global__ void copy_kv_to_dense_kernel(View kv, CopyKvToDenseLaunch<Out> launch
   const int len = kv.length(b) < max_tokens ? kv.length(b) : max_tokens;
   if (t >= len) return;
   const std::int64_t out = ((std::int64_t(b) * kv.num_kv_heads + h) * max_tokens + t) * kv.head_dim;
+  if (!kv_row_in_pool(kv, b, t)) {  // a page outside the pool: the row comes out as zeros, recorded
+    if (lane == 0 && h == 0)
+      record_data_error(launch.data_error, DataErrorOp::kCopyKvToDense, DataErrorKind::kPageOutOfPool, b, h, t,
+                        kv_page_of(kv, b, t));
+    for (int i = lane; i < kv.head_dim; i += 32) {
+      launch.k_out[out + i] = Out{};
+      launch.v_out[out + i] = Out{};
+    }
+    return;
+  }
   const auto* k = kv.k_row(b, h, t);
   const auto* v = kv.v_row(b, h, t);
   for (int i = lane; i < kv.head_dim; i += 32) {

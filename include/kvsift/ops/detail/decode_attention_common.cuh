@@ -11,11 +11,13 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/kv/contiguous_kv.hpp"
 #include "kvsift/kv/index_set.hpp"
+#include "kvsift/kv/kv_view.hpp"
 #include "kvsift/kv/paged_kv.hpp"
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/decode_attention_plan.hpp"
@@ -36,6 +38,7 @@ struct DecodeLaunch {
   float* partial_out;  // [batch, row_tiles, ctas_per_tile, row_tile, head_dim]
   float* partial_lse;  // [batch, row_tiles, ctas_per_tile, row_tile], base 2
   unsigned* tickets;   // [batch, row_tiles, num_kv_heads], zeroed by the launcher when any head splits
+  DataError* data_error;  // the engine's record of bad engine data (cuda::Exec::data_error), or null
 };
 
 // What one block works on.
@@ -48,14 +51,27 @@ struct DecodeWork {
   const std::int32_t* entries;  // sparse head: the split's first index entry
   int block_shift;              // sparse head: log2(block size); 0 for tokens
   std::size_t partial;          // index of this block's partial in the workspace
+  DataError* data_error;        // where an out-of-range index entry is recorded (or null)
+  int first_entry;              // sparse head: the split's first entry's index in the row (for the record)
 
-  // Token at position p of the split, or -1 when p is past the end or the entry is out of range.
+  // Token at position p of the split, or -1 when p is past the end or the entry is out of range. An
+  // entry is out of range when its first token is negative or at or past the length (the tail of the
+  // last block past the length is not: that block is attended up to the length); such an entry is
+  // skipped and recorded.
   __device__ __forceinline__ int token(int p) const {
     if (p >= positions) return -1;
     if (!sparse) return base + p;
-    const std::int64_t e = __ldg(entries + (p >> block_shift));
-    const std::int64_t t = (e << block_shift) + (p & ((1 << block_shift) - 1));
-    return (e >= 0 && t < len) ? int(t) : -1;
+    const int j = p >> block_shift;
+    const std::int64_t e = __ldg(entries + j);
+    const std::int64_t first = e << block_shift;
+    const std::int64_t t = first + (p & ((1 << block_shift) - 1));
+    if (e < 0 || first >= len) {
+      if ((p & ((1 << block_shift) - 1)) == 0)
+        record_data_error(data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kIndexOutOfRange, b, h,
+                          first_entry + j, e);
+      return -1;
+    }
+    return t < len ? int(t) : -1;
   }
 };
 
@@ -86,6 +102,7 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
     w.positions = left <= 0 ? 0 : (left < a.plan.chunk ? left : a.plan.chunk);
     w.entries = nullptr;
     w.block_shift = 0;
+    w.first_entry = 0;
   } else {
     const int row = w.b * a.kv.num_kv_heads + w.h;
     w.block_shift = __ffs(a.p.index_set.block_size) - 1;
@@ -95,8 +112,16 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
     const int entries = left <= 0 ? 0 : (left < per_split ? left : per_split);
     w.positions = entries << w.block_shift;
     w.entries = a.p.index_set.row(row) + first;
+    w.first_entry = first;
+    if (w.split == 0 && w.tile == 0 && threadIdx.x == 0) {
+      const int raw = a.p.index_set.counts[row];
+      if (raw < 0 || raw > a.p.index_set.capacity)
+        record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kCountOutOfRange, w.b, w.h, -1,
+                          raw);
+    }
   }
   w.partial = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + x;
+  w.data_error = a.data_error;
   return w;
 }
 
@@ -115,7 +140,10 @@ struct KvRows {
   __device__ KvRows(const View& v, int b_, int h_) : kv(v), b(b_), h(h_) {}
   __device__ __forceinline__ const T* k(int t) const { return kv.k_row(b, h, t); }
   __device__ __forceinline__ const T* v(int t) const { return kv.v_row(b, h, t); }
-  __device__ __forceinline__ Handle handle(int t) const { return t; }
+  __device__ __forceinline__ Handle handle(int t) const { return kv_row_in_pool(kv, b, t) ? t : -1; }
+  // Whether the row has an address (kv_row_in_pool); a row that has none is skipped, never read.
+  __device__ __forceinline__ bool valid(Handle t) const { return t >= 0; }
+  __device__ __forceinline__ long long bad_value(int t) const { return t; }
   __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
   __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
   // fp8 only: the index of the row's scale in kv.scales.k / .v.
@@ -137,6 +165,8 @@ struct KvRows<ContiguousKV<E>> {
   __device__ __forceinline__ const T* v(int t) const { return v_base + t * v_stride; }
   using Handle = int;  // the token: its address is arithmetic
   __device__ __forceinline__ Handle handle(int t) const { return t; }
+  __device__ __forceinline__ bool valid(Handle) const { return true; }  // every token has an address
+  __device__ __forceinline__ long long bad_value(int t) const { return t; }
   __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
   __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
   __device__ __forceinline__ std::int64_t scale_at(Handle t) const { return scale_base + t * scale_token_stride; }
@@ -153,9 +183,10 @@ struct KvRows<PagedKV<E>> {
   // fp8 per-token scales: page * scale_page_stride + slot * scale_slot_stride + scale_head_offset (the
   // view's scale_offset_at, hoisted); per-head scales: scale_head_offset = h, the strides 0.
   std::int64_t scale_page_stride, scale_slot_stride, scale_head_offset;
+  int num_pages;
   __device__ KvRows(const PagedKV<E>& kv, int b, int h)
       : k_pages(kv.k_pages), v_pages(kv.v_pages), table(kv.block_table + b * kv.block_table_stride),
-        page_stride(kv.page_stride) {
+        page_stride(kv.page_stride), num_pages(kv.num_pages) {
     const bool nhd = kv.layout == PageLayout::kNHD;
     const bool per_token = kv.scales.granularity == ScaleGranularity::kPerToken;
     scale_page_stride = per_token ? kv.scales.page_stride : 0;
@@ -182,9 +213,15 @@ struct KvRows<PagedKV<E>> {
     }
     const int id = __ldg(table + page);
     Handle hd;
-    hd.row = std::int64_t(id) * page_stride + slot * slot_stride + head_offset;
+    // A page outside the pool has no rows: row -1 marks the token for skipping (valid() below).
+    hd.row = unsigned(id) < unsigned(num_pages) ? std::int64_t(id) * page_stride + slot * slot_stride + head_offset : -1;
     if constexpr (is_fp8_dtype<T>::value) hd.scale = id * scale_page_stride + slot * scale_slot_stride + scale_head_offset;
     return hd;
+  }
+  __device__ __forceinline__ bool valid(Handle o) const { return o.row >= 0; }
+  // The bad page id, for the record (the cold path: read again).
+  __device__ __forceinline__ long long bad_value(int t) const {
+    return __ldg(table + (page_shift >= 0 ? t >> page_shift : t / page_size));
   }
   __device__ __forceinline__ const T* k(int t) const { return k_pages + handle(t).row; }
   __device__ __forceinline__ const T* v(int t) const { return v_pages + handle(t).row; }

@@ -27,7 +27,8 @@
 // inside the loop: the token ids of a stage (an index-entry load for sparse heads) are read two
 // stages before its copies are issued, its row handles (the block-table load of a paged view) one
 // stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
-// never put a NaN into P V; their token id -1 in the slot's id table masks their scores.
+// never put a NaN into P V; their token id -1 in the slot's id table masks their scores. A token whose
+// page lies outside the pool (a bad block-table entry) is masked the same way, and recorded.
 
 #include "kvsift/ops/detail/decode_attention_common.cuh"
 
@@ -215,6 +216,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     for (int i = 0; i < kLoadTokensPerThread; ++i) {
       tok_issue[i] = tok_next[i];
       hdl_issue[i] = tok_issue[i] >= 0 ? rows.handle(tok_issue[i]) : Handle();
+      if (tok_issue[i] >= 0 && !rows.valid(hdl_issue[i])) {  // its page is outside the pool: skip it
+        if (load_chunk == 0) {
+          record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kPageOutOfPool, w.b, w.h,
+                            tok_issue[i], rows.bad_value(tok_issue[i]));
+          // Its score is -inf, as for every token nobody can attend (block maxima ignore it anyway).
+          if (score_tile && !block_scores)
+            a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + tok_issue[i]] = -INFINITY;
+        }
+        tok_issue[i] = -1;
+      }
     }
     read_tokens(tok_next, stage_after_next);
   };

@@ -4,7 +4,9 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvsift/core/data_error.cuh"
 #include "kvsift/core/reduce.cuh"
+#include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/store_kv.hpp"
 
 namespace kvsift {
@@ -18,6 +20,7 @@ template <class T>
 struct StoreKvLaunch {
   StoreKvParams<T> p;
   int capacity;  // kv_capacity(view): -1 when the view does not say
+  DataError* data_error;  // cuda::Exec::data_error, or null
 };
 static_assert(sizeof(StoreKvLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
@@ -33,6 +36,12 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   const int lane = threadIdx.x % 32;
   const int b = p.seq[i], t = p.pos[i];
   if (!store_row_in_range(b, t, kv.batch, launch.capacity)) return;
+  // A page outside the pool: nothing is written (a write there would land in someone else's memory).
+  if (!kv_row_in_pool(kv, b, t)) {
+    if (lane == 0 && h == 0)
+      record_data_error(launch.data_error, DataErrorOp::kStoreKv, DataErrorKind::kPageOutOfPool, b, h, t, kv_page_of(kv, b, t));
+    return;  // whole warps leave together
+  }
   const int d = kv.head_dim;
   for (int kvi = 0; kvi < 2; ++kvi) {
     const T* src = (kvi == 0 ? p.k : p.v) + i * p.row_stride + h * p.head_stride;

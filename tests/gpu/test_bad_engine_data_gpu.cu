@@ -1,0 +1,324 @@
+// Bad engine data on the GPU (core/data_error.hpp, docs/integration.md "What kvsift does with bad engine
+// data"): a block-table entry outside the page pool, index entries outside the sequence and counts
+// outside the capacity are ignored in the documented way, every other sequence of the batch is
+// computed as if nothing happened, and the first bad item lands in the engine's DataError record.
+//
+// Decode attention over a paged cache whose sequence 1 has its last page id set to 99 (a pool of 12)
+// must equal the host reference over the same cache with that sequence's length cut to the good pages
+// (outputs, LSE and the retrieval scores, whose skipped tokens read -inf), on the tensor-core kernel
+// (bf16) and the CUDA-core one (float); a bad page in the middle leaves the other sequences exact and
+// this one finite. store_kv never writes through a bad id; copy_kv_to_dense writes zeros for its rows.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "support/device_buffer.cuh"
+#include "support/random.hpp"
+
+namespace {
+
+using kvsift_test::DeviceBuffer;
+
+constexpr int kB = 3, kH = 2, kG = 2, kD = 128, kPage = 16, kMaxPages = 4, kPool = 12;
+
+// Sequence b owns pages 4b .. 4b + 3 of the pool.
+std::vector<std::int32_t> good_table() {
+  std::vector<std::int32_t> t(kB * kMaxPages);
+  for (int i = 0; i < kB * kMaxPages; ++i) t[std::size_t(i)] = i;
+  return t;
+}
+
+kvsift::DataError read_record(const DeviceBuffer<kvsift::DataError>& d) {
+  kvsift::DataError e;
+  KVSIFT_TEST_CUDA(cudaMemcpy(&e, d.get(), sizeof(e), cudaMemcpyDeviceToHost));
+  return e;
+}
+
+template <class T>
+void decode_with_a_bad_last_page() {
+  auto rng = kvsift_test::make_rng(11);
+  const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
+  const auto k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  const auto v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kH * kG * kD, -1.f, 1.f);
+  const std::vector<std::int32_t> lengths = {40, 50, 33}, cut = {40, 48, 33};  // seq 1: page 3 holds 48, 49
+  auto bad = good_table();
+  bad[1 * kMaxPages + 3] = 99;
+  const int cols = kMaxPages * kPage;
+
+  // The host reference: the good table, sequence 1 cut to its good pages.
+  std::vector<T> want(q.size());
+  std::vector<float> want_lse(std::size_t(kB) * kH * kG), want_scores(std::size_t(kB) * kH * cols);
+  {
+    const auto table = good_table();
+    const auto kv = kvsift::make_paged(k.data(), v.data(), table.data(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                       kvsift::PageLayout::kNHD, cut.data());
+    auto p = kvsift::make_decode_attention_params(q.data(), want.data(), 1, kH * kG, kD);
+    p.io.lse = want_lse.data();
+    p.scores = want_scores.data();
+    p.score_row_stride = cols;
+    p.score_block_size = 1;
+    p.max_kv_length = cols;
+    const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+  }
+  // The host backend refuses the bad table outright.
+  {
+    const auto kv = kvsift::make_paged(k.data(), v.data(), bad.data(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                       kvsift::PageLayout::kNHD, lengths.data());
+    std::vector<T> out(q.size());
+    auto p = kvsift::make_decode_attention_params(q.data(), out.data(), 1, kH * kG, kD);
+    const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+    CHECK(st.code() == kvsift::StatusCode::kInvalidArgument);
+    CHECK(st.to_string().find("block_table[1][3] = 99") != std::string::npos);
+  }
+
+  DeviceBuffer<T> dk(k), dv(v), dq(q), dout(q.size());
+  DeviceBuffer<std::int32_t> dtab(bad), dlen(lengths);
+  DeviceBuffer<float> dlse(want_lse.size()), dscores(want_scores.size());
+  DeviceBuffer<kvsift::DataError> derr(1);
+  for (const bool record : {true, false}) {
+    CAPTURE(record);
+    dout.poison();
+    dlse.poison();
+    dscores.poison();
+    KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+    auto exec = kvsift::cuda::Exec::for_current_device();
+    exec.data_error = record ? derr.get() : nullptr;
+    const auto kv = kvsift::make_paged<const T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                                kvsift::PageLayout::kNHD, dlen.get());
+    auto p = kvsift::make_decode_attention_params<T>(dq.get(), dout.get(), 1, kH * kG, kD);
+    p.io.lse = dlse.get();
+    p.scores = dscores.get();
+    p.score_row_stride = cols;
+    p.score_block_size = 1;
+    p.max_kv_length = cols;
+    std::size_t bytes = 0;
+    REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
+    DeviceBuffer<unsigned char> ws(bytes);
+    const auto st = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), ws.size()});
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    kvsift_test::sync_and_check();  // no illegal address: the bad page was never read
+
+    const auto got = dout.download();
+    const double tol = sizeof(T) == 4 ? 1e-5 : 2e-2;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      const double g = kvsift::to_float(got[i]), w = kvsift::to_float(want[i]);
+      REQUIRE_MESSAGE(std::abs(g - w) <= tol * (1 + std::abs(w)), "out[", i, "] = ", g, ", host ", w);
+    }
+    const auto lse = dlse.download();
+    for (std::size_t i = 0; i < lse.size(); ++i)
+      REQUIRE_MESSAGE(std::abs(lse[i] - want_lse[i]) <= 1e-3 * (1 + std::abs(want_lse[i])), "lse[", i, "]");
+    const auto scores = dscores.download();
+    for (int b = 0; b < kB; ++b)
+      for (int h = 0; h < kH; ++h)
+        for (int t = 0; t < lengths[std::size_t(b)]; ++t) {
+          const std::size_t i = (std::size_t(b) * kH + h) * cols + t;
+          if (std::isinf(want_scores[i])) {
+            CHECK_MESSAGE((std::isinf(scores[i]) && scores[i] < 0), "score b ", b, " h ", h, " t ", t, " = ", scores[i]);
+          } else {
+            CHECK_MESSAGE(std::abs(scores[i] - want_scores[i]) <= 1e-2 * (1 + std::abs(want_scores[i])), "score b ", b,
+                          " h ", h, " t ", t);
+          }
+        }
+    const auto e = read_record(derr);
+    if (record) {
+      REQUIRE(e.state == 2);
+      CHECK(e.op == kvsift::DataErrorOp::kDecodeAttention);
+      CHECK(e.kind == kvsift::DataErrorKind::kPageOutOfPool);
+      CHECK(e.batch == 1);
+      CHECK(e.value == 99);
+      CHECK((e.position == 48 || e.position == 49));
+      const auto s = kvsift::data_error_status(e);
+      CHECK(s.code() == kvsift::StatusCode::kInvalidArgument);
+      CHECK(s.to_string().find("block_table entry 99 of sequence 1") != std::string::npos);
+    } else {
+      CHECK(e.state == 0);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bad engine data: a page outside the pool is skipped by decode attention (bf16, tensor cores)") {
+  decode_with_a_bad_last_page<kvsift::bfloat16_t>();
+}
+
+TEST_CASE("bad engine data: a page outside the pool is skipped by decode attention (float, CUDA cores)") {
+  decode_with_a_bad_last_page<float>();
+}
+
+TEST_CASE("bad engine data: a bad page in the middle, index entries and counts out of range") {
+  using T = kvsift::bfloat16_t;
+  auto rng = kvsift_test::make_rng(12);
+  const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
+  const auto k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  const auto v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kH * kG * kD, -1.f, 1.f);
+  const std::vector<std::int32_t> lengths = {40, 50, 33};
+  const auto good = good_table();
+  auto bad = good;
+  bad[0 * kMaxPages + 1] = -5;  // sequence 0, tokens 16..31
+  // KV head 1 of every sequence is sparse: rows list tokens, with an out-of-range entry in sequence 2
+  // and a count past the capacity in sequence 1.
+  constexpr int kCap = 6;
+  std::vector<std::int32_t> idx(std::size_t(kB) * kH * kCap, 0), counts(std::size_t(kB) * kH, 0);
+  const std::int32_t rows[kB][kCap] = {{0, 3, 5, 9, 33, 39}, {1, 2, 4, 8, 16, 47}, {0, 7, 1000000, 12, 20, 32}};
+  for (int b = 0; b < kB; ++b) {
+    for (int j = 0; j < kCap; ++j) idx[(std::size_t(b) * kH + 1) * kCap + j] = rows[b][j];
+    counts[std::size_t(b) * kH + 1] = b == 1 ? kCap + 7 : kCap;
+  }
+  kvsift::HeadRoleMask roles;
+  roles.set_sparse(1, true);
+  auto set_params = [&](auto& p, const std::int32_t* ip, const std::int32_t* cp) {
+    kvsift::ConstIndexSet s;
+    s.indices = ip;
+    s.counts = cp;
+    s.rows = kB * kH;
+    s.capacity = kCap;
+    s.row_stride = kCap;
+    p.index_set = s;
+    p.roles = roles;
+  };
+  // Reference for the sequences without a bad page: the host on the good table; sequence 2's
+  // out-of-range entry and sequence 1's count are the host's own rules (skip, clamp).
+  std::vector<T> want(q.size());
+  {
+    const auto kv = kvsift::make_paged(k.data(), v.data(), good.data(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                       kvsift::PageLayout::kNHD, lengths.data());
+    auto p = kvsift::make_decode_attention_params(q.data(), want.data(), 1, kH * kG, kD);
+    set_params(p, idx.data(), counts.data());
+    const auto st = kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+  }
+  DeviceBuffer<T> dk(k), dv(v), dq(q), dout(q.size());
+  DeviceBuffer<std::int32_t> dtab(bad), dlen(lengths), didx(idx), dcnt(counts);
+  DeviceBuffer<kvsift::DataError> derr(1);
+  KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+  dout.poison();
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  exec.data_error = derr.get();
+  const auto kv = kvsift::make_paged<const T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                              kvsift::PageLayout::kNHD, dlen.get());
+  auto p = kvsift::make_decode_attention_params<T>(dq.get(), dout.get(), 1, kH * kG, kD);
+  set_params(p, didx.get(), dcnt.get());
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
+  REQUIRE(kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), ws.size()}).ok());
+  kvsift_test::sync_and_check();
+  const auto got = dout.download();
+  for (int b = 0; b < kB; ++b)
+    for (int hq = 0; hq < kH * kG; ++hq)
+      for (int i = 0; i < kD; ++i) {
+        const std::size_t at = (std::size_t(b) * kH * kG + hq) * kD + i;
+        const double g = kvsift::to_float(got[at]), w = kvsift::to_float(want[at]);
+        REQUIRE_MESSAGE(std::isfinite(g), "out b ", b, " q head ", hq, " dim ", i, " = ", g);
+        // Sequence 0's dense head read a bad page: finite, not compared. Its sparse head lists tokens of
+        // good pages only (0, 3, 5, 9, 33, 39) and is exact.
+        if (b == 0 && hq / kG == 0) continue;
+        REQUIRE_MESSAGE(std::abs(g - w) <= 2e-2 * (1 + std::abs(w)), "out b ", b, " q head ", hq, " dim ", i, " = ", g,
+                        ", host ", w);
+      }
+  // Three bad items, one record: whichever the kernels met first, each well formed.
+  const auto e = read_record(derr);
+  REQUIRE(e.state == 2);
+  CHECK(e.op == kvsift::DataErrorOp::kDecodeAttention);
+  if (e.kind == kvsift::DataErrorKind::kPageOutOfPool) {
+    CHECK(e.batch == 0);
+    CHECK(e.value == -5);
+    CHECK((e.position >= 16 && e.position < 32));
+  } else if (e.kind == kvsift::DataErrorKind::kIndexOutOfRange) {
+    CHECK(e.batch == 2);
+    CHECK(e.row == 1);
+    CHECK(e.position == 2);
+    CHECK(e.value == 1000000);
+  } else {
+    CHECK(e.kind == kvsift::DataErrorKind::kCountOutOfRange);
+    CHECK(e.batch == 1);
+    CHECK(e.row == 1);
+    CHECK(e.value == kCap + 7);
+  }
+  // A record is kept: a second call with the same data leaves it as it was.
+  const auto first = e;
+  REQUIRE(kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), ws.size()}).ok());
+  kvsift_test::sync_and_check();
+  const auto again = read_record(derr);
+  CHECK(std::memcmp(&again, &first, sizeof(first)) == 0);
+}
+
+TEST_CASE("bad engine data: store_kv never writes through a bad page; copy_kv_to_dense writes zeros") {
+  using T = kvsift::bfloat16_t;
+  auto rng = kvsift_test::make_rng(13);
+  const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
+  const auto k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  const auto v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+  // The pool has a guard page past its end (page kPool) that a write through id kPool would hit.
+  std::vector<T> kg(k), vg(v);
+  kg.resize(pool + std::size_t(kPage) * kH * kD, kvsift::from_float<T>(7.f));
+  vg.resize(kg.size(), kvsift::from_float<T>(7.f));
+  auto table = good_table();
+  table[2 * kMaxPages + 2] = kPool;  // sequence 2, tokens 32..47: one past the pool
+  const std::vector<std::int32_t> lengths = {40, 50, 40};
+  DeviceBuffer<T> dk(kg), dv(vg);
+  DeviceBuffer<std::int32_t> dtab(table), dlen(lengths);
+  DeviceBuffer<kvsift::DataError> derr(1);
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  exec.data_error = derr.get();
+  const auto kv = kvsift::make_paged<T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                        kvsift::PageLayout::kNHD, dlen.get());
+  {
+    KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+    // New rows: sequence 0 token 39 (good) and sequence 2 token 35 (bad page).
+    const auto nk = kvsift_test::random_values<T>(rng, std::size_t(2) * kH * kD, -1.f, 1.f);
+    const auto nv = kvsift_test::random_values<T>(rng, nk.size(), -1.f, 1.f);
+    DeviceBuffer<T> dnk(nk), dnv(nv);
+    DeviceBuffer<std::int32_t> dseq(std::vector<std::int32_t>{0, 2}), dpos(std::vector<std::int32_t>{39, 35});
+    const auto p = kvsift::make_store_kv_params<T>(dnk.get(), dnv.get(), 2, kH, kD, dseq.get(), dpos.get());
+    REQUIRE(kvsift::cuda::store_kv(exec, kv, p).ok());
+    kvsift_test::sync_and_check();
+    const auto gk = dk.download();
+    // The guard page is untouched, the good row was written.
+    for (std::size_t i = pool; i < gk.size(); ++i) REQUIRE(kvsift::to_float(gk[i]) == 7.f);
+    const std::size_t row = ((std::size_t(0 * kMaxPages + 39 / kPage) * kPage + 39 % kPage) * kH + 0) * kD;
+    for (int i = 0; i < kD; ++i) REQUIRE(std::memcmp(&gk[row + i], &nk[std::size_t(i)], sizeof(T)) == 0);
+    const auto e = read_record(derr);
+    REQUIRE(e.state == 2);
+    CHECK(e.op == kvsift::DataErrorOp::kStoreKv);
+    CHECK(e.kind == kvsift::DataErrorKind::kPageOutOfPool);
+    CHECK(e.batch == 2);
+    CHECK(e.position == 35);
+    CHECK(e.value == kPool);
+  }
+  {
+    KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+    const int max_tokens = kMaxPages * kPage;
+    const std::size_t n = std::size_t(kB) * kH * max_tokens * kD;
+    DeviceBuffer<T> ko(n), vo(n);
+    ko.poison();
+    vo.poison();
+    const auto ckv = kvsift::make_paged<const T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                                 kvsift::PageLayout::kNHD, dlen.get());
+    REQUIRE(kvsift::cuda::copy_kv_to_dense(exec, ckv, max_tokens, ko.get(), vo.get()).ok());
+    kvsift_test::sync_and_check();
+    const auto gk = ko.download(), pk = dk.download();
+    for (int h = 0; h < kH; ++h)
+      for (int t = 0; t < 40; ++t)
+        for (int i = 0; i < kD; ++i) {
+          const std::size_t at = ((std::size_t(2) * kH + h) * max_tokens + t) * kD + i;
+          const int page = table[std::size_t(2 * kMaxPages + t / kPage)];
+          const float want = page >= kPool ? 0.f
+                                           : kvsift::to_float(pk[((std::size_t(page) * kPage + t % kPage) * kH + h) * kD + i]);
+          REQUIRE_MESSAGE(kvsift::to_float(gk[at]) == want, "h ", h, " t ", t, " i ", i);
+        }
+    const auto e = read_record(derr);
+    REQUIRE(e.state == 2);
+    CHECK(e.op == kvsift::DataErrorOp::kCopyKvToDense);
+    CHECK(e.batch == 2);
+    CHECK(e.value == kPool);
+  }
+}
