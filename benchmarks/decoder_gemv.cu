@@ -1,5 +1,7 @@
-// The minimal decoder's decode projections (examples/minimal_decoder/cuda_gemv.cuh) on the
-// llama3-8b shapes, against cuBLAS GemmEx (bf16 x bf16 -> fp32, CUBLAS_COMPUTE_32F) on the same
+// The minimal decoder's decode projections on the llama3-8b shapes: the blocked GEMV
+// (examples/minimal_decoder/engine/cuda/cuda_gemv.cuh: BM_DecoderGemv at its default rows per
+// block, R2/R4 forced), the pipelined one the decoder uses by default (cuda_gemv_pipelined.cuh:
+// BM_DecoderGemvPipelined), against cuBLAS GemmEx (bf16 x bf16 -> fp32, CUBLAS_COMPUTE_32F) on the same
 // matrices in the same run (one GemmEx per matrix). Cold L2, graph replay, median. Bytes counted: the weight matrix (bf16),
 // the float input rows and the float output rows. A decode step reads each matrix once, so the
 // fraction of the read ceiling here is what bounds the decoder's speed on its weights.
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "cuda_gemv.cuh"
+#include "cuda_gemv_pipelined.cuh"
 #include "support/bench_support.cuh"
 
 namespace {
@@ -42,8 +45,11 @@ cublasHandle_t cublas() {
   return h;
 }
 
-// rows_per_block: the GEMV's weight rows per block (2 or 4; 0 = its default for n), unused by cuBLAS.
-void bench(benchmark::State& state, bool use_cublas, int rows_per_block) {
+enum class Kernel { kBlocked, kPipelined, kCublas };
+
+// rows_per_block: the blocked GEMV's weight rows per block (2 or 4; 0 = its default for n).
+void bench(benchmark::State& state, Kernel kernel, int rows_per_block) {
+  const bool use_cublas = kernel == Kernel::kCublas;
   const Shape& s = kShapes[std::size_t(state.range(0))];
   const int n = int(state.range(1)), count = int(s.rows.size());
   std::vector<std::unique_ptr<kvsift_bench::DeviceArray<BF16>>> w;
@@ -66,8 +72,14 @@ void bench(benchmark::State& state, bool use_cublas, int rows_per_block) {
   kvsift_bench::fill_uniform(x.get(), x.n, -1.f, 1.f, 8);
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
   bytes += double(x.bytes());
-  state.SetLabel(std::string(s.name) + (use_cublas ? " cuBLAS" : " gemv R=" + std::to_string(rows_per_block)));
+  state.SetLabel(std::string(s.name) + (use_cublas                    ? " cuBLAS"
+                                        : kernel == Kernel::kPipelined ? " gemv pipelined"
+                                                                       : " gemv R=" + std::to_string(rows_per_block)));
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
+    if (kernel == Kernel::kPipelined) {
+      minimal_decoder::kernels::launch_gemv_bf16_pipelined(targets, s.cols, x.get(), n, stream);
+      return;
+    }
     if (!use_cublas) {
       minimal_decoder::kernels::launch_gemv_bf16(targets, s.cols, x.get(), n, stream, nullptr, rows_per_block);
       return;
@@ -87,11 +99,13 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "n"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
-void BM_DecoderGemv(benchmark::State& state) { bench(state, false, 0); }
-void BM_DecoderGemvR2(benchmark::State& state) { bench(state, false, 2); }
-void BM_DecoderGemvR4(benchmark::State& state) { bench(state, false, 4); }
-void BM_CublasGemmEx(benchmark::State& state) { bench(state, true, 0); }
+void BM_DecoderGemv(benchmark::State& state) { bench(state, Kernel::kBlocked, 0); }
+void BM_DecoderGemvR2(benchmark::State& state) { bench(state, Kernel::kBlocked, 2); }
+void BM_DecoderGemvR4(benchmark::State& state) { bench(state, Kernel::kBlocked, 4); }
+void BM_DecoderGemvPipelined(benchmark::State& state) { bench(state, Kernel::kPipelined, 0); }
+void BM_CublasGemmEx(benchmark::State& state) { bench(state, Kernel::kCublas, 0); }
 BENCHMARK(BM_DecoderGemv)->Apply(shapes);
+BENCHMARK(BM_DecoderGemvPipelined)->Apply(shapes);
 BENCHMARK(BM_DecoderGemvR2)->Apply(shapes);
 BENCHMARK(BM_DecoderGemvR4)->Apply(shapes);
 BENCHMARK(BM_CublasGemmEx)->Apply(shapes);

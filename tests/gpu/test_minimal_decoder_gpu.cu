@@ -332,13 +332,34 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
       }
 }
 
+
+// The backend's GEMV and launch settings the tests go through: the default first (pipelined GEMV,
+// PDL on), then the blocked GEMV and plain launches.
+struct LaunchConfig {
+  md::CudaBackend::GemvKernel gemv;
+  bool pdl;
+  const char* name;
+};
+const LaunchConfig kLaunchConfigs[] = {{md::CudaBackend::GemvKernel::kPipelined, true, "pipelined GEMV, PDL"},
+                                       {md::CudaBackend::GemvKernel::kPipelined, false, "pipelined GEMV, plain launches"},
+                                       {md::CudaBackend::GemvKernel::kBlocked, true, "blocked GEMV, PDL"},
+                                       {md::CudaBackend::GemvKernel::kBlocked, false, "blocked GEMV, plain launches"}};
+void apply(md::CudaBackend& gpu, const LaunchConfig& lc) {
+  gpu.set_gemv_kernel(lc.gemv);
+  gpu.set_programmatic_launch(lc.pdl);
+}
+
 }  // namespace
 
+// Both GEMVs, with and without PDL, against the host and against each other (the pipelined kernel
+// keeps the blocked one's summation order: equal bits). {5000, 4096}: several tiles per persistent
+// block (the pipeline crossing tiles, the cached inputs reused); {600, 14336}: inputs too large to
+// cache from 6 rows on (the L2 path).
 TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a host bf16 x bf16 product, for 1..8 rows") {
   md::CudaBackend gpu;
   std::mt19937 rng(17);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (const auto& shape : std::vector<std::pair<int, int>>{{13, 40}, {64, 4096}, {7, 8}, {1030, 392}}) {
+  for (const auto& shape : std::vector<std::pair<int, int>>{{13, 40}, {64, 4096}, {7, 8}, {1030, 392}, {5000, 4096}, {600, 14336}}) {
     const int rows = shape.first, cols = shape.second;
     std::vector<float> w(std::size_t(rows) * cols);
     for (float& x : w) x = round_bf16(normal(rng));
@@ -353,29 +374,42 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
       auto dy = gpu.alloc<float>(std::size_t(n) * rows);
       gpu.upload(dup.data(), up.data(), up.size());
       const std::vector<float> poison(dy.size(), NAN);
-      gpu.upload(dx.data(), x.data(), x.size());
-      gpu.upload(dy.data(), poison.data(), poison.size());
-      gpu.linear(dx.data(), n, m, dy.data());
-      std::vector<float> y(dy.size());
-      gpu.download(y.data(), dy.data(), y.size());
       std::vector<double> ref, mag;
       host_gemv(w, x, n, rows, cols, ref, mag);
-      for (std::size_t j = 0; j < y.size(); ++j) {
-        REQUIRE(std::isfinite(y[j]));
-        CHECK(std::fabs(y[j] - ref[j]) <= 1e-5 * mag[j] + 1e-6);
+      std::vector<float> first_plain, first_fused;
+      for (const LaunchConfig& lc : kLaunchConfigs) {
+        INFO(lc.name);
+        apply(gpu, lc);
+        gpu.upload(dx.data(), x.data(), x.size());
+        gpu.upload(dy.data(), poison.data(), poison.size());
+        gpu.linear(dx.data(), n, m, dy.data());
+        std::vector<float> y(dy.size());
+        gpu.download(y.data(), dy.data(), y.size());
+        for (std::size_t j = 0; j < y.size(); ++j) {
+          REQUIRE(std::isfinite(y[j]));
+          CHECK(std::fabs(y[j] - ref[j]) <= 1e-5 * mag[j] + 1e-6);
+        }
+        // The SwiGLU-fused GEMV computes silu(x) * up with kernels::silu_mul's expression: it must equal
+        // silu_mul followed by the plain GEMV checked above, bit for bit.
+        gpu.upload(dy.data(), poison.data(), poison.size());
+        gpu.silu_mul_linear(dx.data(), dup.data(), n, m, dy.data());
+        std::vector<float> fused(dy.size());
+        gpu.download(fused.data(), dy.data(), fused.size());
+        const std::vector<float> plain = y;
+        gpu.silu_mul(dx.data(), dup.data(), std::int64_t(x.size()));
+        gpu.linear(dx.data(), n, m, dy.data());
+        gpu.download(y.data(), dy.data(), y.size());
+        CHECK(fused == y);
+        if (first_plain.empty()) {
+          first_plain = plain;
+          first_fused = fused;
+        }
+        CHECK(plain == first_plain);  // every kernel and launch mode: the same bits
+        CHECK(fused == first_fused);
       }
-      // The SwiGLU-fused GEMV computes silu(x) * up with kernels::silu_mul's expression: it must equal
-      // silu_mul followed by the plain GEMV checked above, bit for bit.
-      gpu.upload(dy.data(), poison.data(), poison.size());
-      gpu.silu_mul_linear(dx.data(), dup.data(), n, m, dy.data());
-      std::vector<float> fused(dy.size());
-      gpu.download(fused.data(), dy.data(), fused.size());
-      gpu.silu_mul(dx.data(), dup.data(), std::int64_t(x.size()));
-      gpu.linear(dx.data(), n, m, dy.data());
-      gpu.download(y.data(), dy.data(), y.size());
-      CHECK(fused == y);
     }
   }
+  apply(gpu, kLaunchConfigs[0]);
 }
 
 TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit") {
@@ -391,13 +425,22 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
       for (int b = 0; b < batch; ++b) lengths.push_back(30 + 7 * b);
       const auto prompts = random_prompts(lengths, c.vocab_size, unsigned(batch));
       std::vector<std::vector<std::int32_t>> tokens;
+      // The reference: the blocked GEMV, plain launches, no graph (the behaviour before PDL). Every
+      // launch configuration, launched and replayed, must give its logits bit for bit.
+      apply(gpu, kLaunchConfigs[3]);
       const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
-      const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true);
-      REQUIRE(launched.size() == replayed.size());
-      for (std::size_t s = 0; s < launched.size(); ++s) {
-        INFO("step ", s);
-        CHECK(launched[s] == replayed[s]);
-      }
+      for (const LaunchConfig& lc : kLaunchConfigs)
+        for (bool graph : {false, true}) {
+          INFO(lc.name, graph ? ", graph replay" : ", direct launches");
+          apply(gpu, lc);
+          const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, graph);
+          REQUIRE(launched.size() == replayed.size());
+          for (std::size_t s = 0; s < launched.size(); ++s) {
+            INFO("step ", s);
+            CHECK(launched[s] == replayed[s]);
+          }
+        }
+      apply(gpu, kLaunchConfigs[0]);
       // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
       const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
       REQUIRE(paged.size() == launched.size());

@@ -5,8 +5,13 @@
 
 #include <kvsift/kvsift.cuh>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "engine/cuda/cuda_gemv.cuh"
+#include "engine/cuda/cuda_gemv_pipelined.cuh"
 #include "engine/cuda/cuda_kernels.cuh"
+#include "engine/cuda/cuda_pdl.cuh"
 
 namespace minimal_decoder {
 
@@ -35,16 +40,34 @@ bool gemv_applies(const float* x, int n, const CudaBackend::Matrix& w) {
   return n <= kernels::kGemvMaxRows && w.cols % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
 }
 
-// A bad launch configuration shows up here without synchronizing.
-void launched(const char* kernel) { cuda_check(cudaGetLastError(), kernel); }
+// An environment switch: unset = `fallback`; "0", "off", "false", "no" = false; anything else true.
+bool env_switch(const char* name, bool fallback) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return fallback;
+  for (const char* off : {"0", "off", "false", "no"})
+    if (std::strcmp(v, off) == 0) return false;
+  return true;
+}
 
 }  // namespace
+
+template <class... Params, class... Args>
+void CudaBackend::launch(const char* what, void (*kernel)(Params...), unsigned grid, unsigned block, Args&&... args) const {
+  cuda_check(kernels::launch_kernel(kernel, grid, block, 0, stream(), pdl_, std::forward<Args>(args)...), what);
+}
 
 CudaBackend::CudaBackend(int device) {
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA)";
+  pdl_ = env_switch("MINIMAL_DECODER_PDL", true);
+  const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
+  if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
+  else if (gemv && *gemv && std::strcmp(gemv, "pipelined") != 0)
+    throw DecoderError(std::string("MINIMAL_DECODER_GEMV=") + gemv + ": expected pipelined or blocked");
+  // The name carries the switches, so --profile's table says which side it measured.
+  name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " +
+          (gemv_kernel_ == GemvKernel::kPipelined ? "pipelined" : "blocked") + ", PDL " + (pdl_ ? "on" : "off") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -77,8 +100,7 @@ CudaBackend::Matrix CudaBackend::random_matrix(int rows, int cols, float scale, 
 
 template <class T>
 void CudaBackend::fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const {
-  kernels::fill_normal<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(out, n, seed, scale);
-  launched("fill_normal");
+  launch("fill_normal", kernels::fill_normal<T>, kernels::blocks_for(n), kernels::kThreads, out, n, seed, scale);
 }
 template void CudaBackend::fill_normal<float>(float*, std::int64_t, std::uint64_t, float) const;
 template void CudaBackend::fill_normal<kvsift::bfloat16_t>(kvsift::bfloat16_t*, std::int64_t, std::uint64_t, float) const;
@@ -86,16 +108,14 @@ template void CudaBackend::fill_normal<__nv_bfloat16>(__nv_bfloat16*, std::int64
 
 void CudaBackend::embed(const std::int32_t* tokens, int n, const Matrix& table, float* out) const {
   if (n == 0) return;
-  kernels::embed<<<unsigned(n), kernels::kThreads, 0, stream()>>>(tokens, n, table.data.data(), table.cols, out);
-  launched("embed");
+  launch("embed", kernels::embed<float>, unsigned(n), kernels::kThreads, tokens, n, table.data.data(), table.cols, out);
 }
 
 void CudaBackend::rms_norm(const float* x, std::int64_t rows, int dim, const float* w, float eps, float* y) const {
   if (rows == 0) return;
   // dim is 64..16K: 128 threads for a head's q/k norm, 256 for the hidden state
   const int threads = dim <= 128 ? 128 : kernels::kThreads;
-  kernels::rms_norm<<<unsigned(rows), unsigned(threads), 0, stream()>>>(x, dim, w, eps, y);
-  launched("rms_norm");
+  launch("rms_norm", kernels::rms_norm<float>, unsigned(rows), unsigned(threads), x, dim, w, eps, y);
 }
 
 // Row-major W [out, in] is column-major W^T with ld = in, so in cuBLAS' column-major terms
@@ -103,14 +123,12 @@ void CudaBackend::rms_norm(const float* x, std::int64_t rows, int dim, const flo
 void CudaBackend::linear(const float* x, int n, const Matrix& w, float* y) const {
   if (n == 0) return;
   if (gemv_applies(x, n, w)) {
-    kernels::launch_gemv_bf16(w.data.data(), w.rows, w.cols, x, n, y, stream());
-    launched("gemv_bf16");
+    gemv(kernels::single_gemv_target(w.data.data(), w.rows, y), w.cols, x, n, nullptr, "gemv_bf16");
     return;
   }
   const std::int64_t elems = std::int64_t(n) * w.cols;
   if (std::size_t(elems) > gemm_input_.size()) gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elems));  // prefill only
-  kernels::to_bf16<<<kernels::blocks_for(elems), kernels::kThreads, 0, stream()>>>(x, elems, gemm_input_.data());
-  launched("to_bf16");
+  launch("to_bf16", kernels::to_bf16<float>, kernels::blocks_for(elems), kernels::kThreads, x, elems, gemm_input_.data());
   const float alpha = 1.f, beta = 0.f;
   cublas_check(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, n, w.cols, &alpha, w.data.data(), CUDA_R_16BF,
                             w.cols, gemm_input_.data(), CUDA_R_16BF, w.cols, &beta, y, CUDA_R_32F, w.rows,
@@ -134,34 +152,37 @@ void CudaBackend::linear_shared_input(const float* x, int n,
     targets.y[targets.count] = o.second;
     ++targets.count;
   }
-  kernels::launch_gemv_bf16(targets, outputs.begin()->first->cols, x, n, stream());
-  launched("gemv_bf16 (shared input)");
+  gemv(targets, outputs.begin()->first->cols, x, n, nullptr, "gemv_bf16 (shared input)");
+}
+
+void CudaBackend::gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up,
+                       const char* what) const {
+  if (gemv_kernel_ == GemvKernel::kPipelined)
+    cuda_check(kernels::launch_gemv_bf16_pipelined(targets, cols, x, n, stream(), up, pdl_), what);
+  else
+    cuda_check(kernels::launch_gemv_bf16(targets, cols, x, n, stream(), up, 0, pdl_), what);
 }
 
 void CudaBackend::silu_mul(float* gate, const float* up, std::int64_t n) const {
   if (n == 0) return;
-  kernels::silu_mul<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(gate, up, n);
-  launched("silu_mul");
+  launch("silu_mul", kernels::silu_mul<float>, kernels::blocks_for(n), kernels::kThreads, gate, up, n);
 }
 
 void CudaBackend::add(float* x, const float* y, std::int64_t n) const {
   if (n == 0) return;
-  kernels::add<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(x, y, n);
-  launched("add");
+  launch("add", kernels::add<float>, kernels::blocks_for(n), kernels::kThreads, x, y, n);
 }
 
 void CudaBackend::add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps,
                                float* out) const {
   if (rows == 0) return;
-  kernels::add_rms_norm<<<unsigned(rows), kernels::kThreads, 0, stream()>>>(x, y, dim, w, eps, out);
-  launched("add_rms_norm");
+  launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(rows), kernels::kThreads, x, y, dim, w, eps, out);
 }
 
 void CudaBackend::silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const {
   if (n == 0) return;
   if (gemv_applies(gate, n, w) && reinterpret_cast<std::uintptr_t>(up) % 16 == 0) {
-    kernels::launch_gemv_bf16(w.data.data(), w.rows, w.cols, gate, n, y, stream(), up);
-    launched("gemv_bf16 (SwiGLU)");
+    gemv(kernels::single_gemv_target(w.data.data(), w.rows, y), w.cols, gate, n, up, "gemv_bf16 (SwiGLU)");
     return;
   }
   silu_mul(gate, up, std::int64_t(n) * w.cols);
@@ -170,9 +191,8 @@ void CudaBackend::silu_mul_linear(float* gate, const float* up, int n, const Mat
 
 void CudaBackend::rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const {
   if (n == 0) return;
-  kernels::rope<<<kernels::blocks_for(std::int64_t(n) * (head_dim / 2)), kernels::kThreads, 0, stream()>>>(
-      x, positions, n, heads, head_dim, theta);
-  launched("rope");
+  launch("rope", kernels::rope<float>, kernels::blocks_for(std::int64_t(n) * (head_dim / 2)), kernels::kThreads, x, positions,
+         n, heads, head_dim, theta);
 }
 
 template <class View>
@@ -180,8 +200,7 @@ void CudaBackend::store_kv(const float* k, const float* v, int n, const std::int
                            const View& cache) const {
   if (n == 0) return;
   const std::int64_t elems = std::int64_t(n) * cache.num_kv_heads * cache.head_dim;
-  kernels::store_kv<<<kernels::blocks_for(elems), kernels::kThreads, 0, stream()>>>(k, v, n, seq, slot, cache);
-  launched("store_kv");
+  launch("store_kv", kernels::store_kv<float, View>, kernels::blocks_for(elems), kernels::kThreads, k, v, n, seq, slot, cache);
 }
 template void CudaBackend::store_kv(const float*, const float*, int, const std::int32_t*, const std::int32_t*,
                                     const kvsift::ContiguousKV<CudaBackend::KvType>&) const;
@@ -190,21 +209,19 @@ template void CudaBackend::store_kv(const float*, const float*, int, const std::
 
 void CudaBackend::narrow_to_bf16(const float* x, std::int64_t n, kvsift::bfloat16_t* y) const {
   if (n == 0) return;
-  kernels::to_bf16<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(x, n, reinterpret_cast<__nv_bfloat16*>(y));
-  launched("to_bf16");
+  launch("to_bf16", kernels::to_bf16<float>, kernels::blocks_for(n), kernels::kThreads, x, n, reinterpret_cast<__nv_bfloat16*>(y));
 }
 void CudaBackend::widen_from_bf16(const kvsift::bfloat16_t* x, std::int64_t n, float* y) const {
   if (n == 0) return;
-  kernels::from_bf16<<<kernels::blocks_for(n), kernels::kThreads, 0, stream()>>>(reinterpret_cast<const __nv_bfloat16*>(x), n, y);
-  launched("from_bf16");
+  launch("from_bf16", kernels::from_bf16<float>, kernels::blocks_for(n), kernels::kThreads,
+         reinterpret_cast<const __nv_bfloat16*>(x), n, y);
 }
 
 void CudaBackend::scatter_rows(const float* src, int n, std::int64_t row_elems, const std::int32_t* dst_row,
                                float* dst) const {
   if (n == 0) return;
-  kernels::scatter_rows<<<kernels::blocks_for(std::int64_t(n) * row_elems), kernels::kThreads, 0, stream()>>>(
-      src, n, row_elems, dst_row, dst);
-  launched("scatter_rows");
+  launch("scatter_rows", kernels::scatter_rows<float>, kernels::blocks_for(std::int64_t(n) * row_elems), kernels::kThreads, src,
+         n, row_elems, dst_row, dst);
 }
 
 }  // namespace minimal_decoder

@@ -6,8 +6,11 @@
 //
 //   weights      bf16 on the device (nn.Linear layout), norms float
 //   activations  float, as on the host; rounded to bf16 only as GEMM inputs
-//   projections  decode (n <= 8 rows): the streaming GEMV of cuda_gemv.cuh; prefill: cuBLAS GemmEx,
-//                bf16 x bf16 -> float with CUBLAS_COMPUTE_32F. Both round the float input to bf16.
+//   projections  decode (n <= 8 rows): the pipelined GEMV of cuda_gemv_pipelined.cuh (or the older
+//                cuda_gemv.cuh, GemvKernel); prefill: cuBLAS GemmEx, bf16 x bf16 -> float with
+//                CUBLAS_COMPUTE_32F. All round the float input to bf16.
+//   launches     the backend's own kernels go out with programmatic dependent launch (cuda_pdl.cuh)
+//                unless programmatic_launch() is off; kvsift's and cuBLAS' launch as they do
 //   KV cache     bf16 (KvType); kvsift's tensor-core attention reads it
 //   attention    kvsift::cuda::* through exec() (stream + device facts): decoder.hpp's unqualified calls resolve by ADL
 //
@@ -35,6 +38,10 @@
 #include "engine/errors.hpp"
 
 namespace minimal_decoder {
+
+namespace kernels {
+struct GemvTargets;  // cuda_gemv.cuh
+}
 
 // A failed CUDA or cuBLAS call as a DecoderError naming `what`.
 void cuda_check(cudaError_t err, const char* what);
@@ -97,7 +104,21 @@ class CudaBackend {
     int rows = 0, cols = 0;
   };
 
+  // The constructor reads two switches from the environment, so that one binary measures both
+  // sides: MINIMAL_DECODER_PDL=0 launches every kernel plainly, MINIMAL_DECODER_GEMV=blocked takes
+  // the older GEMV. The setters below override them (tests).
   explicit CudaBackend(int device = 0);
+
+  // The decode GEMV: kPipelined (cuda_gemv_pipelined.cuh, persistent blocks, cp.async ring) or
+  // kBlocked (cuda_gemv.cuh, one block per 4 rows). Both give the same bits.
+  enum class GemvKernel { kPipelined, kBlocked };
+  void set_gemv_kernel(GemvKernel k) { gemv_kernel_ = k; }
+  GemvKernel gemv_kernel() const { return gemv_kernel_; }
+  // Programmatic dependent launch of the backend's kernels (cuda_pdl.cuh): each may start while the
+  // previous one drains. Off: plain stream order. Changes timing only, never a result. A recorded
+  // StepGraph keeps the setting it was captured with.
+  void set_programmatic_launch(bool on) { pdl_ = on; }
+  bool programmatic_launch() const { return pdl_; }
 
   const char* name() const { return name_.c_str(); }
   // The stream and the device facts kvsift plans its launches with, read once at construction.
@@ -233,8 +254,16 @@ class CudaBackend {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
 
+  // The decode GEMV chosen by gemv_kernel_ for `targets` (block ranges filled by the launcher).
+  void gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up, const char* what) const;
+  // kernel<<<grid, block, 0, stream()>>>(args...), with PDL when pdl_; throws on a launch error.
+  template <class... Params, class... Args>
+  void launch(const char* what, void (*kernel)(Params...), unsigned grid, unsigned block, Args&&... args) const;
+
   std::string name_;
   Exec exec_;
+  GemvKernel gemv_kernel_ = GemvKernel::kPipelined;
+  bool pdl_ = true;
   // Destruction runs bottom-up: the cuBLAS handle goes before the stream it was bound to.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
   DeviceBuffer<unsigned char> cublas_ws_;

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "cuda_pdl.cuh"
+
 namespace minimal_decoder {
 namespace kernels {
 
@@ -86,6 +88,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __grid_constant_
                                                           const float* __restrict__ x, const float* __restrict__ up) {
   constexpr int kWarps = kGemvThreads / 32;
   __shared__ float partial[kWarps][R][N];
+  // Launched with PDL (cuda_pdl.cuh), x is the previous kernel's output: wait before anything.
+  // (gemv_bf16_pipelined, the default, starts its weight stream before this wait.)
+  wait_for_previous_kernel();
+  allow_next_kernel_launch();
   int t = 0;
   while (t + 1 < targets.count && int(blockIdx.x) >= targets.first_block[t + 1]) ++t;
   const __nv_bfloat16* w = targets.w[t];
@@ -134,50 +140,55 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16(const __grid_constant_
 }
 
 template <int N, int R>
-void launch_gemv_rows(const GemvTargets& targets, int cols, const float* x, cudaStream_t stream, const float* up) {
+cudaError_t launch_gemv_rows(const GemvTargets& targets, int cols, const float* x, cudaStream_t stream, const float* up, bool pdl) {
   const unsigned blocks = unsigned(targets.first_block[targets.count]);
-  if (up)
-    gemv_bf16<N, R, true><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);
-  else
-    gemv_bf16<N, R, false><<<blocks, kGemvThreads, 0, stream>>>(targets, cols, x, up);
+  if (up) return launch_kernel(gemv_bf16<N, R, true>, blocks, kGemvThreads, 0, stream, pdl, targets, cols, x, up);
+  return launch_kernel(gemv_bf16<N, R, false>, blocks, kGemvThreads, 0, stream, pdl, targets, cols, x, up);
 }
 
 template <int N>
-void launch_gemv_n(GemvTargets targets, int cols, const float* x, cudaStream_t stream, const float* up, int rows_per_block) {
+cudaError_t launch_gemv_n(GemvTargets targets, int cols, const float* x, cudaStream_t stream, const float* up, int rows_per_block,
+                          bool pdl) {
   const int R = rows_per_block > 0 ? rows_per_block : gemv_rows_per_block(N);
   targets.first_block[0] = 0;
   for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
-  if (R == 2) launch_gemv_rows<N, 2>(targets, cols, x, stream, up);
-  else launch_gemv_rows<N, 4>(targets, cols, x, stream, up);
+  if (R == 2) return launch_gemv_rows<N, 2>(targets, cols, x, stream, up, pdl);
+  return launch_gemv_rows<N, 4>(targets, cols, x, stream, up, pdl);
 }
 
 // Launches gemv_bf16 for n in 1..kGemvMaxRows on `stream`: y_t = x W_t^T for every target of
 // `targets` (w, rows, y filled, count set; the block ranges are filled here). With `up`, the input
 // is silu(x) * up. rows_per_block: 2 or 4 weight rows per block, 0 = gemv_rows_per_block(n).
-inline void launch_gemv_bf16(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
-                             const float* up = nullptr, int rows_per_block = 0) {
+// pdl: launch with programmatic stream serialization (cuda_pdl.cuh). Returns the launch's error.
+inline cudaError_t launch_gemv_bf16(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
+                                    const float* up = nullptr, int rows_per_block = 0, bool pdl = false) {
   switch (n) {
-    case 1: return launch_gemv_n<1>(targets, cols, x, stream, up, rows_per_block);
-    case 2: return launch_gemv_n<2>(targets, cols, x, stream, up, rows_per_block);
-    case 3: return launch_gemv_n<3>(targets, cols, x, stream, up, rows_per_block);
-    case 4: return launch_gemv_n<4>(targets, cols, x, stream, up, rows_per_block);
-    case 5: return launch_gemv_n<5>(targets, cols, x, stream, up, rows_per_block);
-    case 6: return launch_gemv_n<6>(targets, cols, x, stream, up, rows_per_block);
-    case 7: return launch_gemv_n<7>(targets, cols, x, stream, up, rows_per_block);
-    case 8: return launch_gemv_n<8>(targets, cols, x, stream, up, rows_per_block);
-    default: return;
+    case 1: return launch_gemv_n<1>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 2: return launch_gemv_n<2>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 3: return launch_gemv_n<3>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 4: return launch_gemv_n<4>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 5: return launch_gemv_n<5>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 6: return launch_gemv_n<6>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 7: return launch_gemv_n<7>(targets, cols, x, stream, up, rows_per_block, pdl);
+    case 8: return launch_gemv_n<8>(targets, cols, x, stream, up, rows_per_block, pdl);
+    default: return cudaErrorInvalidValue;
   }
 }
 
-// One projection.
-inline void launch_gemv_bf16(const __nv_bfloat16* w, int rows, int cols, const float* x, int n, float* y, cudaStream_t stream,
-                             const float* up = nullptr) {
+// One projection's targets.
+inline GemvTargets single_gemv_target(const __nv_bfloat16* w, int rows, float* y) {
   GemvTargets one{};
   one.w[0] = w;
   one.rows[0] = rows;
   one.y[0] = y;
   one.count = 1;
-  launch_gemv_bf16(one, cols, x, n, stream, up);
+  return one;
+}
+
+// One projection.
+inline cudaError_t launch_gemv_bf16(const __nv_bfloat16* w, int rows, int cols, const float* x, int n, float* y,
+                                    cudaStream_t stream, const float* up = nullptr) {
+  return launch_gemv_bf16(single_gemv_target(w, rows, y), cols, x, n, stream, up);
 }
 
 }  // namespace kernels

@@ -7,6 +7,9 @@
 // Kernels are templates (over the activation type, always float here) so that this header can be
 // included by several translation units without duplicate symbols. None allocates or synchronizes;
 // every launch takes the backend's stream, so a decode step can be captured into a CUDA graph.
+// Every kernel opens with the PDL wait and trigger (cuda_pdl.cuh): the backend may launch any of
+// them with programmatic stream serialization. They have no independent work worth starting before
+// the wait (their inputs are the previous kernel's outputs), so the wait comes first.
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -14,6 +17,8 @@
 #include <cstdint>
 
 #include <kvsift/kvsift.cuh>
+
+#include "cuda_pdl.cuh"
 
 namespace minimal_decoder {
 namespace kernels {
@@ -28,6 +33,8 @@ inline unsigned blocks_for(std::int64_t n, int threads = kThreads) {
 // out[i, :] = float(table[tokens[i], :])
 template <class T>
 __global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* table, int cols, T* out) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   const int row = blockIdx.x;
   if (row >= n) return;
   const __nv_bfloat16* src = table + std::int64_t(tokens[row]) * cols;
@@ -50,6 +57,8 @@ __device__ inline float block_inverse_rms(float ss, int dim, float eps) {
 // read, after the block-wide sum, so y may alias x (the q/k norms run in place).
 template <class T>
 __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   const T* xr = x + std::int64_t(blockIdx.x) * dim;
   T* yr = y + std::int64_t(blockIdx.x) * dim;
   float ss = 0.f;
@@ -62,6 +71,8 @@ __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
 // norm). Each thread writes out only where it read y, after the block-wide sum, so out may alias y.
 template <class T>
 __global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float eps, T* out) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   T* xr = x + std::int64_t(blockIdx.x) * dim;
   const T* yr = y + std::int64_t(blockIdx.x) * dim;
   T* outr = out + std::int64_t(blockIdx.x) * dim;
@@ -82,6 +93,8 @@ __global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float ep
 // double like the host, which also keeps positions near 128K exact.
 template <class T>
 __global__ void rope(T* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   const int half = head_dim / 2;
   const std::int64_t total = std::int64_t(n) * half;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
@@ -105,6 +118,8 @@ __global__ void rope(T* x, const std::int32_t* positions, int n, int heads, int 
 // gate = silu(gate) * up, the host's expression
 template <class T>
 __global__ void silu_mul(T* gate, const T* up, std::int64_t n) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
     const float g = float(gate[i]);
     gate[i] = T(g / (1.f + expf(-g)) * float(up[i]));
@@ -114,6 +129,8 @@ __global__ void silu_mul(T* gate, const T* up, std::int64_t n) {
 // x += y
 template <class T>
 __global__ void add(T* x, const T* y, std::int64_t n) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     x[i] = T(float(x[i]) + float(y[i]));
 }
@@ -121,6 +138,8 @@ __global__ void add(T* x, const T* y, std::int64_t n) {
 // The GEMM input: float activations rounded to bf16 (round to nearest even).
 template <class T>
 __global__ void to_bf16(const T* x, std::int64_t n, __nv_bfloat16* y) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(float(x[i]));
 }
@@ -128,6 +147,8 @@ __global__ void to_bf16(const T* x, std::int64_t n, __nv_bfloat16* y) {
 // bf16 -> float, exact (attention outputs over an fp8 cache).
 template <class T>
 __global__ void from_bf16(const __nv_bfloat16* x, std::int64_t n, T* y) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
     y[i] = __bfloat162float(x[i]);
 }
@@ -137,6 +158,8 @@ __global__ void from_bf16(const __nv_bfloat16* x, std::int64_t n, T* y) {
 // places it, so any kvsift view works: ContiguousKV in any layout, PagedKV through its block table.
 template <class T, class View>
 __global__ void store_kv(const T* k, const T* v, int n, const std::int32_t* seq, const std::int32_t* slot, View cache) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   using KV = typename View::value_type;
   const int D = cache.head_dim, row = cache.num_kv_heads * D;
   const std::int64_t total = std::int64_t(n) * row;
@@ -151,6 +174,8 @@ __global__ void store_kv(const T* k, const T* v, int n, const std::int32_t* seq,
 // dst row dst_row[i] = src row i, for rows with dst_row[i] >= 0
 template <class T>
 __global__ void scatter_rows(const T* src, int n, std::int64_t row_elems, const std::int32_t* dst_row, T* dst) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   const std::int64_t total = std::int64_t(n) * row_elems;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
@@ -172,6 +197,8 @@ __device__ inline std::uint64_t splitmix64(std::uint64_t z) {
 
 template <class Out>
 __global__ void fill_normal(Out* out, std::int64_t n, std::uint64_t seed, float scale) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
   for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x) {
     const std::uint64_t r = splitmix64(seed ^ splitmix64(std::uint64_t(i)));
     const float u1 = (float(r >> 40) + 1.f) * (1.f / 16777217.f);  // (0, 1]

@@ -1,0 +1,295 @@
+#pragma once
+// The decode GEMV with a deep weight pipeline: the same product as gemv_bf16 (cuda_gemv.cuh), bit
+// for bit, organised so that HBM never waits for the arithmetic, the block barriers or the block
+// launches. The backend's default; gemv_bf16 stays for comparison (bench_decoder_gemv, and
+// CudaBackend::GemvKernel::kBlocked).
+//
+// What limited gemv_bf16 (bench_decoder_gemv on the H200: q 51% of the read ceiling, 133 us per
+// layer against a 98 us floor, slower at 4-8 input rows):
+//   - a block lives for one 4-row tile: it issues its loads, waits one HBM latency with nothing
+//     else in flight, reduces across warps and exits; every block pays a ramp and a tail;
+//   - the loads in flight are registers (current + next chunk of 4 rows = 32 registers), which
+//     at 4-8 input rows pushes the kernel to ~100 registers and 2 blocks per SM;
+//   - every block rounds (and for the down projection, SwiGLUs) the whole input again.
+//
+// Here:
+//   - persistent blocks: the grid is what fits on the GPU at once, each block walks tiles
+//     blockIdx.x, blockIdx.x + gridDim.x, ... in a single pipeline, so the loads of the next tile
+//     are in flight while the current one is reduced;
+//   - the pipeline is cp.async into shared memory, kStages steps of 16 bytes of each of R rows
+//     per thread, kStages * R * 16 B = 256 B per thread in flight, 64 KB per block (the loads
+//     occupy no registers, so the register count does not grow with the depth);
+//   - each thread copies and consumes only its own slots, so the pipeline needs no barrier:
+//     cp.async.wait_group orders a thread's copies with its own reads;
+//   - the input rows, rounded to bf16, are kept in shared memory after the block's first tile
+//     (again each thread keeps the chunks it uses, so no barrier), when they fit: the rounding and
+//     the SwiGLU are paid once per block instead of once per tile;
+//   - with PDL (cuda_pdl.cuh) the first kStages - 1 steps are issued before the dependency wait:
+//     the weights do not depend on the previous kernel, so the stream starts while it drains.
+//
+// The arithmetic is gemv_bf16's: thread tid owns chunks tid, tid + kGemvThreads, ... of every
+// row, accumulates them in that order with the same fmaf sequence, then the same warp shuffles and
+// the same fixed-order sum over warps. The result does not depend on the grid size or on which
+// block takes which tile, so graph replay, direct launches and the old kernel all agree bit for bit.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda_gemv.cuh"
+#include "cuda_pdl.cuh"
+
+namespace minimal_decoder {
+namespace kernels {
+
+constexpr int kPipelinedRows = 4;    // weight rows per tile (R): each input chunk serves 4 rows
+constexpr int kPipelinedStages = 4;  // steps in flight per thread; a power of two
+
+// An L2 policy that lets the weights (read once per step) go first, so they do not evict the
+// activations and the KV cache's hot rows.
+__device__ inline std::uint64_t l2_evict_first_policy() {
+  std::uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
+// 16 bytes global -> shared without passing through registers (sm_80+), L2 only.
+__device__ inline void cp_async16(uint4* smem_dst, const uint4* src, std::uint64_t policy) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "l"(policy) : "memory");
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+// Waits until at most `Pending` of this thread's committed groups are still in flight.
+template <int Pending>
+__device__ inline void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
+// Input chunk i (8 values) rounded to bf16 and packed: gemv_bf16's load_input, same arithmetic.
+// The loads are L2-coherent (ld.global.cg), not read-only-cache loads: under PDL the previous
+// kernel writes x during this kernel's lifetime (before the wait), which ld.global.nc forbids.
+template <bool kSwiGLU>
+__device__ inline uint4 load_input_bf16(const float* x, const float* up, std::int64_t i) {
+  const float4* xr = reinterpret_cast<const float4*>(x) + 2 * i;
+  float4 a = __ldcg(xr), b = __ldcg(xr + 1);
+  if (kSwiGLU) {
+    const float4* ur = reinterpret_cast<const float4*>(up) + 2 * i;
+    const float4 ua = __ldcg(ur), ub = __ldcg(ur + 1);
+    auto swiglu = [](float g, float u) { return g / (1.f + expf(-g)) * u; };
+    a = make_float4(swiglu(a.x, ua.x), swiglu(a.y, ua.y), swiglu(a.z, ua.z), swiglu(a.w, ua.w));
+    b = make_float4(swiglu(b.x, ub.x), swiglu(b.y, ub.y), swiglu(b.z, ub.z), swiglu(b.w, ub.w));
+  }
+  uint4 packed;
+  __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w), __floats2bfloat162_rn(b.x, b.y),
+                         __floats2bfloat162_rn(b.z, b.w)};
+  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
+  memcpy(&packed, p, sizeof(packed));
+  return packed;
+}
+
+// The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here).
+struct GemvTile {
+  int target, first_row;
+};
+template <int R>
+__device__ inline GemvTile gemv_tile(const GemvTargets& targets, int tile) {
+  int t = 0;
+  while (t + 1 < targets.count && tile >= targets.first_block[t + 1]) ++t;
+  return {t, (tile - targets.first_block[t]) * R};
+}
+
+// Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
+// Dynamic shared memory: gemv_pipelined_smem_bytes.
+template <int N, int R, int S, bool kSwiGLU, bool kCacheInput>
+__global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid_constant__ GemvTargets targets, int cols,
+                                                                    const float* __restrict__ x, const float* __restrict__ up) {
+  static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two, at least 2");
+  constexpr int kWarps = kGemvThreads / 32;
+  extern __shared__ uint4 gemv_smem[];
+  uint4* const ring = gemv_smem;                          // [S][R][kGemvThreads]: a warp's 32 slots are contiguous
+  uint4* const input = gemv_smem + S * R * kGemvThreads;  // [N][chunks] bf16 inputs (kCacheInput)
+  // Two buffers: a tile's partial sums are read after one barrier while the next tile's are
+  // written; the tile after that writes this buffer only after the next tile's barrier.
+  __shared__ float partial[2][kWarps][R][N];
+
+  const int tid = int(threadIdx.x);
+  const int chunks = cols / 8;
+  const int tiles = targets.first_block[targets.count];
+  const int per_tile = tid < chunks ? (chunks - 1 - tid) / kGemvThreads + 1 : 0;  // this thread's chunks of a row
+  const int my_tiles = int(blockIdx.x) < tiles ? (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int steps = per_tile * my_tiles;  // (tile, chunk) pairs of this thread, in consumption order
+  const std::uint64_t policy = l2_evict_first_policy();
+
+  // The issue cursor runs S - 1 steps ahead of consumption, across tile boundaries.
+  int issued = 0, issue_j = 0, issue_tile = int(blockIdx.x);
+  const uint4* issue_rows[R];
+  const auto aim = [&](int tile) {
+    const GemvTile g = gemv_tile<R>(targets, tile);
+    const int rows = targets.rows[g.target];
+    for (int r = 0; r < R; ++r)  // rows past the end re-read the last row and are not written
+      issue_rows[r] = reinterpret_cast<const uint4*>(targets.w[g.target] + std::int64_t(min(g.first_row + r, rows - 1)) * cols);
+  };
+  const auto issue = [&] {
+    if (issued < steps) {
+      uint4* slot = ring + (issued & (S - 1)) * R * kGemvThreads + tid;
+      const int c = tid + issue_j * kGemvThreads;
+      for (int r = 0; r < R; ++r) cp_async16(slot + r * kGemvThreads, issue_rows[r] + c, policy);
+      ++issued;
+      if (++issue_j == per_tile) {
+        issue_j = 0;
+        issue_tile += int(gridDim.x);
+        if (issued < steps) aim(issue_tile);
+      }
+    }
+    cp_async_commit();  // one group per call, empty or not: group g is step g
+  };
+
+  if (steps > 0) aim(issue_tile);
+  for (int p = 0; p < S - 1; ++p) issue();  // weights only: before the dependency wait
+  wait_for_previous_kernel();
+  allow_next_kernel_launch();
+
+  const int warp = tid / 32, lane = tid % 32;
+  int s = 0;
+  for (int k = 0; k < my_tiles; ++k) {
+    float acc[R][N] = {};
+    for (int j = 0; j < per_tile; ++j, ++s) {
+      // Refills the slot consumed in the previous iteration: its shared-memory reads were issued
+      // before this copy (in-order issue; the asm's memory clobber keeps the compiler from moving
+      // them), and the copy's write lands a global round trip later.
+      issue();
+      cp_async_wait<S - 1>();  // step s landed (groups s + 1 .. s + S - 1 may be in flight)
+      const uint4* slot = ring + (s & (S - 1)) * R * kGemvThreads + tid;
+      float wf[R][8];
+      for (int r = 0; r < R; ++r) unpack8(slot[r * kGemvThreads], wf[r]);
+      const int c = tid + j * kGemvThreads;
+      for (int i = 0; i < N; ++i) {
+        uint4 packed;
+        if (kCacheInput && k > 0) {
+          packed = input[i * chunks + c];
+        } else {
+          packed = load_input_bf16<kSwiGLU>(x, up, std::int64_t(i) * chunks + c);
+          if (kCacheInput) input[i * chunks + c] = packed;  // read back by this thread only
+        }
+        float2 xi[4];
+        const __nv_bfloat162* xp = reinterpret_cast<const __nv_bfloat162*>(&packed);
+        for (int q = 0; q < 4; ++q) xi[q] = __bfloat1622float2(xp[q]);
+        for (int r = 0; r < R; ++r)
+          for (int q = 0; q < 4; ++q) {
+            acc[r][i] = fmaf(wf[r][2 * q], xi[q].x, acc[r][i]);
+            acc[r][i] = fmaf(wf[r][2 * q + 1], xi[q].y, acc[r][i]);
+          }
+      }
+    }
+    float(*part)[R][N] = partial[k & 1];
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < N; ++i) {
+        float v = acc[r][i];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) part[warp][r][i] = v;
+      }
+    __syncthreads();
+    if (tid < R * N) {
+      const GemvTile g = gemv_tile<R>(targets, int(blockIdx.x) + k * int(gridDim.x));
+      const int rows = targets.rows[g.target];
+      const int r = tid / N, i = tid % N;
+      float sum = 0.f;
+      for (int w = 0; w < kWarps; ++w) sum += part[w][r][i];  // fixed order: deterministic
+      if (g.first_row + r < rows) targets.y[g.target][std::int64_t(i) * rows + g.first_row + r] = sum;
+    }
+  }
+  cp_async_wait<0>();  // only empty groups remain; leave nothing in flight
+}
+
+// Dynamic shared memory of an instantiation: the ring, plus the inputs when cached.
+constexpr std::size_t gemv_pipelined_ring_bytes(int R, int S) { return std::size_t(S) * R * kGemvThreads * sizeof(uint4); }
+inline std::size_t gemv_pipelined_input_bytes(int n, int cols) { return std::size_t(n) * cols * sizeof(__nv_bfloat16); }
+
+// The launch of one instantiation: raises its shared-memory limit once (the ring alone is 64 KB,
+// above the default 48 KB), and sizes the grid to the blocks that fit at once.
+template <int N, bool kSwiGLU, bool kCacheInput>
+cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
+                                         std::size_t smem, cudaStream_t stream, bool pdl) {
+  constexpr int R = kPipelinedRows, S = kPipelinedStages;
+  const auto kernel = gemv_bf16_pipelined<N, R, S, kSwiGLU, kCacheInput>;
+  // Once per instantiation (and process: the decoder drives one device). The largest size the
+  // launcher ever asks for, so the attribute never changes while another thread launches.
+  static const cudaError_t raised = [&] {
+    int device = 0, optin = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       optin - int(sizeof(float) * 2 * (kGemvThreads / 32) * R * N));
+    // The ring is the SM's main use of on-chip memory; x goes through shared memory or L2.
+    if (err == cudaSuccess)
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+    return err;
+  }();
+  if (raised != cudaSuccess) return raised;
+  // The grid: blocks per SM for this shared-memory size, remembered for the last size asked
+  // (a decoder asks for two or three: cols = hidden and intermediate).
+  struct Fit {
+    std::size_t smem = ~std::size_t(0);
+    int blocks = 0;
+  };
+  static thread_local Fit last;
+  if (last.smem != smem) {
+    int per_sm = 0;
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem);
+    if (err != cudaSuccess) return err;
+    last = {smem, per_sm};
+  }
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int tiles = targets.first_block[targets.count];
+  const int grid = std::max(1, std::min(tiles, std::max(1, last.blocks) * sms));
+  return launch_kernel(kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up);
+}
+
+template <int N>
+cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* x, const float* up, cudaStream_t stream, bool pdl) {
+  constexpr int R = kPipelinedRows;
+  targets.first_block[0] = 0;  // tiles here, not blocks
+  for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  if (targets.first_block[targets.count] == 0) return cudaSuccess;
+  int device = 0, optin = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  const std::size_t ring = gemv_pipelined_ring_bytes(R, kPipelinedStages);
+  const std::size_t cached = ring + gemv_pipelined_input_bytes(N, cols);
+  const std::size_t limit = std::size_t(optin) - sizeof(float) * 2 * (kGemvThreads / 32) * R * N;
+  // Inputs that do not fit (the down projection's 14336 columns at 6-8 rows) are re-read from L2
+  // for every tile, as gemv_bf16 does.
+  if (cached <= limit) {
+    if (up) return launch_gemv_pipelined_kernel<N, true, true>(targets, cols, x, up, cached, stream, pdl);
+    return launch_gemv_pipelined_kernel<N, false, true>(targets, cols, x, up, cached, stream, pdl);
+  }
+  if (up) return launch_gemv_pipelined_kernel<N, true, false>(targets, cols, x, up, ring, stream, pdl);
+  return launch_gemv_pipelined_kernel<N, false, false>(targets, cols, x, up, ring, stream, pdl);
+}
+
+// launch_gemv_bf16's contract (y_t = x W_t^T, or silu(x) * up W_t^T with `up`; n in
+// 1..kGemvMaxRows), with gemv_bf16_pipelined. pdl: launch with programmatic stream serialization.
+inline cudaError_t launch_gemv_bf16_pipelined(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
+                                              const float* up = nullptr, bool pdl = false) {
+  switch (n) {
+    case 1: return launch_gemv_pipelined_n<1>(targets, cols, x, up, stream, pdl);
+    case 2: return launch_gemv_pipelined_n<2>(targets, cols, x, up, stream, pdl);
+    case 3: return launch_gemv_pipelined_n<3>(targets, cols, x, up, stream, pdl);
+    case 4: return launch_gemv_pipelined_n<4>(targets, cols, x, up, stream, pdl);
+    case 5: return launch_gemv_pipelined_n<5>(targets, cols, x, up, stream, pdl);
+    case 6: return launch_gemv_pipelined_n<6>(targets, cols, x, up, stream, pdl);
+    case 7: return launch_gemv_pipelined_n<7>(targets, cols, x, up, stream, pdl);
+    case 8: return launch_gemv_pipelined_n<8>(targets, cols, x, up, stream, pdl);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace kernels
+}  // namespace minimal_decoder
