@@ -11,7 +11,10 @@ namespace detail {
 
 /// Records the item in `*e` if `e` is set and nothing is recorded yet (the first caller wins the
 /// state 0 -> 1 exchange, writes the fields, then publishes state 2); every other call returns at once.
-__device__ __forceinline__ void record_data_error(DataError* e, DataErrorOp op, DataErrorKind kind, int batch, int row,
+/// Not inlined: it sits in the unrolled loads of the decode kernels, where an inlined copy per call
+/// site cost the block-gathered decode 6% (H200, 19.9 -> 21.1 us at B = 1); a call on the cold path
+/// costs nothing on the hot one.
+__device__ __noinline__ void record_data_error(DataError* e, DataErrorOp op, DataErrorKind kind, int batch, int row,
                                                   int position, long long value) {
   if (e == nullptr) return;
   if (atomicCAS(reinterpret_cast<int*>(&e->state), 0, 1) != 0) return;

@@ -61,17 +61,13 @@ struct DecodeWork {
   __device__ __forceinline__ int token(int p) const {
     if (p >= positions) return -1;
     if (!sparse) return base + p;
-    const int j = p >> block_shift;
+    const int j = p >> block_shift, offset = p & ((1 << block_shift) - 1);
     const std::int64_t e = __ldg(entries + j);
-    const std::int64_t first = e << block_shift;
-    const std::int64_t t = first + (p & ((1 << block_shift) - 1));
-    if (e < 0 || first >= len) {
-      if ((p & ((1 << block_shift) - 1)) == 0)
-        record_data_error(data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kIndexOutOfRange, b, h,
-                          first_entry + j, e);
-      return -1;
-    }
-    return t < len ? int(t) : -1;
+    const std::int64_t t = (e << block_shift) + offset;
+    if (e >= 0 && t < len) return int(t);  // the hot path, as without the record
+    if (offset == 0 && (e < 0 || (e << block_shift) >= len))
+      record_data_error(data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kIndexOutOfRange, b, h, first_entry + j, e);
+    return -1;
   }
 };
 
