@@ -11,10 +11,10 @@ namespace detail {
 
 /// Records the item in `*e` if `e` is set and nothing is recorded yet (the first caller wins the
 /// state 0 -> 1 exchange, writes the fields, then publishes state 2); every other call returns at once.
-/// Not inlined: it sits in the unrolled loads of the decode kernels, where an inlined copy per call
-/// site cost the block-gathered decode 6% (H200, 19.9 -> 21.1 us at B = 1); a call on the cold path
-/// costs nothing on the hot one.
-__device__ __noinline__ void record_data_error(DataError* e, DataErrorOp op, DataErrorKind kind, int batch, int row,
+/// Kernels call it outside their hot loops (a loop notes the item, the record follows it): not inlined,
+/// so each call site is a call on the cold path; static, so every translation unit that includes this
+/// header has its own copy (a non-inline definition in a header would be defined twice at link).
+static __device__ __noinline__ void record_data_error(DataError* e, DataErrorOp op, DataErrorKind kind, int batch, int row,
                                                   int position, long long value) {
   if (e == nullptr) return;
   if (atomicCAS(reinterpret_cast<int*>(&e->state), 0, 1) != 0) return;

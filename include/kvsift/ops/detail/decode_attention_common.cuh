@@ -51,25 +51,34 @@ struct DecodeWork {
   const std::int32_t* entries;  // sparse head: the split's first index entry
   int block_shift;              // sparse head: log2(block size); 0 for tokens
   std::size_t partial;          // index of this block's partial in the workspace
-  DataError* data_error;        // where an out-of-range index entry is recorded (or null)
   int first_entry;              // sparse head: the split's first entry's index in the row (for the record)
 
-  // Token at position p of the split, or -1 when p is past the end or the entry is out of range. An
-  // entry is out of range when its first token is negative or at or past the length (the tail of the
-  // last block past the length is not: that block is attended up to the length); such an entry is
-  // skipped and recorded.
+  // Token at position p of the split; -1 when p is past the end (or in the tail of a last block past
+  // the length); -2 - j when entry j of the split is out of range (its first token negative or at or
+  // past the length): skipped, and the caller records it (record_bad_entry), outside its unrolled loads.
   __device__ __forceinline__ int token(int p) const {
     if (p >= positions) return -1;
     if (!sparse) return base + p;
-    const int j = p >> block_shift, offset = p & ((1 << block_shift) - 1);
+    const int j = p >> block_shift;
     const std::int64_t e = __ldg(entries + j);
-    const std::int64_t t = (e << block_shift) + offset;
-    if (e >= 0 && t < len) return int(t);  // the hot path, as without the record
-    if (offset == 0 && (e < 0 || (e << block_shift) >= len))
-      record_data_error(data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kIndexOutOfRange, b, h, first_entry + j, e);
-    return -1;
+    const std::int64_t t = (e << block_shift) + (p & ((1 << block_shift) - 1));
+    if (e >= 0 && t < len) return int(t);
+    return (e < 0 || (e << block_shift) >= len) ? -2 - j : -1;
   }
 };
+
+// The records of the items a split skipped (cuda::Exec::data_error; nothing when it is null): a page
+// outside the pool met at token t, entry j of the split out of range. Called once per thread after its
+// loads, on the path that met one.
+template <class View, class QT>
+__device__ void record_bad_page(const DecodeLaunch<View, QT>& a, const DecodeWork& w, int t, long long page) {
+  record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kPageOutOfPool, w.b, w.h, t, page);
+}
+template <class View, class QT>
+__device__ void record_bad_entry(const DecodeLaunch<View, QT>& a, const DecodeWork& w, int j) {
+  record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kIndexOutOfRange, w.b, w.h,
+                    w.first_entry + j, w.entries[j]);
+}
 
 template <class View, class QT>
 __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& a) {
@@ -117,7 +126,6 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
     }
   }
   w.partial = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + x;
-  w.data_error = a.data_error;
   return w;
 }
 

@@ -211,19 +211,25 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     for (int i = 0; i < kLoadTokensPerThread; ++i)
       tok[i] = w.token(stage * kStageTokens + load_row + i * kLoadRowsPerPass);
   };
+  // Bad engine data met by this thread's loads (a token whose page is outside the pool, an entry of the
+  // split out of range): skipped here, noted, and recorded once after the loop, so the unrolled loads
+  // hold no call.
+  int bad_page_token = -1, bad_entry = -1;
   auto advance = [&](int stage_after_next) {
 #pragma unroll
     for (int i = 0; i < kLoadTokensPerThread; ++i) {
-      tok_issue[i] = tok_next[i];
-      hdl_issue[i] = tok_issue[i] >= 0 ? rows.handle(tok_issue[i]) : Handle();
-      if (tok_issue[i] >= 0 && !rows.valid(hdl_issue[i])) {  // its page is outside the pool: skip it
-        if (load_chunk == 0) {
-          record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kPageOutOfPool, w.b, w.h,
-                            tok_issue[i], rows.bad_value(tok_issue[i]));
-          // Its score is -inf, as for every token nobody can attend (block maxima ignore it anyway).
-          if (score_tile && !block_scores)
-            a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + tok_issue[i]] = -INFINITY;
-        }
+      int t = tok_next[i];
+      if (t <= -2) {
+        bad_entry = -2 - t;
+        t = -1;
+      }
+      tok_issue[i] = t;
+      hdl_issue[i] = t >= 0 ? rows.handle(t) : Handle();
+      if (t >= 0 && !rows.valid(hdl_issue[i])) {  // its page is outside the pool: skip it
+        bad_page_token = t;
+        // Its score is -inf, as for every token nobody can attend (block maxima ignore it anyway).
+        if (score_tile && !block_scores && load_chunk == 0)
+          a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + t] = -INFINITY;
         tok_issue[i] = -1;
       }
     }
@@ -496,6 +502,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   }
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the epilogue's SplitSmem
+  if (bad_page_token >= 0) record_bad_page(a, w, bad_page_token, rows.bad_value(bad_page_token));
+  if (bad_entry >= 0) record_bad_entry(a, w, bad_entry);
 
   // Warp state to shared memory: m and the quad-summed l per S row, O^T back to [row][dim].
 #pragma unroll

@@ -61,12 +61,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
 
   for (int pos = warp; pos < w.positions; pos += kDecodeWarps) {
     const int t = w.token(pos);
-    if (t < 0) continue;  // uniform across the warp
+    if (t < 0) {  // uniform across the warp; an entry out of range is recorded
+      if (t <= -2 && lane == 0) record_bad_entry(a, w, -2 - t);
+      continue;
+    }
     const auto hd = rows.handle(t);
     if (!rows.valid(hd)) {  // its page is outside the pool: skipped (score -inf), recorded
       if (lane == 0) {
-        record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kPageOutOfPool, w.b, w.h, t,
-                          rows.bad_value(t));
+        record_bad_page(a, w, t, rows.bad_value(t));
         if (score_tile && !block_scores)
           a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + t] = -INFINITY;
       }
