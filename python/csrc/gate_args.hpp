@@ -40,18 +40,18 @@ inline kvsift::HardKumaOptions gate_options(double l, double r, bool clamp_shape
 /// `t` must have `like`'s shape, dtype and device; returned contiguous.
 inline at::Tensor gate_operand(const at::Tensor& t, const at::Tensor& like, const char* op, const char* name,
                                const char* like_name) {
-  KVSIFT_PY_CHECK_VALUE(t.device() == like.device(), "kvsift.", op, ": ", name, " is on ", t.device(), " but ", like_name,
+  TORCH_CHECK_VALUE(t.device() == like.device(), "kvsift.", op, ": ", name, " is on ", t.device(), " but ", like_name,
                     " is on ", like.device(), " (every tensor of a call on one device)");
-  KVSIFT_PY_CHECK_VALUE(t.scalar_type() == like.scalar_type(), "kvsift.", op, ": ", name, ".dtype = ", t.scalar_type(),
+  TORCH_CHECK_VALUE(t.scalar_type() == like.scalar_type(), "kvsift.", op, ": ", name, ".dtype = ", t.scalar_type(),
                     " must equal ", like_name, ".dtype = ", like.scalar_type());
-  KVSIFT_PY_CHECK_VALUE(t.sizes() == like.sizes(), "kvsift.", op, ": ", name, " shape ", t.sizes(), " must equal ",
+  TORCH_CHECK_VALUE(t.sizes() == like.sizes(), "kvsift.", op, ": ", name, " shape ", t.sizes(), " must equal ",
                     like_name, " shape ", like.sizes());
   return t.contiguous();
 }
 
 inline GateCall prepare_gates(const at::Tensor& a, const at::Tensor& b, double l, double r, bool clamp_shape,
                               bool clamp_prob_zero, const char* op) {
-  KVSIFT_PY_CHECK_VALUE(a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble, "kvsift.", op, ": a.dtype = ",
+  TORCH_CHECK_VALUE(a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble, "kvsift.", op, ": a.dtype = ",
                     a.scalar_type(), " must be Float or Double (kvsift's gates are float32 or float64)");
   GateCall c;
   c.options = gate_options(l, r, clamp_shape, clamp_prob_zero, op);
@@ -70,7 +70,7 @@ auto dispatch_real(at::ScalarType s, const char* op, F&& f) {
   switch (s) {
     case at::kFloat: return f(float{});
     case at::kDouble: return f(double{});
-    default: KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": dtype ", s, " is not float32 or float64");
+    default: TORCH_CHECK_VALUE(false, "kvsift.", op, ": dtype ", s, " is not float32 or float64");
   }
 }
 
@@ -106,14 +106,14 @@ struct RolesCall {
 inline RolesCall prepare_roles(const at::Tensor& a, const at::Tensor& b, const std::string& selection, double threshold,
                                std::int64_t total_retrieval_heads, bool force_layer0, bool clamp_shape) {
   const char* op = "extract_head_roles";
-  KVSIFT_PY_CHECK_VALUE(a.dim() == 2, "kvsift.", op, ": a must have 2 dimensions [layers, kv_heads] (got shape ",
+  TORCH_CHECK_VALUE(a.dim() == 2, "kvsift.", op, ": a must have 2 dimensions [layers, kv_heads] (got shape ",
                     a.sizes(), ")");
   RolesCall c;
   c.gates = prepare_gates(a, b, -0.1, 1.1, clamp_shape, true, op);
   kvsift::RoleExtractionOptions& o = c.options;
   if (selection == "threshold") o.selection = kvsift::RoleSelection::kThreshold;
   else if (selection == "top_n") o.selection = kvsift::RoleSelection::kTopN;
-  else KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": selection = '", selection, "' must be 'threshold' or 'top_n'");
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": selection = '", selection, "' must be 'threshold' or 'top_n'");
   o.threshold = threshold;
   o.total_retrieval_heads = to_int(total_retrieval_heads, op, "total_retrieval_heads");
   o.force_layer0 = force_layer0;

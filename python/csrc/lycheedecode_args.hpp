@@ -38,7 +38,7 @@ inline kvsift::LycheeDecodeSelection parse_selection(const std::string& s, const
   if (s == "token") return kvsift::LycheeDecodeSelection::kToken;
   if (s == "ratio") return kvsift::LycheeDecodeSelection::kRatio;
   if (s == "block") return kvsift::LycheeDecodeSelection::kBlock;
-  KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": selection = '", s, "' must be 'token', 'ratio' or 'block'");
+  TORCH_CHECK_VALUE(false, "kvsift.", op, ": selection = '", s, "' must be 'token', 'ratio' or 'block'");
 }
 
 /// The validated policy (LycheeDecodePolicy::create: messages name the config field).
@@ -48,14 +48,14 @@ inline kvsift::LycheeDecodePolicy make_policy(const LycheeDecodeArgs& a, const c
   c.num_q_heads = to_int(a.num_q_heads, op, "num_q_heads");
   c.num_kv_heads = to_int(a.num_kv_heads, op, "num_kv_heads");
   c.head_dim = to_int(a.head_dim, op, "head_dim");
-  KVSIFT_PY_CHECK_VALUE(c.num_layers > 0 && c.num_kv_heads > 0, "kvsift.", op, ": num_layers = ", c.num_layers,
+  TORCH_CHECK_VALUE(c.num_layers > 0 && c.num_kv_heads > 0, "kvsift.", op, ": num_layers = ", c.num_layers,
                     " and num_kv_heads = ", c.num_kv_heads, " must be > 0");
   const std::int64_t gates = std::int64_t(c.num_layers) * c.num_kv_heads;
-  KVSIFT_PY_CHECK_VALUE(std::int64_t(a.roles.size()) == gates, "kvsift.", op, ": roles has ", a.roles.size(),
+  TORCH_CHECK_VALUE(std::int64_t(a.roles.size()) == gates, "kvsift.", op, ": roles has ", a.roles.size(),
                     " entries but num_layers * num_kv_heads = ", gates);
   std::vector<std::uint8_t> bytes(a.roles.size());
   for (std::size_t i = 0; i < bytes.size(); ++i) {
-    KVSIFT_PY_CHECK_VALUE(a.roles[i] == 0 || a.roles[i] == 1, "kvsift.", op, ": roles[", i, "] = ", a.roles[i],
+    TORCH_CHECK_VALUE(a.roles[i] == 0 || a.roles[i] == 1, "kvsift.", op, ": roles[", i, "] = ", a.roles[i],
                       " must be 1 (retrieval) or 0 (sparse)");
     bytes[i] = std::uint8_t(a.roles[i]);
   }
@@ -73,7 +73,7 @@ inline kvsift::LycheeDecodePolicy make_policy(const LycheeDecodeArgs& a, const c
   c.index_capacity = to_int(a.index_capacity, op, "index_capacity");
   c.correction_interval = to_int(a.correction_interval, op, "correction_interval");
   c.sm_scale = a.sm_scale ? float(*a.sm_scale) : 0.f;
-  KVSIFT_PY_CHECK_VALUE(!a.sm_scale || *a.sm_scale > 0.0, "kvsift.", op, ": sm_scale = ", *a.sm_scale, " must be > 0");
+  TORCH_CHECK_VALUE(!a.sm_scale || *a.sm_scale > 0.0, "kvsift.", op, ": sm_scale = ", *a.sm_scale, " must be > 0");
   kvsift::LycheeDecodePolicy policy;
   throw_if_error(kvsift::LycheeDecodePolicy::create(c, &policy), op);
   return policy;
@@ -123,21 +123,21 @@ inline LycheeLayerCall prepare_lycheedecode_layer(const at::Tensor& q, const at:
   call.attention = prepare_decode(q, k_cache, v_cache, kv_lengths, kv_layout, block_table, args.sm_scale,
                                   c.max_kv_length, {}, c10::nullopt, c10::nullopt, 1);
   const DecodeCall& d = call.attention;
-  KVSIFT_PY_CHECK_VALUE(d.num_q_heads == c.num_q_heads, "kvsift.", op, ": q has ", d.num_q_heads,
+  TORCH_CHECK_VALUE(d.num_q_heads == c.num_q_heads, "kvsift.", op, ": q has ", d.num_q_heads,
                     " query heads but num_q_heads = ", c.num_q_heads);
-  KVSIFT_PY_CHECK_VALUE(d.head_dim == c.head_dim, "kvsift.", op, ": q has head_dim ", d.head_dim, " but head_dim = ",
+  TORCH_CHECK_VALUE(d.head_dim == c.head_dim, "kvsift.", op, ": q has head_dim ", d.head_dim, " but head_dim = ",
                     c.head_dim);
-  KVSIFT_PY_CHECK_VALUE(!correction || c.correction_interval > 0, "kvsift.", op,
+  TORCH_CHECK_VALUE(!correction || c.correction_interval > 0, "kvsift.", op,
                     ": correction_interval = 0: cache correction is off");
   const int want_q_len = correction ? c.correction_interval : 1;
-  KVSIFT_PY_CHECK_VALUE(d.q_len == want_q_len, "kvsift.", op, ": q_len = ", d.q_len, " must be ", want_q_len,
+  TORCH_CHECK_VALUE(d.q_len == want_q_len, "kvsift.", op, ": q_len = ", d.q_len, " must be ", want_q_len,
                     correction ? " (correction_interval: a correction step re-runs that many positions)"
                                : " (one new token per sequence; correct_layer takes correction_interval)");
 
   const c10::Device device = q.device();
   const std::int64_t rows = std::int64_t(c.max_batch) * c.num_kv_heads, capacity = call.policy.index_capacity();
   check_tensor(table_indices, op, "table_indices", 2, device, {at::kInt});
-  KVSIFT_PY_CHECK_VALUE(table_indices.size(0) == rows && table_indices.size(1) == capacity && table_indices.is_contiguous(),
+  TORCH_CHECK_VALUE(table_indices.size(0) == rows && table_indices.size(1) == capacity && table_indices.is_contiguous(),
                     "kvsift.", op, ": table_indices must be a contiguous int32 [max_batch * num_kv_heads, capacity] = [",
                     rows, ", ", capacity, "] tensor (got shape ", table_indices.sizes(), ")");
   check_int_vector(table_counts, op, "table_counts", rows, device);

@@ -4,7 +4,7 @@
 // here, so both backends reject bad input with the same message; everything a kvsift view or params
 // struct can check itself is left to kvsift's validate(), whose Status becomes the exception.
 //
-// Errors: an argument problem raises ValueError (KVSIFT_PY_CHECK_VALUE, raise.hpp), a value kvsift does not handle
+// Errors: an argument problem raises ValueError (TORCH_CHECK_VALUE), a value kvsift does not handle
 // (kUnsupported: head_dim 96, ...) NotImplementedError, anything else RuntimeError. Every message
 // starts with "kvsift.<op>: " and names the Python argument or the kvsift field.
 
@@ -20,8 +20,6 @@
 #include <kvsift/gates/roles_file.hpp>
 #include <kvsift/kvsift.hpp>
 
-#include "raise.hpp"
-
 namespace kvsift_torch {
 
 /// Raises `st` as a Python exception (see the file comment); does nothing for an ok Status.
@@ -32,17 +30,17 @@ inline void throw_if_error(const kvsift::Status& st, const char* op) {
     case kvsift::StatusCode::kNullPointer:
     case kvsift::StatusCode::kMisaligned:
     case kvsift::StatusCode::kInsufficientSpace:
-      throw c10::ValueError(c10::str("kvsift.", op, ": ", st.to_string()));
+      TORCH_CHECK_VALUE(false, "kvsift.", op, ": ", st.to_string());
     case kvsift::StatusCode::kUnsupported:
-      throw c10::NotImplementedError(c10::str("kvsift.", op, ": ", st.to_string()));
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "kvsift.", op, ": ", st.to_string());
     default:
-      throw c10::Error(c10::str("kvsift.", op, ": ", st.to_string()));
+      TORCH_CHECK(false, "kvsift.", op, ": ", st.to_string());
   }
 }
 
 /// A torch int64 argument as the int kvsift's structs hold, or ValueError naming it.
 inline int to_int(std::int64_t v, const char* op, const char* name) {
-  KVSIFT_PY_CHECK_VALUE(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(), "kvsift.", op,
+  TORCH_CHECK_VALUE(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(), "kvsift.", op,
                     ": ", name, " = ", v, " does not fit int32");
   return static_cast<int>(v);
 }
@@ -50,9 +48,9 @@ inline int to_int(std::int64_t v, const char* op, const char* name) {
 /// Checks that `t` has `dim` dimensions, lives on `device` and has one of the `dtypes`.
 inline void check_tensor(const at::Tensor& t, const char* op, const char* name, std::int64_t dim,
                          const c10::Device& device, std::initializer_list<at::ScalarType> dtypes) {
-  KVSIFT_PY_CHECK_VALUE(t.dim() == dim, "kvsift.", op, ": ", name, " must have ", dim, " dimensions (got shape ",
+  TORCH_CHECK_VALUE(t.dim() == dim, "kvsift.", op, ": ", name, " must have ", dim, " dimensions (got shape ",
                     t.sizes(), ")");
-  KVSIFT_PY_CHECK_VALUE(t.device() == device, "kvsift.", op, ": ", name, " is on ", t.device(), " but ", device,
+  TORCH_CHECK_VALUE(t.device() == device, "kvsift.", op, ": ", name, " is on ", t.device(), " but ", device,
                     " was expected (every tensor of a call on one device)");
   bool ok = false;
   std::string names;
@@ -60,13 +58,13 @@ inline void check_tensor(const at::Tensor& t, const char* op, const char* name, 
     ok = ok || t.scalar_type() == s;
     names += (names.empty() ? "" : ", ") + std::string(c10::toString(s));
   }
-  KVSIFT_PY_CHECK_VALUE(ok, "kvsift.", op, ": ", name, ".dtype = ", t.scalar_type(), " must be one of ", names);
+  TORCH_CHECK_VALUE(ok, "kvsift.", op, ": ", name, ".dtype = ", t.scalar_type(), " must be one of ", names);
 }
 
 /// The innermost dimension must be dense: kvsift views address rows through strides but read each
 /// row's elements contiguously.
 inline void check_rows_contiguous(const at::Tensor& t, const char* op, const char* name) {
-  KVSIFT_PY_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, "kvsift.", op, ": ", name,
+  TORCH_CHECK_VALUE(t.size(-1) <= 1 || t.stride(-1) == 1, "kvsift.", op, ": ", name,
                     " must be contiguous in its last dimension (stride(-1) = ", t.stride(-1), ", strides ",
                     t.strides(), ")");
 }
@@ -75,8 +73,8 @@ inline void check_rows_contiguous(const at::Tensor& t, const char* op, const cha
 inline void check_int_vector(const at::Tensor& t, const char* op, const char* name, std::int64_t n,
                              const c10::Device& device) {
   check_tensor(t, op, name, 1, device, {at::kInt});
-  KVSIFT_PY_CHECK_VALUE(t.size(0) == n, "kvsift.", op, ": ", name, " must have ", n, " entries (got ", t.size(0), ")");
-  KVSIFT_PY_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, "kvsift.", op, ": ", name, " must be contiguous");
+  TORCH_CHECK_VALUE(t.size(0) == n, "kvsift.", op, ": ", name, " must have ", n, " entries (got ", t.size(0), ")");
+  TORCH_CHECK_VALUE(t.numel() <= 1 || t.stride(0) == 1, "kvsift.", op, ": ", name, " must be contiguous");
 }
 
 // ---- topk ----
@@ -135,7 +133,7 @@ auto dispatch_dtype(at::ScalarType s, const char* op, F&& f) {
     case at::kFloat: return f(float{});
     case at::kHalf: return f(kvsift::half_t{});
     case at::kBFloat16: return f(kvsift::bfloat16_t{});
-    default: KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": dtype ", s, " is not float32, float16 or bfloat16");
+    default: TORCH_CHECK_VALUE(false, "kvsift.", op, ": dtype ", s, " is not float32, float16 or bfloat16");
   }
 }
 
@@ -157,7 +155,7 @@ inline KvLayout parse_kv_layout(const std::string& s, const char* op) {
   if (s == "BSHD") return KvLayout::kBSHD;
   if (s == "NHD") return KvLayout::kNHD;
   if (s == "HND") return KvLayout::kHND;
-  KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": kv_layout = '", s, "' must be 'BHSD', 'BSHD' (contiguous) or 'NHD', 'HND' (paged)");
+  TORCH_CHECK_VALUE(false, "kvsift.", op, ": kv_layout = '", s, "' must be 'BHSD', 'BSHD' (contiguous) or 'NHD', 'HND' (paged)");
 }
 
 inline bool is_paged(KvLayout l) { return l == KvLayout::kNHD || l == KvLayout::kHND; }
@@ -193,14 +191,14 @@ inline DecodeCall prepare_decode(const at::Tensor& q, const at::Tensor& k_cache,
   check_rows_contiguous(q, op, "q");
   check_rows_contiguous(k_cache, op, "k_cache");
   check_rows_contiguous(v_cache, op, "v_cache");
-  KVSIFT_PY_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "kvsift.", op, ": v_cache shape ", v_cache.sizes(),
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "kvsift.", op, ": v_cache shape ", v_cache.sizes(),
                     " must equal k_cache shape ", k_cache.sizes());
   const bool heads_first = q_heads_first(c.layout);
   c.batch = to_int(q.size(0), op, "q.size(0)");
   c.q_len = to_int(q.size(heads_first ? 2 : 1), op, "q_len");
   c.num_q_heads = to_int(q.size(heads_first ? 1 : 2), op, "num_q_heads");
   c.head_dim = to_int(q.size(3), op, "q.size(3)");
-  KVSIFT_PY_CHECK_VALUE(k_cache.size(3) == q.size(3), "kvsift.", op, ": k_cache head_dim ", k_cache.size(3),
+  TORCH_CHECK_VALUE(k_cache.size(3) == q.size(3), "kvsift.", op, ": k_cache head_dim ", k_cache.size(3),
                     " must equal q head_dim ", q.size(3));
   switch (c.layout) {
     case KvLayout::kBHSD: c.num_kv_heads = to_int(k_cache.size(1), op, "num_kv_heads"); break;
@@ -209,16 +207,16 @@ inline DecodeCall prepare_decode(const at::Tensor& q, const at::Tensor& k_cache,
     case KvLayout::kHND: c.num_kv_heads = to_int(k_cache.size(1), op, "num_kv_heads"); break;
   }
   if (!is_paged(c.layout)) {
-    KVSIFT_PY_CHECK_VALUE(k_cache.size(0) == q.size(0), "kvsift.", op, ": k_cache batch ", k_cache.size(0),
+    TORCH_CHECK_VALUE(k_cache.size(0) == q.size(0), "kvsift.", op, ": k_cache batch ", k_cache.size(0),
                       " must equal q batch ", q.size(0));
-    KVSIFT_PY_CHECK_VALUE(!block_table, "kvsift.", op, ": block_table is given but kv_layout = '", kv_layout,
+    TORCH_CHECK_VALUE(!block_table, "kvsift.", op, ": block_table is given but kv_layout = '", kv_layout,
                       "' is contiguous; use 'NHD' or 'HND' for a paged cache");
   } else {
-    KVSIFT_PY_CHECK_VALUE(block_table.has_value(), "kvsift.", op, ": kv_layout = '", kv_layout,
+    TORCH_CHECK_VALUE(block_table.has_value(), "kvsift.", op, ": kv_layout = '", kv_layout,
                       "' is paged and needs a block_table");
     check_tensor(*block_table, op, "block_table", 2, device, {at::kInt});
     check_rows_contiguous(*block_table, op, "block_table");
-    KVSIFT_PY_CHECK_VALUE(block_table->size(0) == q.size(0), "kvsift.", op, ": block_table has ", block_table->size(0),
+    TORCH_CHECK_VALUE(block_table->size(0) == q.size(0), "kvsift.", op, ": block_table has ", block_table->size(0),
                       " rows but q has batch ", q.size(0));
   }
   check_int_vector(kv_lengths, op, "kv_lengths", c.batch, device);
@@ -226,37 +224,37 @@ inline DecodeCall prepare_decode(const at::Tensor& q, const at::Tensor& k_cache,
   c.sm_scale = sm_scale ? float(*sm_scale) : 1.f / std::sqrt(float(c.head_dim));
   c.max_kv_length = to_int(max_kv_length, op, "max_kv_length");
   for (std::int64_t h : sparse_heads) {
-    KVSIFT_PY_CHECK_VALUE(h >= 0 && h < c.num_kv_heads, "kvsift.", op, ": sparse_heads entry ", h,
+    TORCH_CHECK_VALUE(h >= 0 && h < c.num_kv_heads, "kvsift.", op, ": sparse_heads entry ", h,
                       " must be a KV head in [0, ", c.num_kv_heads, ")");
     c.roles.set_sparse(int(h), true);
   }
   if (!sparse_heads.empty()) {
-    KVSIFT_PY_CHECK_VALUE(indices && index_counts, "kvsift.", op,
+    TORCH_CHECK_VALUE(indices && index_counts, "kvsift.", op,
                       ": sparse_heads is not empty, so indices and index_counts are required");
   }
   if (indices) {
-    KVSIFT_PY_CHECK_VALUE(index_counts.has_value(), "kvsift.", op, ": indices is given without index_counts");
+    TORCH_CHECK_VALUE(index_counts.has_value(), "kvsift.", op, ": indices is given without index_counts");
     const std::int64_t rows = std::int64_t(c.batch) * c.num_kv_heads;
     const at::Tensor& idx = *indices;
-    KVSIFT_PY_CHECK_VALUE(idx.dim() == 2 || idx.dim() == 3, "kvsift.", op,
+    TORCH_CHECK_VALUE(idx.dim() == 2 || idx.dim() == 3, "kvsift.", op,
                       ": indices must be [B * H_kv, capacity] or [B, H_kv, capacity] (got shape ", idx.sizes(), ")");
     check_tensor(idx, op, "indices", idx.dim(), device, {at::kInt});
     check_rows_contiguous(idx, op, "indices");
     std::int64_t row_stride = idx.stride(-2);
     if (idx.dim() == 3) {
-      KVSIFT_PY_CHECK_VALUE(idx.size(0) == c.batch && idx.size(1) == c.num_kv_heads, "kvsift.", op, ": indices shape ",
+      TORCH_CHECK_VALUE(idx.size(0) == c.batch && idx.size(1) == c.num_kv_heads, "kvsift.", op, ": indices shape ",
                         idx.sizes(), " must start with [B, H_kv] = [", c.batch, ", ", c.num_kv_heads, "]");
       // kvsift addresses row b * H_kv + h at one row stride, so the batch stride must be H_kv rows.
-      KVSIFT_PY_CHECK_VALUE(idx.size(0) <= 1 || idx.stride(0) == idx.size(1) * idx.stride(1), "kvsift.", op,
+      TORCH_CHECK_VALUE(idx.size(0) <= 1 || idx.stride(0) == idx.size(1) * idx.stride(1), "kvsift.", op,
                         ": indices rows must be evenly strided (strides ", idx.strides(), ")");
     } else {
-      KVSIFT_PY_CHECK_VALUE(idx.size(0) == rows, "kvsift.", op, ": indices has ", idx.size(0),
+      TORCH_CHECK_VALUE(idx.size(0) == rows, "kvsift.", op, ": indices has ", idx.size(0),
                         " rows but B * H_kv = ", rows);
     }
     if (rows <= 1) row_stride = idx.size(-1);
     const at::Tensor& counts = *index_counts;
     check_tensor(counts, op, "index_counts", counts.dim(), device, {at::kInt});
-    KVSIFT_PY_CHECK_VALUE(counts.numel() == rows && counts.is_contiguous(), "kvsift.", op,
+    TORCH_CHECK_VALUE(counts.numel() == rows && counts.is_contiguous(), "kvsift.", op,
                       ": index_counts must be a contiguous [B, H_kv] or [B * H_kv] tensor of ", rows,
                       " entries (got shape ", counts.sizes(), ")");
     kvsift::ConstIndexSet s;
@@ -343,11 +341,11 @@ kvsift::PagedKV<T> paged_view(const at::Tensor& k, const at::Tensor& v, const at
   const std::int64_t inner[2] = {nhd ? H * D : page_size * D, D};
   for (const at::Tensor* t : {&k, &v}) {
     const char* name = t == &k ? "k_cache" : "v_cache";
-    KVSIFT_PY_CHECK_VALUE((t->size(1) <= 1 || t->stride(1) == inner[0]) && (t->size(2) <= 1 || t->stride(2) == inner[1]),
+    TORCH_CHECK_VALUE((t->size(1) <= 1 || t->stride(1) == inner[0]) && (t->size(2) <= 1 || t->stride(2) == inner[1]),
                       "kvsift.", op, ": ", name, " must be dense inside a page (strides ", t->strides(),
                       "); only the page dimension may be strided");
   }
-  KVSIFT_PY_CHECK_VALUE(k.size(0) <= 1 || v.stride(0) == k.stride(0), "kvsift.", op, ": k_cache and v_cache page strides ",
+  TORCH_CHECK_VALUE(k.size(0) <= 1 || v.stride(0) == k.stride(0), "kvsift.", op, ": k_cache and v_cache page strides ",
                     k.stride(0), " and ", v.stride(0), " must be equal");
   auto kv = kvsift::make_paged<T>(static_cast<T*>(k.data_ptr()), static_cast<T*>(v.data_ptr()),
                                   block_table.data_ptr<std::int32_t>(), c.batch,
@@ -384,7 +382,7 @@ inline kvsift::CompressionPolicy parse_policy(const std::string& s, const char* 
   if (s == "SnapKV") return kvsift::CompressionPolicy::kSnapKV;
   if (s == "StreamingLLM") return kvsift::CompressionPolicy::kStreamingLLM;
   if (s == "H2O-prefill" || s == "H2O") return kvsift::CompressionPolicy::kH2OPrefill;
-  KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": policy = '", s,
+  TORCH_CHECK_VALUE(false, "kvsift.", op, ": policy = '", s,
                     "' must be 'ClusterAttn', 'SnapKV', 'StreamingLLM' or 'H2O-prefill'");
 }
 
@@ -399,7 +397,7 @@ inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor
   const char* op = "compress_prompt";
   CompressCall c;
   c.layout = parse_kv_layout(kv_layout, op);
-  KVSIFT_PY_CHECK_VALUE(!is_paged(c.layout), "kvsift.", op, ": kv_layout = '", kv_layout,
+  TORCH_CHECK_VALUE(!is_paged(c.layout), "kvsift.", op, ": kv_layout = '", kv_layout,
                     "' is paged; compress_prompt takes a contiguous 'BHSD' or 'BSHD' cache");
   kvsift::PromptCompressionConfig& cfg = c.config;
   cfg.policy = parse_policy(policy, op);
@@ -408,21 +406,21 @@ inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor
   cfg.sm_scale = sm_scale ? float(*sm_scale) : 0.f;
   if (heads == "kv_head_mean") cfg.heads = kvsift::ScoreHeads::kKvHeadMean;
   else if (heads == "query_head") cfg.heads = kvsift::ScoreHeads::kQueryHead;
-  else KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": heads = '", heads, "' must be 'kv_head_mean' or 'query_head'");
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": heads = '", heads, "' must be 'kv_head_mean' or 'query_head'");
   cfg.num_block = to_int(num_block, op, "num_block");
   cfg.theta = float(theta);
   if (block_rule == "prefix_split") cfg.block_rule = kvsift::BlockRule::kPrefixSplit;
   else if (block_rule == "budget_split") cfg.block_rule = kvsift::BlockRule::kBudgetSplit;
-  else KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": block_rule = '", block_rule, "' must be 'prefix_split' or 'budget_split'");
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": block_rule = '", block_rule, "' must be 'prefix_split' or 'budget_split'");
   if (radius_rule == "half_block") cfg.radius_rule = kvsift::RadiusRule::kHalfBlock;
   else if (radius_rule == "budget_blocks") cfg.radius_rule = kvsift::RadiusRule::kBudgetBlocks;
   else if (radius_rule == "fixed") cfg.radius_rule = kvsift::RadiusRule::kFixed;
-  else KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": radius_rule = '", radius_rule,
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": radius_rule = '", radius_rule,
                          "' must be 'half_block', 'budget_blocks' or 'fixed'");
   cfg.fixed_radius = to_int(fixed_radius, op, "fixed_radius");
   if (pool == "max") cfg.pool.kind = kvsift::PoolKind::kMax;
   else if (pool == "avg") cfg.pool.kind = kvsift::PoolKind::kAvg;
-  else KVSIFT_PY_CHECK_VALUE(false, "kvsift.", op, ": pool = '", pool, "' must be 'max' or 'avg'");
+  else TORCH_CHECK_VALUE(false, "kvsift.", op, ": pool = '", pool, "' must be 'max' or 'avg'");
   cfg.pool.kernel = to_int(pool_kernel, op, "pool_kernel");
   cfg.sinks = to_int(sinks, op, "sinks");
   throw_if_error(kvsift::validate(cfg), op);
@@ -434,16 +432,16 @@ inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor
   check_rows_contiguous(k_cache, op, "k_cache");
   check_rows_contiguous(v_cache, op, "v_cache");
   check_rows_contiguous(queries, op, "queries");
-  KVSIFT_PY_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "kvsift.", op, ": v_cache shape ", v_cache.sizes(),
+  TORCH_CHECK_VALUE(v_cache.sizes() == k_cache.sizes(), "kvsift.", op, ": v_cache shape ", v_cache.sizes(),
                     " must equal k_cache shape ", k_cache.sizes());
   const bool bhsd = c.layout == KvLayout::kBHSD;
   const int batch = to_int(k_cache.size(0), op, "k_cache.size(0)");
   const int kv_heads = to_int(k_cache.size(bhsd ? 1 : 2), op, "num_kv_heads");
   const int prompt = to_int(k_cache.size(bhsd ? 2 : 1), op, "k_cache prompt capacity");
   c.head_dim = to_int(k_cache.size(3), op, "k_cache.size(3)");
-  KVSIFT_PY_CHECK_VALUE(queries.size(0) == batch, "kvsift.", op, ": queries batch ", queries.size(0),
+  TORCH_CHECK_VALUE(queries.size(0) == batch, "kvsift.", op, ": queries batch ", queries.size(0),
                     " must equal k_cache batch ", batch);
-  KVSIFT_PY_CHECK_VALUE(queries.size(3) == c.head_dim, "kvsift.", op, ": queries head_dim ", queries.size(3),
+  TORCH_CHECK_VALUE(queries.size(3) == c.head_dim, "kvsift.", op, ": queries head_dim ", queries.size(3),
                     " must equal k_cache head_dim ", c.head_dim);
   const int q_heads = to_int(queries.size(bhsd ? 1 : 2), op, "num_q_heads");
   c.q_capacity = to_int(queries.size(bhsd ? 2 : 1), op, "queries rows");
@@ -452,7 +450,7 @@ inline CompressCall prepare_compress(const at::Tensor& k_cache, const at::Tensor
   throw_if_error(kvsift::validate(cfg, c.shape), op);
   if (lse) {
     check_tensor(*lse, op, "lse", 3, device, {at::kFloat});
-    KVSIFT_PY_CHECK_VALUE(lse->size(0) == batch && lse->size(1) == q_heads && lse->size(2) == c.q_capacity &&
+    TORCH_CHECK_VALUE(lse->size(0) == batch && lse->size(1) == q_heads && lse->size(2) == c.q_capacity &&
                           lse->is_contiguous(),
                       "kvsift.", op, ": lse must be a contiguous float32 [B, H_q, queries rows] = [", batch, ", ",
                       q_heads, ", ", c.q_capacity, "] tensor (got shape ", lse->sizes(), ")");
