@@ -35,21 +35,9 @@ bool cuda_device_present() {
 
 namespace {
 
-// Whether a projection of n input rows runs on the decode GEMV (else cuBLAS GemmEx). The GEMV takes a
-// few rows of 16-byte aligned float input and 8-element weight chunks; among those, the choice follows
-// bench_decoder_gemv (H200, 2026-12-01, cold L2, graph replay; llama3-8b matrices):
-// - n = 1: the GEMV everywhere (q 15.0 vs cuBLAS 19.2 us, gate+up 63.7 vs 71.9, down 35.6 vs 42.7,
-//   LM head 252 vs 258);
-// - n >= 3: cuBLAS, flat in n, for the matrices of more than 8192 rows (gate and up, the LM head: at n = 4
-//   71.7 vs 83.0 us for the best GEMV, 260 vs 330; at n = 8 71.9 vs 135, 262 vs 573), and from n = 8 on
-//   for the 14336-column down projection (43.0 plus a SwiGLU launch vs 58.6); the GEMV keeps q/k/v and
-//   o (q/k/v 26.8 vs 36.6 at n = 4, 35.1 vs 36.4 at n = 8). n = 2 lies between the measured points and
-//   stays on the GEMV, whose cost grows with n.
+// The decode GEMV takes a few rows of 16-byte aligned float input and 8-element weight chunks.
 bool gemv_applies(const float* x, int n, const CudaBackend::Matrix& w) {
-  if (n > kernels::kGemvMaxRows || w.cols % 8 != 0 || reinterpret_cast<std::uintptr_t>(x) % 16 != 0) return false;
-  if (n >= 3 && w.rows > 8192) return false;
-  if (n >= 8 && w.cols > 8192) return false;
-  return true;
+  return n <= kernels::kGemvMaxRows && w.cols % 8 == 0 && reinterpret_cast<std::uintptr_t>(x) % 16 == 0;
 }
 
 // An environment switch: unset = `fallback`; "0", "off", "false", "no" = false; anything else true.
