@@ -114,16 +114,31 @@ void decode_with_a_bad_last_page() {
     for (std::size_t i = 0; i < lse.size(); ++i)
       REQUIRE_MESSAGE(std::abs(lse[i] - want_lse[i]) <= 1e-3 * (1 + std::abs(want_lse[i])), "lse[", i, "]");
     const auto scores = dscores.download();
+    // A score is qbar . k with the group-mean query qbar, which the tensor-core kernel rounds to bf16
+    // (relative 2^-9 per element): the error scales with sum |qbar_i k_i|, not with the score (a score
+    // near 0 is a cancellation of terms of size ~0.3). The first GPU run of this test used a bound of
+    // 1e-2 (1 + |s|) and failed on such scores by 0.014 against 0.012.
+    const double score_rel = sizeof(T) == 4 ? 1e-5 : 8e-3;
+    const auto table = good_table();
     for (int b = 0; b < kB; ++b)
       for (int h = 0; h < kH; ++h)
         for (int t = 0; t < lengths[std::size_t(b)]; ++t) {
           const std::size_t i = (std::size_t(b) * kH + h) * cols + t;
           if (std::isinf(want_scores[i])) {
             CHECK_MESSAGE((std::isinf(scores[i]) && scores[i] < 0), "score b ", b, " h ", h, " t ", t, " = ", scores[i]);
-          } else {
-            CHECK_MESSAGE(std::abs(scores[i] - want_scores[i]) <= 1e-2 * (1 + std::abs(want_scores[i])), "score b ", b,
-                          " h ", h, " t ", t);
+            continue;
           }
+          const std::size_t krow =
+              ((std::size_t(table[std::size_t(b * kMaxPages + t / kPage)]) * kPage + t % kPage) * kH + h) * kD;
+          double kmag = 0;
+          for (int d = 0; d < kD; ++d) {
+            double qbar = 0;
+            for (int g = 0; g < kG; ++g)
+              qbar += kvsift::to_float(q[((std::size_t(b) * kH + h) * kG + g) * kD + d]) / kG;
+            kmag += std::abs(qbar * kvsift::to_float(k[krow + d]));
+          }
+          CHECK_MESSAGE(std::abs(scores[i] - want_scores[i]) <= score_rel * kmag + 1e-6, "score b ", b, " h ", h, " t ", t,
+                        " = ", scores[i], ", host ", want_scores[i], " (sum |qbar k| ", kmag, ")");
         }
     const auto e = read_record(derr);
     if (record) {
