@@ -19,16 +19,16 @@ namespace kvsift {
 
 /// The op whose kernel found the item.
 enum class DataErrorOp : std::int32_t {
-  kNone = 0,
-  kDecodeAttention = 1,
-  kStoreKv = 2,
-  kCopyKvToDense = 3,
-  kCompactKv = 4,
+  kNone = 0,             ///< nothing recorded
+  kDecodeAttention = 1,  ///< decode_attention (dense, gathered and mixed heads)
+  kStoreKv = 2,          ///< store_kv
+  kCopyKvToDense = 3,    ///< copy_kv_to_dense
+  kCompactKv = 4,        ///< compact_kv
 };
 
 /// What was wrong with it.
 enum class DataErrorKind : std::int32_t {
-  kNone = 0,
+  kNone = 0,             ///< nothing recorded
   kPageOutOfPool = 1,    ///< a block-table entry outside [0, num_pages): the token is skipped
   kIndexOutOfRange = 2,  ///< an index-set entry outside the sequence (or negative): the entry is skipped
   kCountOutOfRange = 3,  ///< an index-set count outside [0, capacity]: clamped into it
@@ -39,14 +39,15 @@ enum class DataErrorKind : std::int32_t {
 /// through `cuda::Exec::data_error`. Later items leave it as it is, so it always describes the first.
 struct DataError {
   std::int32_t state = 0;  ///< 0 nothing recorded; 1 a kernel is writing it; 2 recorded
-  DataErrorOp op = DataErrorOp::kNone;
-  DataErrorKind kind = DataErrorKind::kNone;
+  DataErrorOp op = DataErrorOp::kNone;        ///< the op whose kernel met the item
+  DataErrorKind kind = DataErrorKind::kNone;  ///< what was wrong with it
   std::int32_t batch = -1;     ///< the sequence
   std::int32_t row = -1;       ///< the KV head (decode attention: of the index row b * num_kv_heads + h)
   std::int32_t position = -1;  ///< the token position, index entry or page slot the item was met at
   std::int64_t value = 0;      ///< the bad page id, index entry or count
 };
 
+/// The op's name as the messages of data_error_status write it ("decode_attention", ...).
 inline const char* data_error_op_name(DataErrorOp op) {
   switch (op) {
     case DataErrorOp::kDecodeAttention: return "decode_attention";
