@@ -13,8 +13,9 @@
 // summation order, on tensor cores (which take qbar rounded to bf16 / fp16: exact here) and in the
 // host's double. Equal scores are frequent and both backends break ties toward the lower position,
 // so the selections are the same sets, not merely close ones. Free quarter-step queries would not do
-// for groups of 3, 5, 6 or 7: their mean is a multiple of 1/12 (...), which the kernel rounds to the KV
-// dtype and the host does not, and near-equal scores then swap (the GPU fuzz found 245 such cases).
+// for groups of 3, 5, 6 or 7: their mean (a multiple of 1/12, 1/20, ...) is not exact in bf16 / fp16;
+// the kernel rounds it and the host does not, and near-equal scores then swap (38 failing cases in
+// the GPU fuzz runs of 2026-12-01, every one with such a group).
 
 #include <doctest/doctest.h>
 
