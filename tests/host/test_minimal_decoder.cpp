@@ -583,3 +583,58 @@ TEST_CASE("minimal decoder: --profile parses, and refuses what it cannot time") 
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--profile-reps", "0"}),
                        "--profile-reps: 0 is not an integer >= 1");
 }
+
+TEST_CASE("minimal decoder: --soak scans every logits vector, measures memory where it can, and parses") {
+  // The helpers.
+  CHECK(md::count_nonfinite({1.f, 2.f, 3.f}) == 0);
+  CHECK(md::count_nonfinite({1.f, std::nanf(""), INFINITY, -INFINITY, 0.f}) == 3);
+  const std::vector<double> ms = {10, 10, 20, 20, 5};  // ms per step
+  const auto w = md::windowed_tokens_per_s(ms, 2, 4);  // 2 steps x 4 sequences per window; the partial one dropped
+  REQUIRE(w.size() == 2);
+  CHECK(w[0] == doctest::Approx(400.0));  // 8 tokens in 20 ms
+  CHECK(w[1] == doctest::Approx(200.0));  // 8 tokens in 40 ms
+  CHECK(md::windowed_tokens_per_s({7}, 4, 1).size() == 1);  // a short run is one window
+  md::GenerationReport bad;
+  CHECK_FALSE(md::soak_failed(bad));
+  bad.memory_after_warmup = 100;
+  bad.memory_at_end = 100;
+  CHECK_FALSE(md::soak_failed(bad));
+  bad.memory_at_end = 164;
+  CHECK(md::soak_failed(bad));
+  bad.memory_at_end = 100;
+  bad.nonfinite_logits = 1;
+  CHECK(md::soak_failed(bad));
+
+  // A soak run on the CPU under LycheeDecode with cache correction: every step checked, nothing
+  // non-finite, memory not countable there.
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 21);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  md::GenerationRequest req;
+  req.prompts = random_prompts({60, 45, 30}, c.vocab_size, 9);
+  req.new_tokens = 24;
+  req.soak = true;
+  req.soak_warmup = 5;
+  req.policy.kind = md::PolicyKind::kLycheeDecode;
+  req.policy.lycheedecode.budget = 16;
+  req.policy.lycheedecode.sink = 2;
+  req.policy.lycheedecode.recent = 4;
+  req.policy.lycheedecode.correction_interval = 4;
+  const md::GenerationReport r = md::generate(be, c, weights, req);
+  CHECK(r.step_ms.size() == 23);
+  CHECK(r.nonfinite_logits == 0);
+  CHECK(r.first_nonfinite_step == -1);
+  CHECK(r.memory_warmup_steps == 5);
+  CHECK(r.memory_after_warmup == -1);
+  CHECK(r.memory_at_end == -1);
+  CHECK_FALSE(md::soak_failed(r));
+
+  auto parse = [](std::vector<std::string> args) { return md::parse_options(args); };
+  const md::Options o = parse({"--random", "tiny", "--random-prompts", "40", "--new-tokens", "200", "--soak", "--soak-warmup", "50"});
+  CHECK(o.generation.soak);
+  CHECK(o.generation.soak_warmup == 50);
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--soak", "--profile"}), "drop --profile and --compare");
+  CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--soak-warmup", "0"}),
+                       "--soak-warmup: 0 is not an integer >= 1");
+}

@@ -45,6 +45,30 @@ std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vo
   return prompts;
 }
 
+// --soak's lines: NaN / inf logits, device memory after the warm-up and at the end, tokens/s per tenth
+// of the run (its spread says whether throughput stayed flat), and the verdict.
+void print_soak(const md::GenerationRequest& req, const md::GenerationReport& r) {
+  std::printf("soak: %zu decode steps x %zu sequence(s); NaN/inf logits: %lld", r.step_ms.size(), req.prompts.size(),
+              r.nonfinite_logits);
+  if (r.first_nonfinite_step >= 0) std::printf(" (first at step %d)", r.first_nonfinite_step);
+  std::printf("\n");
+  if (r.memory_after_warmup >= 0)
+    std::printf("soak: device memory in use %.2f MiB after %d steps, %.2f MiB at the end (%+lld bytes)\n",
+                mib(r.memory_after_warmup), r.memory_warmup_steps, mib(r.memory_at_end),
+                (long long)(r.memory_at_end - r.memory_after_warmup));
+  else
+    std::printf("soak: device memory not measured (CPU backend, or no step after the warm-up)\n");
+  const int window = std::max(1, int(r.step_ms.size() / 10));
+  const std::vector<double> w = md::windowed_tokens_per_s(r.step_ms, window, int(req.prompts.size()));
+  if (!w.empty()) {
+    const auto [lo, hi] = std::minmax_element(w.begin(), w.end());
+    std::printf("soak: tokens/s per %d steps:", window);
+    for (double x : w) std::printf(" %.0f", x);
+    std::printf(" (min %.0f, max %.0f, spread %.1f%%)\n", *lo, *hi, *lo > 0 ? 100.0 * (*hi / *lo - 1.0) : 0.0);
+  }
+  std::printf("soak: %s\n", md::soak_failed(r) ? "FAILED" : "passed");
+}
+
 void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
   std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
               r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
@@ -70,6 +94,7 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     std::printf("check vs dense: top-1 agreement %lld/%lld (%.1f%%), KL(dense || policy) mean %.3g, max %.3g nats\n",
                 r.top1_agree, r.compared, 100.0 * double(r.top1_agree) / double(r.compared), r.kl_sum / double(r.compared),
                 r.kl_max);
+  if (req.soak) print_soak(req, r);
   if (quiet) return;
   for (std::size_t b = 0; b < r.generated.size(); ++b) {
     std::printf("sequence %zu (prompt %zu tokens):", b, req.prompts[b].size());
@@ -160,7 +185,7 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   bar.finish();
   print_report(req, r, o.quiet, o.roofline_tbps);
   if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
-  return 0;
+  return req.soak && md::soak_failed(r) ? 1 : 0;
 }
 
 template <class Backend>

@@ -155,6 +155,11 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
                "repetitions) and print where the step's time goes, instead of generating (--new-tokens does not apply)")->group(g);
   app.add_option("--profile-reps", o.profile_reps, "--profile: repetitions per part")
       ->check(at_least(1))->capture_default_str()->group(g);
+  app.add_flag("--soak", gen.soak, "a long-run check of the generation: every logits vector scanned for NaN / inf, the "
+               "device memory in use compared after --soak-warmup steps and at the end, tokens/s per tenth of the run; "
+               "exit status 1 on a NaN / inf or a memory change")->group(g);
+  app.add_option("--soak-warmup", gen.soak_warmup, "--soak: decode steps before the first memory reading (every CUDA "
+                 "graph recorded by then)")->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--json", o.json, "also write as JSON: --profile's table, or --eval-passkey's results (every "
                  "prompt's output)")->group(g);
 
@@ -241,6 +246,8 @@ void check_combinations(const Options& o) {
   if (o.compare && o.generation.policy.kind != PolicyKind::kDense) throw DecoderError("--compare runs every policy; drop --policy");
   if (o.profile && (o.compare || o.generation.check))
     throw DecoderError("--profile times one policy's decode step: drop --compare and --check");
+  if (o.generation.soak && (o.profile || o.compare))
+    throw DecoderError("--soak checks a generation run: drop --profile and --compare");
   if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
 }

@@ -3,6 +3,7 @@
 // `check`, a dense decoder runs alongside on the same tokens and every step's logits are compared.
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,6 +26,15 @@ struct GenerationReport {
   // --check: over every (step, sequence) of the decode steps
   long long compared = 0, top1_agree = 0;
   double kl_sum = 0, kl_max = 0;
+  // --soak (GenerationRequest::soak): NaN / inf entries over every logits vector (prefill and each step),
+  // the first step that had one (-1: none; 0 is the prefill), and the backend's device memory in use
+  // after the warm-up steps (by then every CUDA graph a step records exists, LycheeDecode's correction
+  // steps' included) and after the last step (-1: the backend has no such count, or the run was not
+  // longer than its warm-up).
+  long long nonfinite_logits = 0;
+  int first_nonfinite_step = -1;
+  int memory_warmup_steps = 0;
+  std::int64_t memory_after_warmup = -1, memory_at_end = -1;
 
   double decode_ms() const {
     double s = 0;
@@ -61,8 +71,39 @@ struct GenerationRequest {
   PolicyOptions policy;
   bool check = false;
   bool keep_logits = false;  // tests: keep every step's logits
+  bool soak = false;         // --soak: check every logits vector for NaN / inf, measure device memory
+  int soak_warmup = 100;     // --soak: steps before the first memory reading (fewer if the run is short)
   GenerationProgress progress;
 };
+
+// NaN and inf entries of `v` (--soak).
+inline long long count_nonfinite(const std::vector<float>& v) {
+  long long n = 0;
+  for (float x : v) n += !std::isfinite(x);
+  return n;
+}
+
+// --soak's throughput: decode tokens per second over consecutive windows of `window` steps of
+// `step_ms` (a last partial window is dropped unless it is the only one), for `batch` sequences.
+inline std::vector<double> windowed_tokens_per_s(const std::vector<double>& step_ms, int window, int batch) {
+  std::vector<double> out;
+  if (window <= 0) return out;
+  for (std::size_t i = 0; i < step_ms.size(); i += std::size_t(window)) {
+    const std::size_t end = std::min(step_ms.size(), i + std::size_t(window));
+    if (end - i < std::size_t(window) && !out.empty()) break;
+    double ms = 0;
+    for (std::size_t j = i; j < end; ++j) ms += step_ms[j];
+    out.push_back(ms > 0 ? double(end - i) * batch / (ms / 1e3) : 0.0);
+  }
+  return out;
+}
+
+// Whether a --soak run failed: a NaN / inf logit, or device memory that grew or shrank between the
+// end of the warm-up and the last step (where the backend can count it).
+inline bool soak_failed(const GenerationReport& r) {
+  return r.nonfinite_logits > 0 ||
+         (r.memory_after_warmup >= 0 && r.memory_at_end >= 0 && r.memory_after_warmup != r.memory_at_end);
+}
 
 // The sizes a decoder for `req` is built with: its batch, its longest prompt, its new tokens.
 inline DecoderLimits request_limits(const GenerationRequest& req) {
@@ -115,6 +156,16 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     samplers.emplace_back(s);
   }
   std::vector<float> logits = r.prefill_logits;
+  auto soak_check = [&](const std::vector<float>& l, int step) {
+    if (!req.soak) return;
+    const long long n = count_nonfinite(l);
+    r.nonfinite_logits += n;
+    if (n > 0 && r.first_nonfinite_step < 0) r.first_nonfinite_step = step;
+  };
+  soak_check(logits, 0);
+  // The decode steps are new_tokens - 1 (the last token needs no forward pass); keep at least one
+  // after the warm-up.
+  r.memory_warmup_steps = std::max(1, std::min(req.soak_warmup, req.new_tokens - 2));
   for (int step = 0; step < req.new_tokens; ++step) {
     std::vector<std::int32_t> next(static_cast<std::size_t>(B));
     for (int b = 0; b < B; ++b) {
@@ -123,6 +174,8 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     }
     if (step + 1 == req.new_tokens) break;  // the last token needs no further forward pass
     logits = model.decode(next);
+    soak_check(logits, step + 1);
+    if (req.soak && step + 1 == r.memory_warmup_steps) r.memory_after_warmup = be.device_memory_in_use();
     r.step_ms.push_back(model.timing().total_ms);
     r.step_attention_ms.push_back(model.timing().attention_ms);
     r.step_bytes.push_back(double(model.step_bytes()));
@@ -141,6 +194,10 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     }
     if (req.progress) req.progress("decode", step + 2, req.new_tokens);
   }
+  if (req.soak && r.memory_after_warmup >= 0 && int(r.step_ms.size()) > r.memory_warmup_steps)
+    r.memory_at_end = be.device_memory_in_use();
+  else
+    r.memory_after_warmup = -1;
   r.kv_bytes_used = model.kv_bytes_used();
   r.kv_bytes_allocated = model.kv_bytes_allocated();
   return r;

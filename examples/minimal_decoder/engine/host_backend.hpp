@@ -79,6 +79,8 @@ struct HostBackend {
   }
   Matrix make_matrix(const std::vector<float>& w, int rows, int cols) const;
   void synchronize() const {}
+  // Bytes of device memory in use (--soak compares it across a run); -1: the CPU has no such count.
+  std::int64_t device_memory_in_use() const { return -1; }
   // The CUDA backend records a decode step into a graph once and replays it; here it simply runs.
   static constexpr bool kRecordsGraphs = false;
   struct StepGraph {

@@ -144,6 +144,14 @@ class CudaBackend {
     cuda_check(cudaStreamSynchronize(stream()), "download (stream synchronize)");
   }
   Matrix make_matrix(const std::vector<float>& w, int rows, int cols) const;
+  // Bytes of device memory in use on this GPU (total - free, cudaMemGetInfo), after the stream's work:
+  // --soak compares it across a run. Counts every allocation on the device, this process's and others'.
+  std::int64_t device_memory_in_use() const {
+    synchronize();
+    std::size_t free = 0, total = 0;
+    cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return std::int64_t(total) - std::int64_t(free);
+  }
   // A [rows, cols] matrix of N(0, scale^2) bf16 values generated on the device from `seed`: random
   // weights of shapes (llama3-8b) whose host generation would take minutes and 32 GB.
   Matrix random_matrix(int rows, int cols, float scale, std::uint64_t seed) const;
