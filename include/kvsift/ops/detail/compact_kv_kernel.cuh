@@ -46,14 +46,14 @@ __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
   // A page outside a pool (only rows that get a token are checked): a destination row there is not
   // written; a source row there is copied as zeros. Either is recorded.
   const bool dst_ok = p < 0 || kv_row_in_pool(dst, b, s), src_ok = p < 0 || kv_row_in_pool(src, b, p);
-  if (!dst_ok || !src_ok) {
-    if (lane == 0)
-      record_data_error(launch.data_error, DataErrorOp::kCompactKv, DataErrorKind::kPageOutOfPool, b, h, dst_ok ? p : s,
-                        dst_ok ? kv_page_of(src, b, p) : kv_page_of(dst, b, s));
-    if (!dst_ok) return;
-  }
-  if (lane == 0 && src_ok) compact_copy_scales(src, dst, b, h, src_head, s, p);  // fp8 views only; a no-op otherwise
-  if (p < 0) return;
+  if ((!dst_ok || !src_ok) && lane == 0)
+    record_data_error(launch.data_error, DataErrorOp::kCompactKv, DataErrorKind::kPageOutOfPool, b, h, dst_ok ? p : s,
+                      dst_ok ? kv_page_of(src, b, p) : kv_page_of(dst, b, s));
+  // fp8 views only (a no-op otherwise): a slot with a bad page on either side counts as unfilled, so no
+  // per-token scale is read or written through that page (the destination's is left as it was);
+  // per-head scales are copied as always.
+  if (lane == 0) compact_copy_scales(src, dst, b, h, src_head, s, src_ok && dst_ok ? p : -1);
+  if (!dst_ok || p < 0) return;
   if (!src_ok) {
     using DT = std::remove_const_t<typename Dst::value_type>;
     DT* kd = dst.k_row(b, h, s);
