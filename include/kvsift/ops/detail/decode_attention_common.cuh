@@ -147,7 +147,8 @@ struct KvRows {
   __device__ __forceinline__ Handle handle(int t) const { return kv_row_in_pool(kv, b, t) ? t : -1; }
   // Whether the row has an address (kv_row_in_pool); a row that has none is skipped, never read.
   __device__ __forceinline__ bool valid(Handle t) const { return t >= 0; }
-  __device__ __forceinline__ long long bad_value(int t) const { return t; }
+  // What the record reports for a row without an address: the view's kv_page_of, as the other ops do.
+  __device__ __forceinline__ long long bad_value(int t) const { return kv_page_of(kv, b, t); }
   __device__ __forceinline__ const T* k_at(Handle t) const { return k(t); }
   __device__ __forceinline__ const T* v_at(Handle t) const { return v(t); }
   // fp8 only: the index of the row's scale in kv.scales.k / .v.
