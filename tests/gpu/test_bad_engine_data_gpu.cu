@@ -38,13 +38,23 @@ kvsift::DataError read_record(const DeviceBuffer<kvsift::DataError>& d) {
   return e;
 }
 
+// Random K/V pools of kPool pages (NHD) and one query row per q head of each sequence, in [-1, 1].
+template <class T>
+struct Inputs {
+  std::vector<T> k, v, q;
+  explicit Inputs(std::uint64_t salt) {
+    auto rng = kvsift_test::make_rng(salt);
+    const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
+    k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+    v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
+    q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kH * kG * kD, -1.f, 1.f);
+  }
+};
+
 template <class T>
 void decode_with_a_bad_last_page() {
-  auto rng = kvsift_test::make_rng(11);
-  const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
-  const auto k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
-  const auto v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
-  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kH * kG * kD, -1.f, 1.f);
+  const Inputs<T> in(11);
+  const auto &k = in.k, &v = in.v, &q = in.q;
   const std::vector<std::int32_t> lengths = {40, 50, 33}, cut = {40, 48, 33};  // seq 1: page 3 holds 48, 49
   auto bad = good_table();
   bad[1 * kMaxPages + 3] = 99;
@@ -169,11 +179,8 @@ TEST_CASE("bad engine data: a page outside the pool is skipped by decode attenti
 
 TEST_CASE("bad engine data: a bad page in the middle, index entries and counts out of range") {
   using T = kvsift::bfloat16_t;
-  auto rng = kvsift_test::make_rng(12);
-  const std::size_t pool = std::size_t(kPool) * kPage * kH * kD;
-  const auto k = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
-  const auto v = kvsift_test::random_values<T>(rng, pool, -1.f, 1.f);
-  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kH * kG * kD, -1.f, 1.f);
+  const Inputs<T> in(12);
+  const auto &k = in.k, &v = in.v, &q = in.q;
   const std::vector<std::int32_t> lengths = {40, 50, 33};
   const auto good = good_table();
   auto bad = good;

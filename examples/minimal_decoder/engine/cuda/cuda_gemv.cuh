@@ -49,6 +49,13 @@ __device__ inline void unpack8(const uint4& w, float (&out)[8]) {
   }
 }
 
+// silu(g) * u for four gate/up pairs, with kernels::silu_mul's expression: both GEMVs' SwiGLU-fused
+// input loads call it, so the fused and unfused paths agree bit for bit.
+__device__ inline float4 swiglu4(float4 g, float4 u) {
+  auto f = [](float a, float b) { return a / (1.f + expf(-a)) * b; };
+  return make_float4(f(g.x, u.x), f(g.y, u.y), f(g.z, u.z), f(g.w, u.w));
+}
+
 // The GEMV's input chunk i of a row: x itself, or for the SwiGLU down projection silu(gate) * up
 // computed on the fly (the expression of kernels::silu_mul, so the fused and unfused paths agree).
 // Returns the chunk rounded to bf16 (as the GEMM input is).
@@ -58,10 +65,8 @@ __device__ inline void load_input(const float* x, const float* up, std::int64_t 
   float4 a = __ldg(xr), b = __ldg(xr + 1);
   if (kSwiGLU) {
     const float4* ur = reinterpret_cast<const float4*>(up) + 2 * i;
-    const float4 ua = __ldg(ur), ub = __ldg(ur + 1);
-    auto swiglu = [](float g, float u) { return g / (1.f + expf(-g)) * u; };
-    a = make_float4(swiglu(a.x, ua.x), swiglu(a.y, ua.y), swiglu(a.z, ua.z), swiglu(a.w, ua.w));
-    b = make_float4(swiglu(b.x, ub.x), swiglu(b.y, ub.y), swiglu(b.z, ub.z), swiglu(b.w, ub.w));
+    a = swiglu4(a, __ldg(ur));
+    b = swiglu4(b, __ldg(ur + 1));
   }
   out[0] = bf16_round2(a.x, a.y);
   out[1] = bf16_round2(a.z, a.w);

@@ -77,10 +77,8 @@ __device__ inline uint4 load_input_bf16(const float* x, const float* up, std::in
   float4 a = __ldcg(xr), b = __ldcg(xr + 1);
   if (kSwiGLU) {
     const float4* ur = reinterpret_cast<const float4*>(up) + 2 * i;
-    const float4 ua = __ldcg(ur), ub = __ldcg(ur + 1);
-    auto swiglu = [](float g, float u) { return g / (1.f + expf(-g)) * u; };
-    a = make_float4(swiglu(a.x, ua.x), swiglu(a.y, ua.y), swiglu(a.z, ua.z), swiglu(a.w, ua.w));
-    b = make_float4(swiglu(b.x, ub.x), swiglu(b.y, ub.y), swiglu(b.z, ub.z), swiglu(b.w, ub.w));
+    a = swiglu4(a, __ldcg(ur));
+    b = swiglu4(b, __ldcg(ur + 1));
   }
   uint4 packed;
   __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w), __floats2bfloat162_rn(b.x, b.y),
