@@ -61,6 +61,7 @@ CudaBackend::CudaBackend(int device) {
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   pdl_ = env_switch("MINIMAL_DECODER_PDL", true);
+  shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
   else if (gemv && *gemv && std::strcmp(gemv, "pipelined") != 0)
@@ -120,9 +121,27 @@ void CudaBackend::rms_norm(const float* x, std::int64_t rows, int dim, const flo
 
 // Row-major W [out, in] is column-major W^T with ld = in, so in cuBLAS' column-major terms
 // C[out, n] = op_T(W)[out, in] * X[in, n], all leading dimensions contiguous.
+// Whether a decode projection of n input rows runs on the GEMV (else cuBLAS GemmEx). With shape routing
+// the choice follows bench_decoder_gemv (H200, 2026-12-01, cold L2, graph replay; llama3-8b matrices):
+// - n = 1: the GEMV everywhere (q 15.0 vs cuBLAS 19.2 us, gate+up 63.7 vs 71.9, down 35.6 vs 42.7,
+//   LM head 252 vs 258);
+// - n >= 3: cuBLAS, flat in n, for the matrices of more than 8192 rows (gate and up, the LM head: at
+//   n = 4 71.7 vs 83.0 us for the best GEMV, 260 vs 330; at n = 8 71.9 vs 135, 262 vs 573), and from
+//   n = 8 on for the 14336-column down projection (43.0 plus a SwiGLU launch vs 58.6); the GEMV keeps
+//   q/k/v and o (q/k/v 26.8 vs 36.6 at n = 4, 35.1 vs 36.4 at n = 8). n = 2 lies between the measured
+//   points and stays on the GEMV. End to end (128K, batch 4): dense 22611 -> 22233 us per step,
+//   LycheeDecode 11515 -> 11162.
+bool CudaBackend::uses_gemv(const float* x, int n, const Matrix& w) const {
+  if (!gemv_applies(x, n, w)) return false;
+  if (!shape_routing_) return true;
+  if (n >= 3 && w.rows > 8192) return false;
+  if (n >= 8 && w.cols > 8192) return false;
+  return true;
+}
+
 void CudaBackend::linear(const float* x, int n, const Matrix& w, float* y) const {
   if (n == 0) return;
-  if (gemv_applies(x, n, w)) {
+  if (uses_gemv(x, n, w)) {
     gemv(kernels::single_gemv_target(w.data.data(), w.rows, y), w.cols, x, n, nullptr, "gemv_bf16");
     return;
   }
@@ -140,7 +159,7 @@ void CudaBackend::linear_shared_input(const float* x, int n,
                                       std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
   if (n == 0) return;
   bool fused = outputs.size() <= std::size_t(kernels::kGemvMaxTargets);
-  for (const auto& o : outputs) fused = fused && gemv_applies(x, n, *o.first) && o.first->cols == outputs.begin()->first->cols;
+  for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == outputs.begin()->first->cols;
   if (!fused) {
     for (const auto& o : outputs) linear(x, n, *o.first, o.second);
     return;
@@ -181,7 +200,7 @@ void CudaBackend::add_rms_norm(float* x, const float* y, std::int64_t rows, int 
 
 void CudaBackend::silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const {
   if (n == 0) return;
-  if (gemv_applies(gate, n, w) && reinterpret_cast<std::uintptr_t>(up) % 16 == 0) {
+  if (uses_gemv(gate, n, w) && reinterpret_cast<std::uintptr_t>(up) % 16 == 0) {
     gemv(kernels::single_gemv_target(w.data.data(), w.rows, y), w.cols, gate, n, up, "gemv_bf16 (SwiGLU)");
     return;
   }

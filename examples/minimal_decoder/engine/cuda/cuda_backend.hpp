@@ -119,6 +119,11 @@ class CudaBackend {
   // StepGraph keeps the setting it was captured with.
   void set_programmatic_launch(bool on) { pdl_ = on; }
   bool programmatic_launch() const { return pdl_; }
+  // Decode projections by measured shape (cuda_backend.cu, uses_gemv): the GEMV, or cuBLAS for the
+  // large matrices from a few input rows on. Off: the GEMV for every decode projection it can take
+  // (the GEMV tests, and MINIMAL_DECODER_ROUTING=0).
+  void set_shape_routing(bool on) { shape_routing_ = on; }
+  bool shape_routing() const { return shape_routing_; }
 
   const char* name() const { return name_.c_str(); }
   // The stream and the device facts kvsift plans its launches with, read once at construction.
@@ -271,6 +276,8 @@ class CudaBackend {
   std::string name_;
   Exec exec_;
   GemvKernel gemv_kernel_ = GemvKernel::kPipelined;
+  bool shape_routing_ = true;
+  bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;
   // Destruction runs bottom-up: the cuBLAS handle goes before the stream it was bound to.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
