@@ -4,6 +4,10 @@ any launch and are the same code for CUDA tensors."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -119,3 +123,19 @@ class TestDecodeAttention:
         pages = torch.randn(4, 2, 16, 64).transpose(1, 2)  # NHD shape [4, 16, 2, 64], HND memory
         with pytest.raises(ValueError, match=r"k_cache must be dense inside a page"):
             attend(q, pages, pages, n, kv_layout="NHD", block_table=torch.zeros(1, 1, dtype=torch.int32))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("nm") is None,
+                    reason="reads the extension's dynamic symbols with binutils' nm (Linux)")
+def test_extension_shares_the_shared_cxx_runtime():
+    """_C.so must not define libstdc++'s own (non-template) internals: a static copy of the runtime in
+    the extension has locale state nobody set up, and its first number-formatting error message
+    crashes the process (python/cmake/SharedCxxRuntime.cmake says how that happens)."""
+    from kvsift import _ops
+
+    out = subprocess.run(["nm", "-D", "--defined-only", _ops._LIB_PATH], capture_output=True, text=True,
+                         check=True).stdout
+    # std::codecvt<char16_t, char, mbstate_t> and std::locale::classic exist only in libstdc++'s sources.
+    runtime_only = [s for s in ("_ZNKSt7codecvtIDsc11__mbstate_tE10do_unshiftERS0_PcS3_RS3_",
+                                "_ZNSt6locale7classicEv") if s in out]
+    assert not runtime_only, f"{_ops._LIB_PATH} carries a static libstdc++: defines {runtime_only}"
