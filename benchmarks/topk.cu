@@ -2,8 +2,9 @@
 // k = budget) and the block case (n = 2048 block scores, k = 64). Bytes counted: the scores read once
 // plus the positions and counts written, so `of_ceiling` is the fraction of the one-pass read floor
 // reached, `floor_us` that floor in microseconds, and `target_us` issue 15's target for the shape
-// (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select), `group`
-// its CTAs per row and `threads` its CTA size. The torch.topk baseline for the same shapes is
+// (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
+// its CTAs per row and `threads` its CTA size; BM_TopKStreamSelect runs the stream select on the same
+// shapes whatever the plan picks. The torch.topk baseline for the same shapes is
 // benchmarks/torch_topk.py; FlashInfer's through ../shared/peer (issue 15).
 #include <benchmark/benchmark.h>
 
@@ -61,6 +62,44 @@ void BM_TopK(benchmark::State& state) {
   state.counters["threads"] = plan.threads;
 }
 
+// The stream select forced on every shape (detail::launch_topk with plan_topk_stream), beside the
+// plan's choice above: where the plan switches kernels (topk_plan.hpp) is read off these two.
+void BM_TopKStreamSelect(benchmark::State& state) {
+  const int rows = int(state.range(0));
+  const int n = int(state.range(1));
+  const int k = int(state.range(2));
+  kvsift::TopKParams params;
+  params.k = k;
+  params.sink = int(state.range(3));
+  params.recent = int(state.range(4));
+  kvsift_bench::DeviceArray<float> scores(std::size_t(rows) * n);
+  kvsift_bench::DeviceArray<std::int32_t> indices(std::size_t(rows) * k), counts(rows), lengths(rows);
+  kvsift_bench::fill_uniform(scores.get(), scores.n, -1.f, 1.f, 0x70c0u + rows + n);
+  const std::vector<std::int32_t> full(std::size_t(rows), n);
+  KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
+  params.lengths = lengths.get();
+  const auto view = kvsift::make_strided_view<const float>(scores.get(), rows, n);
+  const auto out = kvsift::make_index_set(indices.get(), counts.get(), rows, k);
+  const auto plan = kvsift::detail::plan_topk_stream<std::uint32_t>(n, kvsift_bench::gpu().device);
+  if (plan.list_capacity == 0) {
+    state.SkipWithError("the stream select does not fit shared memory");
+    return;
+  }
+  auto run = [&](const kvsift::cuda::Exec& exec) {
+    return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>>{
+                                                 view, params, out, nullptr, kvsift::ScoreKey<float>{}, plan});
+  };
+  const kvsift::Status st = run(kvsift_bench::gpu());
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  const double bytes = double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0;
+  kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t s) { (void)run(kvsift_bench::gpu().on(s)); });
+  state.counters["floor_us"] = bytes / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
+  state.counters["list"] = plan.list_capacity;
+}
+
 void token_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 32, 64, 256})
     for (int n : {32768, 131072})
@@ -75,6 +114,13 @@ void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
 }  // namespace
 
 BENCHMARK(BM_TopK)
+    ->Apply(token_shapes)
+    ->Apply(block_and_forced_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKStreamSelect)
     ->Apply(token_shapes)
     ->Apply(block_and_forced_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})

@@ -73,11 +73,12 @@ TEST_CASE("topk gpu paths: candidate select, CTA groups of 2 and 4") {
   const Case four = with_facts(shape(1, 32768, 2048, 1024), Case::Facts::kFewSms);
   require_path<float>(four, kCand, 4, 512);
   check_all_fills<float>(rng, four);
-  const Case edges2 = with_facts(edge_rows(rng, 14, 32768, 4096), Case::Facts::kFewSms);
-  require_path<float>(edges2, kCand, 2, 512);  // 14 rows x 2 CTAs already fill the 4-SM device
+  // 7 rows x 2 CTAs already fill the 4-SM device twice (more would stream).
+  const Case edges2 = with_facts(edge_rows(rng, 7, 32768, 4096), Case::Facts::kFewSms);
+  require_path<float>(edges2, kCand, 2, 512);
   check_edges<float>(rng, edges2);
-  // The benchmark's many-row shape on the real device: groups of 2, 16384-position slices.
-  Case many = shape(256, 32768, 4096, 4096);
+  // 64 rows of 32K on the real device: groups of 2, 16384-position slices (256 rows stream instead).
+  Case many = shape(64, 32768, 4096, 4096);
   require_path<float>(many, kCand, 2, 512);
   check_case<float>(rng, many);
 }
@@ -145,6 +146,57 @@ TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) 
   few.flagged = true;
   require_path<float>(few, kCand, 4, 512);
   check_all_fills<float>(rng, few);
+}
+
+TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (many long rows)") {
+  auto rng = kvsift_test::make_rng(508);
+  // The benchmark's many-row shapes pick it on the real device.
+  require_path<float>(shape(256, 131072, 4096, 4096), TopkKernel::kStreamSelect, 1, 512);
+  require_path<float>(shape(256, 32768, 4096, 4096), TopkKernel::kStreamSelect, 1, 512);
+  Case many = shape(300, 32768, 4096, 4096);
+  check_case<float>(rng, many);
+  auto forced = [](Case c, int list = 0) {
+    c.stream = true;
+    c.stream_list = list;
+    return c;
+  };
+  // Every fill (ties, all-equal and all-NaN rows overflow the list: the extra streams), the row edges,
+  // each list size from one that overflows on every row to one that never does.
+  for (int list : {0, 300, 2048}) {
+    CAPTURE(list);
+    check_all_fills<float>(rng, forced(shape(20, 40000, 3000, 2999), list));
+    check_edges<float>(rng, forced(edge_rows(rng, 28, 20000, 1024), list));
+  }
+  check_all_fills<float>(rng, forced(shape(6, 131072, 4096, 4096)));
+  // A sample that misleads: the threshold passes fewer than budget keys, the row is streamed again.
+  for (int k : {100, 4096, 16000}) {
+    Case misled = forced(shape(5, 131072, 16384, k));
+    misled.fill = Fill::kSampledHigh;
+    check_case<float>(rng, misled);
+    check_case<bfloat16_t>(rng, misled);
+  }
+  Case odd = forced(shape(5, 32771, 1500, 1500));  // rows not 16-byte aligned: scalar loads
+  odd.stride_pad = 3;
+  check_all_fills<float>(rng, odd);
+  Case tail = forced(shape(6, 10001, 700, 650));  // aligned rows whose last vector passes the columns
+  tail.stride_pad = 3;
+  check_all_fills<float>(rng, tail);
+  check_all_fills<float>(rng, forced(shape(40, 37, 8, 5)));  // shorter than one load per thread
+  for (int list : {0, 200}) {
+    check_all_fills<half_t>(rng, forced(shape(9, 50000, 512, 512), list));
+    check_all_fills<bfloat16_t>(rng, forced(shape(9, 50000, 512, 512), list));
+    Case flagged = forced(shape(7, 32768, 992, 992), list);
+    flagged.flagged = true;
+    check_all_fills<float>(rng, flagged);
+    check_case<bfloat16_t>(rng, flagged);
+  }
+  Case flagged_edges = forced(edge_rows(rng, 14, 131072, 4096));
+  flagged_edges.flagged = true;
+  check_edges<float>(rng, flagged_edges);
+  Case forced_ranges = forced(shape(12, 65536, 4096, 4096));
+  forced_ranges.params.sink = 128;
+  forced_ranges.params.recent = 256;
+  check_all_fills<float>(rng, forced_ranges);
 }
 
 TEST_CASE("topk gpu paths: the radix select fallback (rows too long, or a GPU with less shared memory)") {

@@ -23,8 +23,11 @@ using kvsift_test::DeviceBuffer;
 
 
 // kConstant: every value equal (one bucket per pass, all ties); kAllNaN: every key is the lowest;
-// kSignedZeros: +0 and -0 must tie.
-enum class Fill { kRandom, kFewValues, kLeadingBits, kInfinities, kNaNs, kAscending, kConstant, kAllNaN, kSignedZeros };
+// kSignedZeros: +0 and -0 must tie; kSampledHigh: the highest scores sit only in the positions the
+// stream select samples (its threshold then passes fewer than budget keys: the exact fallback).
+enum class Fill {
+  kRandom, kFewValues, kLeadingBits, kInfinities, kNaNs, kAscending, kConstant, kAllNaN, kSignedZeros, kSampledHigh
+};
 
 inline float draw(std::mt19937_64& rng, Fill fill, int position) {
   const int u = kvsift_test::uniform_int(rng, 0, 15);
@@ -39,6 +42,8 @@ inline float draw(std::mt19937_64& rng, Fill fill, int position) {
     case Fill::kConstant: return 0.75f;
     case Fill::kAllNaN: return std::numeric_limits<float>::quiet_NaN();
     case Fill::kSignedZeros: return u < 6 ? 0.f : (u < 12 ? -0.f : (u < 14 ? 1.f : -1.f));
+    case Fill::kSampledHigh:  // the first 8 of every 64 positions: inside the sampled 32-byte sectors
+      return std::uniform_real_distribution<float>(position % 64 < 8 ? 100.f : -8.f, position % 64 < 8 ? 200.f : 8.f)(rng);
   }
   return 0.f;
 }
@@ -52,6 +57,10 @@ struct Case {
   // Device facts the plan sees: the real device's, or a smaller GPU's to force the radix select.
   // kFewSms: a 4-SM device, so a few rows already fill it and small cases get CTA groups of 2 and 4.
   enum class Facts { kDevice, kNoClusters, kNoClustersSmallSmem, kFewSms } facts = Facts::kDevice;
+  // Run the stream select (plan_topk_stream) whatever the plan picks, with its list cut to
+  // stream_list entries when that is > 0 (so the overflow streams run on ordinary rows too).
+  bool stream = false;
+  int stream_list = 0;
 };
 
 inline kvsift::cuda::Exec exec_for(const Case& c, cudaStream_t stream) {
@@ -165,13 +174,22 @@ struct DeviceCase {
     const auto view = kvsift::make_strided_view<const T>(scores.get(), c.rows, c.cols, stride);
     const auto out = kvsift::make_index_set(indices.get(), counts.get(), c.rows, c.capacity);
     const auto exec = exec_for(c, stream);
+    auto run = [&](auto key) {
+      using Key = decltype(key);
+      if (!c.stream) return kvsift::cuda::topk(exec, view, p, out, values.get(), key);
+      KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
+      auto plan = kvsift::detail::plan_topk_stream<typename Key::key_type>(c.cols, exec.device);
+      REQUIRE(plan.list_capacity > 0);
+      if (c.stream_list > 0 && c.stream_list < plan.list_capacity) plan.list_capacity = c.stream_list;
+      return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
+    };
     if (c.flagged) {
       kvsift::FlagFirstKey<T> key;
       key.flags = flags.get();
       key.row_stride = c.cols;
-      return kvsift::cuda::topk(exec, view, p, out, values.get(), key);
+      return run(key);
     }
-    return kvsift::cuda::topk(exec, view, p, out, values.get());
+    return run(kvsift::ScoreKey<T>{});
   }
   Result download() const {
     Result r;

@@ -323,9 +323,8 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   const kvsift::DeviceFacts h200{132, 232448, true, 9, 0};
   struct Want { std::int64_t rows; int cols; int group, slice, threads; };
   // The issue's target shapes: fp32 scores, 32-bit keys.
-  for (const Want w : {Want{8, 32768, 8, 4096, 512}, Want{32, 32768, 4, 8192, 512}, Want{256, 32768, 2, 16384, 512},
-                       Want{8, 131072, 8, 16384, 512}, Want{32, 131072, 8, 16384, 512},
-                       Want{256, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
+  for (const Want w : {Want{8, 32768, 8, 4096, 512}, Want{32, 32768, 4, 8192, 512}, Want{64, 32768, 2, 16384, 512},
+                       Want{8, 131072, 8, 16384, 512}, Want{32, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
                        Want{256, 2048, 1, 2048, 256}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
@@ -338,6 +337,27 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     // Two CTAs per SM where the slice allows it: dynamic + static + the 1 KiB per-block reserve.
     if (w.slice <= 16384) CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkCandStaticSmem) <= 233472);
   }
+  // Many long rows: their CTA groups would need more than two waves, so one CTA per row streams it.
+  // Two CTAs per SM: dynamic + static + the 1 KiB per-block reserve within the SM's 228 KiB.
+  struct Stream { std::int64_t rows; int cols; int list; };
+  for (const Stream w : {Stream{256, 32768, 9728}, Stream{256, 131072, 8192}, Stream{64, 131072, 8192}}) {
+    const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
+    CAPTURE(w.rows);
+    CAPTURE(w.cols);
+    CHECK(p.kernel == TopkKernel::kStreamSelect);
+    CHECK(p.ctas_per_row == 1);
+    CHECK(p.threads == 512);
+    CHECK(std::int64_t(p.bitmap_words) * 32 >= w.cols);
+    CHECK(p.bitmap_words % 2 == 0);
+    CHECK(p.list_capacity == w.list);
+    CHECK(p.smem_bytes == std::size_t(p.bitmap_words) * 4 + std::size_t(p.list_capacity) * 8);  // ties in the histogram
+    CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkStreamStaticSmem + 1024) <= 233472);
+  }
+  // Rows too long for two CTAs per SM get one, with the largest list that fits.
+  const auto longest = kvsift::detail::plan_topk_stream<std::uint32_t>(1 << 19, h200);
+  CHECK(longest.list_capacity > 0);
+  CHECK(longest.smem_bytes + kvsift::detail::kTopkStreamStaticSmem <= 232448);
+  CHECK(kvsift::detail::plan_topk_stream<std::uint32_t>(1 << 20, h200).list_capacity == 0);  // bitmaps alone too big
   // 33-bit flag-first keys of 128K rows still fit; 600000-position rows fall back to the radix select.
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(5, 131072, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(2, 600000, h200).kernel == TopkKernel::kRadixSelect);
@@ -347,5 +367,6 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   const auto one = kvsift::detail::plan_topk<std::uint32_t>(32, 32768, no_clusters);
   CHECK(one.kernel == TopkKernel::kCandidateSelect);
   CHECK(one.ctas_per_row == 1);
-  CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kRadixSelect);
+  // Longer ones would be re-read on every radix pass: they stream instead.
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kStreamSelect);
 }

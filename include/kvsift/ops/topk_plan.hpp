@@ -38,6 +38,7 @@ inline constexpr int kTopkCandShortSlice = 4096;
 enum class TopkKernel : int {
   kRadixSelect = 0,      ///< ops/detail/topk_radix_select.cuh: any slice; re-reads global memory past 128 KiB
   kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
+  kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row, the row streamed twice
 };
 
 struct TopkPlan {
@@ -49,12 +50,58 @@ struct TopkPlan {
   std::size_t smem_bytes = 0;  ///< dynamic shared memory per CTA
   TopkKernel kernel = TopkKernel::kRadixSelect;
   int threads = 512;  ///< threads per CTA
+  int bitmap_words = 0;   ///< stream select: 32-bit words per position bitmap (even; covers cols)
+  int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
 };
 
+/// Static shared memory of the stream select: its 8192-bin histogram plus scan storage and counters.
+inline constexpr int kTopkStreamHistWords = 8192;
+inline constexpr std::size_t kTopkStreamStaticSmem = kTopkStreamHistWords * 4 + 1024;
+/// Below this many list entries the stream select would overflow on ordinary rows (a 4096 budget
+/// passes 5-7K keys through the sampled threshold), so a second CTA per SM is given up first.
+inline constexpr int kTopkStreamMinList = 8192;
+/// Rows shorter than this stay on the candidate select whatever their number (not yet measured).
+inline constexpr int kTopkStreamMinCols = 16384;
+
+/// The stream select's plan for rows of `cols` positions, with `list_capacity` 0 where it does not fit
+/// shared memory: two CTAs per SM when the bitmaps leave room for a list of kTopkStreamMinList
+/// entries (or one covering the row), else one CTA per SM with the largest list that fits. The list
+/// holds the keys that pass the sampled threshold, about 1.1-1.5x the budget on ordinary rows.
+template <class KeyT>
+TopkPlan plan_topk_stream(int cols, const DeviceFacts& device) {
+  TopkPlan s;
+  s.cols = cols;
+  s.kernel = TopkKernel::kStreamSelect;
+  s.ctas_per_row = 1;
+  s.slice = cols;
+  s.threads = 512;
+  s.cached = false;
+  s.bitmap_words = int((std::int64_t(cols) + 63) / 64 * 2);
+  // The tie bitmap lives in the histogram's 8192 words when it fits there (rows up to 262144).
+  const int bitmap_count = s.bitmap_words <= kTopkStreamHistWords ? 1 : 2;
+  const std::size_t bitmaps = std::size_t(s.bitmap_words) * bitmap_count * sizeof(std::uint32_t);
+  const std::size_t entry = sizeof(KeyT) + sizeof(std::int32_t);
+  // An SM has the opt-in maximum plus 1 KiB, and each resident CTA reserves 1 KiB of it.
+  const std::size_t per_sm = device.max_smem_optin + 1024;
+  const std::size_t two_per_sm = per_sm / 2 > 1024 + kTopkStreamStaticSmem ? per_sm / 2 - 1024 - kTopkStreamStaticSmem : 0;
+  const std::size_t one_per_sm = device.max_smem_optin > kTopkStreamStaticSmem ? device.max_smem_optin - kTopkStreamStaticSmem : 0;
+  const std::size_t wanted = std::size_t(cols < kTopkStreamMinList ? cols : kTopkStreamMinList);
+  const std::size_t room = two_per_sm >= bitmaps + wanted * entry ? two_per_sm : one_per_sm;
+  if (room < bitmaps + entry * 256) return s;  // list_capacity 0: does not fit
+  std::size_t cap = (room - bitmaps) / entry;
+  if (cap > std::size_t(cols)) cap = std::size_t(cols);
+  s.list_capacity = int(cap);
+  s.smem_bytes = bitmaps + cap * entry;
+  return s;
+}
+
 /// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
-/// group whose slices fit shared memory. The candidate select runs wherever its shared memory fits
-/// (fp32 rows up to 262144 positions, 33-bit flag-first keys up to 131072, on an H200); the radix
-/// select takes the rest (longer rows, or GPUs without clusters or with less shared memory).
+/// group whose slices fit shared memory. Rows of at least kTopkStreamMinCols positions whose groups
+/// would need more than two waves take the stream select. Otherwise the candidate select runs
+/// wherever its shared memory fits (fp32 rows up to 262144 positions, 33-bit flag-first keys up to
+/// 131072, on an H200); the radix select takes the rest (longer rows, or GPUs without clusters or
+/// with less shared memory), except that a GPU without clusters streams rows the radix select could
+/// not keep in shared memory.
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   auto slice_for = [cols](int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; };
@@ -69,6 +116,14 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   // their last clusters starting 22 us late, against 25 us in groups of 4 (H200).
   const std::int64_t one_wave = std::int64_t(device.num_sms) * 2 * 7 / 8;
   while (c < max_group && rows * 2 * c <= one_wave && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
+  // Many long rows: once the CTA groups need more than two waves, each wave pays the whole serial
+  // chain again; streaming each row through one CTA costs about 1.25x the bytes instead. (With one
+  // or two waves the candidate select was faster: 32 x 128K 63 against 88 us, 64 x 32K 25 against
+  // 35 us; with eight 327 against 138 us, H200, a first version of the stream select.)
+  if (cols >= kTopkStreamMinCols && rows * c > 2 * one_wave) {
+    const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
+    if (stream.list_capacity > 0) return stream;
+  }
   s.ctas_per_row = c;
   s.slice = slice_for(c);
   // The candidate select keeps the slice's keys and a list of 16-bit offsets in shared memory.
@@ -83,6 +138,12 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   s.cached = std::size_t(s.slice) * sizeof(KeyT) <= kTopkMaxCachedSliceBytes &&
              std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
   s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;
+  // Without clusters an uncached radix select is one CTA per row too, re-reading the row on every
+  // pass; the stream select reads it twice.
+  if (!s.cached && !device.clusters) {
+    const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
+    if (stream.list_capacity > 0) return stream;
+  }
   return s;
 }
 

@@ -1,0 +1,367 @@
+#pragma once
+// The stream select behind cuda::topk for many long rows (contract in ops/topk.hpp, plan in
+// ops/topk_plan.hpp, design and measurements in docs/ops/topk.md, section "The stream select").
+//
+// One CTA per row, no CTA group, no copy of the row in shared memory. Where the candidate select
+// needs more than two waves of CTA groups (256 rows of 128K fp32 scores are 134 MB of keys against
+// 30 MB of shared memory on the whole GPU), the late groups wait for the early ones and every wave
+// pays the whole serial chain again (327 us on the H200 against a 30 us one-read floor). This kernel
+// instead streams the row from global memory at full rate and keeps only what the selection needs on
+// chip:
+//
+// 1. Sample: one 32-byte sector of every 128 bytes of the row (a quarter of the keys, a quarter of
+//    the bytes) is histogrammed on the top 13 bits of the key (8192 bins). The bin holding the
+//    sample's r-th key, r a few standard deviations above the budget's share of the sample, gives a
+//    threshold that almost surely lies below the k-th key and above most of the row.
+// 2. Filter: stream the whole row; every key at or above the threshold is appended, with its
+//    position, to a candidate list in shared memory and histogrammed (exactly) on its top 13 bits.
+//    Keys below it cost one compare: no shared-memory atomic, which is what the full histogram of a
+//    first pass spent most of its time on (same-bin conflicts: uniform scores put half the row in 32
+//    of the 8192 bins).
+// 3. The k-th key's digits are then found from the list alone (13 + 13 + 6 bits for 32-bit keys),
+//    and one sweep over the list marks the keys above the k-th key in a bitmap of the row's
+//    positions and the keys equal to it in a second, tie bitmap (the histogram's memory, when the
+//    row has at most 262144 positions).
+// 4. Ordered output from the bitmaps: each thread owns a run of bitmap words; one scan ranks the ties
+//    (the lowest positions are taken first), a second gives each thread its output offset, and each
+//    thread writes its selected positions in ascending order.
+//
+// Fallbacks, slower but never wrong: if fewer than budget keys pass the threshold (the sample
+// misled), the row is streamed again for the exact histogram of its top digit; if more pass than the
+// list holds (mostly-equal rows), the digit found from the exact histogram of step 2 is kept and the
+// row is streamed once per further digit, keys above the known prefix marked as selected and keys
+// matching it listed (or, once every bit is known, marked as ties) directly.
+
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "kvsift/ops/detail/topk_radix_select.cuh"
+#include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kTopkStreamDigitBits = 13;  // 8192 bins: 3 levels over 32-bit keys (13 + 13 + 6)
+inline constexpr int kTopkStreamBins = 1 << kTopkStreamDigitBits;
+static_assert(kTopkStreamBins == kTopkStreamHistWords, "the plan counts the histogram's shared memory");
+inline constexpr int kTopkStreamBinsPerThread = kTopkStreamBins / kTopkThreads;  // 16: four int4 per thread
+static_assert(kTopkStreamBinsPerThread % 4 == 0, "the digit search reads its bins as int4");
+
+// Calls visit(position, key) for a sample of the positions [lo, hi) of a row in global memory: one
+// 32-byte sector of every 128 bytes (two 16-byte vectors of every eight; eight positions of every 32
+// without vector loads). Only whole vectors inside [lo, hi) are sampled; the trip counts are not
+// warp-uniform (visit must not use warp collectives).
+template <class T, class Key, class Visit>
+__device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a, const T* row_scores,
+                                                     std::int64_t row, int lo, int hi, Visit&& visit) {
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  const int tid = int(threadIdx.x);
+  if (a.plan.vector_loads) {
+    const int vlo = (lo + kPerVector - 1) / kPerVector, vhi = hi / kPerVector;
+    const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
+    // Sample index i reads vector 8 * (i / 2) + i % 2.
+    const int i_lo = 2 * (vlo / 8), i_hi = 2 * ((vhi + 7) / 8);
+    for (int base = i_lo; base < i_hi; base += kTopkThreads * kTopkLoadUnroll) {
+      uint4 loaded[kTopkLoadUnroll];
+#pragma unroll
+      for (int u = 0; u < kTopkLoadUnroll; ++u) {
+        const int i = base + u * kTopkThreads + tid;
+        const int v = 8 * (i / 2) + i % 2;
+        loaded[u] = i < i_hi && v >= vlo && v < vhi ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+      }
+#pragma unroll
+      for (int u = 0; u < kTopkLoadUnroll; ++u) {
+        const int i = base + u * kTopkThreads + tid;
+        const int v = 8 * (i / 2) + i % 2;
+        if (!(i < i_hi && v >= vlo && v < vhi)) continue;
+        const T* elems = reinterpret_cast<const T*>(&loaded[u]);
+#pragma unroll
+        for (int e = 0; e < kPerVector; ++e) {
+          const int pos = v * kPerVector + e;
+          visit(pos, a.key(elems[e], row, pos));
+        }
+      }
+    }
+    return;
+  }
+  // Sample index i reads position 32 * (i / 8) + i % 8.
+  const int i_lo = 8 * (lo / 32), i_hi = 8 * ((hi + 31) / 32);
+  for (int i = i_lo + tid; i < i_hi; i += kTopkThreads) {
+    const int pos = 32 * (i / 8) + i % 8;
+    if (pos >= lo && pos < hi) visit(pos, a.key(row_scores[pos], row, pos));
+  }
+}
+
+// The digit of `hist` (descending bin order) that holds the need-th key, how many keys lie in the
+// bins above it, and the histogram's total (no digit is found when need > total). Each thread reads
+// and then zeroes its own 16 bins, so the histogram is clean for the next level once the barrier at
+// the end has passed; no other thread touches those bins in between.
+template <class BlockScan>
+__device__ __forceinline__ void topk_stream_search(int* hist, int need, typename BlockScan::TempStorage& storage,
+                                                   int* s_digit, int* s_above, int& digit, int& above_digit,
+                                                   int& total_keys) {
+  const int q = kTopkThreads - 1 - int(threadIdx.x);  // thread order is descending bin order
+  int4* mine = reinterpret_cast<int4*>(hist) + q * (kTopkStreamBinsPerThread / 4);
+  int c[kTopkStreamBinsPerThread];
+#pragma unroll
+  for (int v = 0; v < kTopkStreamBinsPerThread / 4; ++v) {
+    const int4 b = mine[v];
+    c[4 * v] = b.x;
+    c[4 * v + 1] = b.y;
+    c[4 * v + 2] = b.z;
+    c[4 * v + 3] = b.w;
+    mine[v] = make_int4(0, 0, 0, 0);
+  }
+  int total = 0;
+#pragma unroll
+  for (int j = 0; j < kTopkStreamBinsPerThread; ++j) total += c[j];
+  int above = 0;
+  BlockScan(storage).ExclusiveSum(total, above, total_keys);
+#pragma unroll
+  for (int j = kTopkStreamBinsPerThread - 1; j >= 0; --j) {
+    // Exactly one bin holds the need-th key: 1 <= need <= the bucket's size.
+    if (above < need && above + c[j] >= need) {
+      *s_digit = kTopkStreamBinsPerThread * q + j;
+      *s_above = above;
+    }
+    above += c[j];
+  }
+  __syncthreads();
+  digit = *s_digit;
+  above_digit = *s_above;
+}
+
+template <class T, class Key>
+__global__ void __launch_bounds__(kTopkThreads, 2)
+    topk_stream_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
+                              TopkPlan launch_plan) {
+  static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
+                    sizeof(launch_plan) <= 128,
+                "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  using K = typename Key::key_type;
+  using BlockScan = cub::BlockScan<int, kTopkThreads, cub::BLOCK_SCAN_WARP_SCANS>;
+  constexpr int kWarpSize = 32;
+  const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};
+
+  // Dynamic shared memory: the selected bitmap (one bit per column), the tie bitmap where the
+  // histogram cannot hold it, then the candidate list's keys and positions. words is even, so the
+  // keys start 8-byte aligned. The tie bitmap is only written after the last digit search, which left
+  // every bin zero.
+  extern __shared__ __align__(16) unsigned char topk_dynamic_smem[];
+  __shared__ __align__(16) int hist[kTopkStreamBins];
+  const int words = a.plan.bitmap_words;
+  const bool ties_in_hist = words <= kTopkStreamBins;
+  std::uint32_t* selected = reinterpret_cast<std::uint32_t*>(topk_dynamic_smem);
+  std::uint32_t* tied = ties_in_hist ? reinterpret_cast<std::uint32_t*>(hist) : selected + words;
+  K* list_keys = reinterpret_cast<K*>(selected + (ties_in_hist ? words : 2 * words));
+  std::int32_t* list_pos = reinterpret_cast<std::int32_t*>(list_keys + a.plan.list_capacity);
+  __shared__ typename BlockScan::TempStorage scan_storage;
+  __shared__ int s_digit, s_above, s_count, s_sampled;
+
+  const std::int64_t row = blockIdx.x;
+  const int tid = int(threadIdx.x);
+  const int lane = tid % kWarpSize;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const T* row_scores = a.scores.data + row * a.scores.row_stride;
+  std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
+  T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
+
+  if (topk_skips_row(a.params, row)) return;  // a sparse head's row is not this call's to write
+
+  const int len = a.params.lengths ? a.params.lengths[row] : a.plan.cols;
+  const int k = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
+  const TopKRowPlan plan = plan_topk_row(a.plan.cols, len, k, a.out.capacity, a.params.sink, a.params.recent);
+  auto emit = [&](int offset, int position) {
+    row_out[offset] = position;
+    if (row_values) row_values[offset] = row_scores[position];
+  };
+  const int forced = plan.forced();
+  for (int f = tid; f < forced; f += kTopkThreads) {
+    if (f < plan.sink_end) emit(f, f);
+    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
+  }
+  if (tid == 0) a.out.counts[row] = plan.count();
+  const int lo = plan.sink_end, hi = plan.recent_begin;
+  if (plan.budget == 0) return;
+  if (plan.budget == plan.region()) {
+    for (int i = lo + tid; i < hi; i += kTopkThreads) emit(plan.sink_end + (i - lo), i);
+    return;
+  }
+
+  const int word_lo = lo / 32, word_hi = (hi + 31) / 32;  // the bitmap words [lo, hi) touches
+  for (int w = word_lo + tid; w < word_hi; w += kTopkThreads) selected[w] = 0u;
+  if (!ties_in_hist)
+    for (int w = word_lo + tid; w < word_hi; w += kTopkThreads) tied[w] = 0u;
+  for (int b = tid; b < kTopkStreamBins; b += kTopkThreads) hist[b] = 0;
+  if (tid == 0) s_count = s_sampled = 0;
+  __syncthreads();
+
+  constexpr int kShift0 = Key::kBits > kTopkStreamDigitBits ? Key::kBits - kTopkStreamDigitBits : 0;
+  int need = plan.budget;  // keys still to take from the bucket `prefix`
+  int digit = 0, above = 0, total = 0;
+  K prefix = 0;  // the known top bits of the k-th key: Key::kBits - shift of them
+  int shift = kShift0;
+  bool in_list = false;  // the list holds every key of some earlier bucket that contains `prefix`
+  int listed = 0;
+  bool exact = true;  // the top digit still needs a histogram of every key
+
+  // ---- sample and filter (steps 1 and 2) ----
+  {
+    int mine = 0;
+    for_each_sampled_key(a, row_scores, row, lo, hi, [&](int, K key_bits) {
+      atomicAdd(&hist[int(key_bits >> kShift0)], 1);
+      ++mine;
+    });
+    atomicAdd(&s_sampled, mine);
+    __syncthreads();
+    const int sampled = s_sampled;
+    // The budget's expected share of the sample, plus 10% and three standard deviations: the
+    // threshold falls above the k-th key only when the sample is badly skewed.
+    const float expect = float(plan.budget) * float(sampled) / float(plan.region());
+    const int r = int(expect * 1.1f + 3.f * sqrtf(expect)) + 4;
+    topk_stream_search<BlockScan>(hist, r, scan_storage, &s_digit, &s_above, digit, above, total);
+    if (r <= total) {
+      const K threshold = K(digit) << kShift0;
+      for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
+        const bool pass = valid && key_bits >= threshold;
+        const unsigned m = __ballot_sync(0xffffffffu, pass);
+        if (m == 0u) return;  // warp-uniform
+        const int leader = __ffs(int(m)) - 1;
+        int slot = 0;
+        if (lane == leader) slot = atomicAdd(&s_count, __popc(m));
+        slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
+        if (pass) {
+          if (slot < a.plan.list_capacity) {
+            list_keys[slot] = key_bits;
+            list_pos[slot] = pos;
+          }
+          atomicAdd(&hist[int(key_bits >> kShift0)], 1);
+        }
+      });
+      __syncthreads();
+      listed = s_count;
+      if (listed >= plan.budget) {
+        // The k-th key passed: the exact histogram of the passing keys holds its digit.
+        exact = false;
+        topk_stream_search<BlockScan>(hist, need, scan_storage, &s_digit, &s_above, digit, above, total);
+        need -= above;
+        prefix = K(digit);
+        in_list = listed <= a.plan.list_capacity;
+      } else {
+        __syncthreads();  // every thread has read s_count (the search's barrier does this above)
+        for (int b = tid; b < kTopkStreamBins; b += kTopkThreads) hist[b] = 0;
+      }
+      // The next stream (if any) appends after this barrier.
+      if (tid == 0) s_count = 0;
+      __syncthreads();
+    }
+  }
+  // ---- the exact top digit (rows too short to sample, or a misleading sample) ----
+  if (exact) {
+    for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int, K key_bits) {
+      if (valid) atomicAdd(&hist[int(key_bits >> kShift0)], 1);
+    });
+    __syncthreads();
+    topk_stream_search<BlockScan>(hist, need, scan_storage, &s_digit, &s_above, digit, above, total);
+    need -= above;
+    prefix = K(digit);
+  }
+
+  auto mark = [](std::uint32_t* bitmap, int pos) { atomicOr(bitmap + pos / 32, 1u << (pos % 32)); };
+#pragma unroll 1
+  while (shift > 0) {
+    const int next_shift = shift > kTopkStreamDigitBits ? shift - kTopkStreamDigitBits : 0;
+    const K digit_mask = (K(1) << (shift - next_shift)) - 1;
+    if (in_list) {
+      for (int i = tid; i < listed; i += kTopkThreads) {
+        const K kb = list_keys[i];
+        if ((kb >> shift) == prefix) atomicAdd(&hist[int((kb >> next_shift) & digit_mask)], 1);
+      }
+    } else {
+      // Stream the row: above the bucket is selected; in it is listed (while there is room) and
+      // histogrammed either way, so the next digit is exact even when the list overflows.
+      for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
+        const K top = key_bits >> shift;
+        if (valid && top > prefix) mark(selected, pos);
+        const bool in_bucket = valid && top == prefix;
+        const unsigned m = __ballot_sync(0xffffffffu, in_bucket);
+        if (m == 0u) return;  // warp-uniform
+        const int leader = __ffs(int(m)) - 1;
+        int slot = 0;
+        if (lane == leader) slot = atomicAdd(&s_count, __popc(m));
+        slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
+        if (in_bucket) {
+          if (slot < a.plan.list_capacity) {
+            list_keys[slot] = key_bits;
+            list_pos[slot] = pos;
+          }
+          atomicAdd(&hist[int((key_bits >> next_shift) & digit_mask)], 1);
+        }
+      });
+    }
+    __syncthreads();
+    if (!in_list) {
+      listed = s_count;
+      in_list = listed <= a.plan.list_capacity;
+    }
+    topk_stream_search<BlockScan>(hist, need, scan_storage, &s_digit, &s_above, digit, above, total);
+    need -= above;
+    prefix = (prefix << (shift - next_shift)) | K(digit);
+    shift = next_shift;
+    if (!in_list) {
+      // Every thread read s_count before the search's barrier; the next stream appends after this one.
+      if (tid == 0) s_count = 0;
+      __syncthreads();
+    }
+  }
+  const K kth = prefix;  // every bit known
+
+  if (in_list) {
+    for (int i = tid; i < listed; i += kTopkThreads) {
+      const K kb = list_keys[i];
+      if (kb > kth) mark(selected, list_pos[i]);
+      else if (kb == kth) mark(tied, list_pos[i]);
+    }
+  } else {
+    for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
+      if (valid && key_bits > kth) mark(selected, pos);
+      else if (valid && key_bits == kth) mark(tied, pos);
+    });
+  }
+  __syncthreads();
+
+  // ---- ordered output: thread t owns the bitmap words [w0, w1) ----
+  const int per_thread = (word_hi - word_lo + kTopkThreads - 1) / kTopkThreads;
+  const int w0 = word_lo + tid * per_thread < word_hi ? word_lo + tid * per_thread : word_hi;
+  const int w1 = w0 + per_thread < word_hi ? w0 + per_thread : word_hi;
+  int ties_here = 0;
+  for (int w = w0; w < w1; ++w) ties_here += __popc(tied[w]);
+  int ties_before = 0;
+  BlockScan(scan_storage).ExclusiveSum(ties_here, ties_before);
+  int taken_here = 0;
+  for (int w = w0; w < w1; ++w) {
+    std::uint32_t t = tied[w];
+    const int n = __popc(t);
+    // The need lowest-positioned ties are taken: drop this word's highest ties past the quota.
+    const int quota = need - ties_before;
+    if (quota <= 0) t = 0u;
+    else
+      for (int drop = n - quota; drop > 0; --drop) t &= ~(0x80000000u >> __clz(int(t)));
+    ties_before += n;
+    const std::uint32_t taken = selected[w] | t;
+    selected[w] = taken;  // only this thread reads word w from here on
+    taken_here += __popc(taken);
+  }
+  __syncthreads();  // the scan storage is reused
+  int offset = 0;
+  BlockScan(scan_storage).ExclusiveSum(taken_here, offset);
+  offset += plan.sink_end;
+  for (int w = w0; w < w1; ++w)
+    for (std::uint32_t taken = selected[w]; taken != 0u; taken &= taken - 1u)
+      emit(offset++, 32 * w + __ffs(int(taken)) - 1);
+}
+
+}  // namespace detail
+}  // namespace kvsift
