@@ -37,6 +37,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-block", type=int, default=128, help="clusterattn: cluster granularity")
     p.add_argument("--roles", help="lycheedecode: roles file")
     p.add_argument("--budget", type=int, default=128, help="lycheedecode: tokens per sparse head")
+    p.add_argument("--page-size", type=int, default=None, help="a paged cache with pages of this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -89,7 +90,7 @@ def main() -> None:
     model = model.to(args.device).eval()
     reference = model.generate(x, **gen)[0, len(ids):].tolist() if args.compare else None
 
-    kvsift.hf.enable(model, args.policy, **policy_options(args))   # the only kvsift line
+    kvsift.hf.enable(model, args.policy, page_size=args.page_size, **policy_options(args))   # the only kvsift line
     start = time.time()
     out = model.generate(x, **gen)[0, len(ids):].tolist()
     seconds = time.time() - start

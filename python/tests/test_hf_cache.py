@@ -242,3 +242,99 @@ def test_beam_search_and_repeated_batches_equal_eager(mode):
     ref = model.generate(ids, **kwargs)
     hf.enable(model, "dense")
     assert torch.equal(model.generate(ids, **kwargs), ref)
+
+
+# --- paged caches (page pools + block table per layer) ---------------------------------------------
+
+def test_paged_store_reads_what_was_written_through_its_block_table():
+    from kvsift.hf.paged import PagedStore
+
+    torch.manual_seed(5)
+    batch, heads, dim, page = 3, 2, 8, 4
+    store = PagedStore(batch, heads, dim, torch.float32, torch.device("cpu"), page, capacity=6)
+    assert store.capacity == 8 and tuple(store.keys.shape) == (2 * batch, heads, page, dim)
+    ref_k = torch.randn(batch, heads, 23, dim)
+    ref_v = torch.randn(batch, heads, 23, dim)
+    for start, end in ((0, 5), (5, 6), (6, 17), (17, 23)):  # crossing pages, growing the pool twice
+        before = store.keys.clone(), store.block_table.clone()
+        store.write(start, ref_k[:, :, start:end], ref_v[:, :, start:end])
+        # growing keeps every page id and its contents
+        assert torch.equal(store.block_table[:, : before[1].shape[1]], before[1])
+        kept = before[0] != 0  # what was written before; this write only fills slots that were still zero
+        assert torch.equal(store.keys[: before[0].shape[0]][kept], before[0][kept])
+        k, v = store.read(end)
+        assert torch.equal(k, ref_k[:, :, :end]) and torch.equal(v, ref_v[:, :, :end])
+        assert torch.equal(store.read_keys(end), ref_k[:, :, :end])
+    assert store.capacity >= 23
+    table = store.block_table
+    assert table.dtype == torch.int32 and len(set(table.flatten().tolist())) == table.numel()
+    assert (table[:, 1:] - table[:, :-1] == batch).all()  # interleaved: no sequence's pages are adjacent
+    # a sequence's token t lives at pool[table[b, t // page], :, t % page]
+    b, t = 2, 13
+    assert torch.equal(store.keys[int(table[b, t // page]), :, t % page], ref_k[b, :, t])
+
+
+@pytest.mark.parametrize("page_size", [16, 5])
+def test_paged_dense_equals_eager(page_size):
+    model = tiny_llama()
+    ids = prompts(2, 40)
+    ref_tokens, ref_logits = generate(model, ids, 6)
+    hf.enable(model, "dense", page_size=page_size)
+    tokens, logits = generate(model, ids, 6)
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=2e-4, rtol=1e-4)
+    # reserve 1: the pool grows in every decode step
+    cache = hf.make_cache(model, reserve=1)
+    assert cache.page_size == page_size and "page_size" in repr(cache)
+    tokens, logits = generate(model, ids, 6, **{_cache_kwarg(model): cache})
+    assert torch.equal(tokens, ref_tokens)
+    assert cache.stored_length() == 45 and cache.layers[0].paged.capacity >= 45  # 40 + 5 fed back
+    hf.disable(model)
+    assert not hasattr(model, "_kvsift_page_size")
+
+
+@pytest.mark.parametrize("policy", ["clusterattn", "h2o", "lycheedecode"])
+def test_paged_policies_equal_contiguous(policy):
+    # The same policy over a paged cache reads the same tokens: the same tokens and logits.
+    model = tiny_llama(layers=3)
+    ids = prompts(2, 120)
+    options = dict(capacity=40, window=8)
+    if policy == "lycheedecode":
+        options = dict(roles=kvsift.HeadRoles(3, 2, ((True, True), (False, True), (False, False))), budget=24, sink=4,
+                       recent=8)
+    hf.enable(model, policy, **options)
+    ref_tokens, ref_logits = generate(model, ids, 5)
+    hf.enable(model, policy, page_size=16, **options)
+    cache = hf.make_cache(model)
+    tokens, logits = generate(model, ids, 5, **{_cache_kwarg(model): cache})
+    assert torch.equal(tokens, ref_tokens)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+    expect = 40 + 4 if policy != "lycheedecode" else 120 + 4
+    assert all(cache.stored_length(l) == expect for l in range(3))
+
+
+def test_paged_fork_and_beam_search():
+    model = tiny_llama()
+    ids = prompts(2, 100)
+    name = _cache_kwarg(model)
+    hf.enable(model, "snapkv", capacity=32, window=8)
+    ref_tokens, ref_logits = generate(model, ids, 4)
+    hf.enable(model, "dense", page_size=8)
+    dense = hf.make_cache(model, keep_queries=8)
+    with torch.no_grad():
+        first = model(ids, use_cache=True, **{name: dense}).logits[:, -1]
+    forked = dense.fork("snapkv", capacity=32, window=8)
+    assert forked.page_size == 8 and forked.stored_length() == 32
+    nxt = first.argmax(-1, keepdim=True)
+    more, more_logits = generate(model, torch.cat([ids, nxt], 1), 3, **{name: forked})
+    assert torch.equal(torch.cat([nxt, more], 1), ref_tokens)
+    torch.testing.assert_close(more_logits, ref_logits[:, 1:], atol=1e-5, rtol=1e-5)
+    # beam search reorders the paged cache: new pages per row, the same sequences as eager
+    hf.disable(model)
+    kwargs = dict(attention_mask=torch.ones_like(ids[:, :30]), max_new_tokens=6, pad_token_id=0, eos_token_id=None,
+                  num_beams=3, do_sample=False)
+    ref = model.generate(ids[:, :30], **kwargs)
+    hf.enable(model, "dense", page_size=8)
+    assert torch.equal(model.generate(ids[:, :30], **kwargs), ref)
+    with pytest.raises(ValueError, match="page_size = 0 must be None or an int >= 1"):
+        hf.enable(model, "dense", page_size=0)

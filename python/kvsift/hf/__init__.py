@@ -3,8 +3,9 @@
 Import it explicitly (``import kvsift.hf``): it needs transformers, which ``kvsift`` itself does not.
 
 - :func:`enable` / :func:`disable`: the model's attention through kvsift, generate with a kvsift cache;
-- :class:`KvsiftCache`: the ``Cache`` that owns the KV (contiguous buffers with int32 lengths) and runs
-  the policy: prompt compression after prefill, or LycheeDecode in decode steps;
+- :class:`KvsiftCache`: the ``Cache`` that owns the KV (contiguous buffers, or page pools with a block
+  table: ``page_size=...``, with int32 lengths) and runs the policy: prompt compression after prefill,
+  or LycheeDecode in decode steps;
 - :func:`make_policy` / :class:`Policy`: the policies and their options.
 
 See docs/python.md, "Hugging Face".

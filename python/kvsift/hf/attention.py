@@ -36,25 +36,37 @@ MAX_QUERY_ROWS = 4095
 
 
 def causal_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor,
-                     stored: int, scale: Optional[float]) -> torch.Tensor:
+                     stored: int, scale: Optional[float], *, kv_layout: str = "BHSD",
+                     block_table: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dense causal attention of the ``S_q`` newest tokens, in chunks kvsift's kernel accepts.
 
     Query ``i`` of the chunk ``[s, e)`` sits at token ``len - (S_q - i)`` and sees the tokens up to it:
     ``decode_attention`` with the chunk's queries over lengths ``len - (S_q - e)`` is exactly that
     (chunked causal prefill, as in the minimal decoder). ``stored`` (host) bounds the lengths.
-    Returns ``[B, H_q, S_q, D]``.
+    ``query`` is ``[B, H_q, S_q, D]``; ``keys`` / ``values`` are ``[B, H_kv, S, D]``, or with
+    ``kv_layout="HND"`` page pools read through ``block_table``. Returns ``[B, H_q, S_q, D]``.
     """
+    paged = kv_layout != "BHSD"
+    heads = keys.shape[1]
     q_len = query.shape[2]
-    group = query.shape[1] // keys.shape[1]
+    group = query.shape[1] // heads
     chunk = max(1, MAX_QUERY_ROWS // group)
+
+    def attend(q: torch.Tensor, lens: torch.Tensor, bound: int) -> torch.Tensor:
+        if not paged:
+            return decode_attention(q, keys, values, lens, kv_layout="BHSD", sm_scale=scale, max_kv_length=bound)
+        # The paged layouts take the queries [B, S_q, H_q, D] and answer in that layout.
+        out = decode_attention(q.transpose(1, 2), keys, values, lens, kv_layout=kv_layout, block_table=block_table,
+                               sm_scale=scale, max_kv_length=bound)
+        return out.transpose(1, 2)
+
     if q_len <= chunk:
-        return decode_attention(query, keys, values, lengths, kv_layout="BHSD", sm_scale=scale, max_kv_length=stored)
+        return attend(query, lengths, stored)
     parts = []
     for start in range(0, q_len, chunk):
         end = min(start + chunk, q_len)
         behind = q_len - end  # queries after this chunk: its kv length is that much shorter
-        parts.append(decode_attention(query[:, :, start:end], keys, values, lengths - behind, kv_layout="BHSD",
-                                      sm_scale=scale, max_kv_length=stored - behind))
+        parts.append(attend(query[:, :, start:end], lengths - behind, stored - behind))
     return torch.cat(parts, dim=2)
 
 
@@ -86,7 +98,9 @@ def kvsift_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if q_len == 1 and layer.prefilled and policy.lycheedecode is not None:
         out = lycheedecode_layer(layer, query, policy.lycheedecode, scaling)
     else:
-        out = causal_attention(query, layer.keys, layer.values, layer.lengths, layer.stored, scaling)
+        kv = layer.attention_operands()
+        out = causal_attention(query, kv["k_cache"], kv["v_cache"], layer.lengths, layer.stored, scaling,
+                               kv_layout=kv["kv_layout"], block_table=kv["block_table"])
     if not layer.prefilled:
         first_prompt = layer.seen == q_len  # the prompt itself, not a continuation
         layer.prefilled = True

@@ -1,10 +1,12 @@
-"""``KvsiftCache``: a transformers ``Cache`` whose layers own contiguous ``[B, H_kv, capacity, D]`` K/V.
+"""``KvsiftCache``: a transformers ``Cache`` whose layers own their K/V: contiguous ``[B, H_kv, capacity, D]``
+buffers, or (``page_size=...``) page pools with a block table (``kvsift.hf.paged``).
 
 Why not ``DynamicCache``: kvsift's ops read a cache with spare capacity and an int32 length per
 sequence, and after prompt compression a layer holds fewer tokens than the model has seen (the RoPE
 position keeps counting from the prompt length). So each layer keeps:
 
-- ``keys`` / ``values``: buffers with room to grow; ``stored`` tokens are valid (a host int, the same
+- ``keys`` / ``values``: buffers with room to grow (paged: the page pools, ``paged`` holds the block
+  table); ``stored`` tokens are valid (a host int, the same
   for every sequence of the batch: transformers' generate feeds every sequence the same number of
   tokens, and padded batches are refused by ``enable``'s generate);
 - ``lengths``: int32 ``[B]`` on the device, equal to ``stored``; updated in place, never read back,
@@ -21,11 +23,12 @@ attention, LycheeDecode's selection in every decode step.
 from __future__ import annotations
 
 import weakref
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from .paged import PagedStore
 from .policy import Policy, check_policy_for_model, make_policy
 
 DEFAULT_RESERVE = 256
@@ -39,7 +42,8 @@ def layer_of(key: torch.Tensor) -> Optional["KvsiftCacheLayer"]:
 
 
 class KvsiftCacheLayer(CacheLayerMixin):
-    """One layer's K/V for :class:`KvsiftCache` (contiguous BHSD buffers with spare capacity)."""
+    """One layer's K/V for :class:`KvsiftCache`: contiguous BHSD buffers with spare capacity, or a
+    :class:`~kvsift.hf.paged.PagedStore` (``paged``) when the cache has a ``page_size``."""
 
     is_compileable = False
     is_croppable = False
@@ -55,6 +59,7 @@ class KvsiftCacheLayer(CacheLayerMixin):
         self.last_update = 0            # tokens appended by the latest update (the attention's q_len)
         self.prefilled = False          # the first multi-token update (the prompt) has been attended
         self.window_queries: Optional[torch.Tensor] = None  # kept for KvsiftCache.fork
+        self.paged: Optional[PagedStore] = None
 
     @property
     def cache(self) -> "KvsiftCache":
@@ -72,9 +77,18 @@ class KvsiftCacheLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def _allocate(self, batch: int, heads: int, dim: int, dtype: torch.dtype, capacity: int) -> None:
-        self.keys = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=self.device)
-        self.values = torch.zeros_like(self.keys)
+        page_size = self.cache.page_size
+        if page_size is None:
+            self.keys = torch.zeros(batch, heads, capacity, dim, dtype=dtype, device=self.device)
+            self.values = torch.zeros_like(self.keys)
+        else:
+            self.paged = PagedStore(batch, heads, dim, dtype, self.device, page_size, capacity)
+            self._point_at_pools()
         self._tag()
+
+    def _point_at_pools(self) -> None:
+        assert self.paged is not None
+        self.keys, self.values = self.paged.keys, self.paged.values
 
     def _tag(self) -> None:
         # The attention function receives what update returns; the tag leads it back here.
@@ -82,19 +96,52 @@ class KvsiftCacheLayer(CacheLayerMixin):
 
     @property
     def capacity(self) -> int:
+        if self.paged is not None:
+            return self.paged.capacity
         return 0 if self.keys is None else int(self.keys.shape[2])
+
+    def _write(self, start: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        n = keys.shape[2]
+        if self.paged is not None:
+            self.paged.write(start, keys, values)
+        else:
+            self.keys[:, :, start : start + n].copy_(keys)
+            self.values[:, :, start : start + n].copy_(values)
+
+    def contiguous(self, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The first ``n`` tokens' keys and values, ``[B, H_kv, n, D]`` (views, or paged: copies in order)."""
+        if self.paged is not None:
+            return self.paged.read(n)
+        return self.keys[:, :, :n], self.values[:, :, :n]
+
+    def contiguous_keys(self, n: int) -> torch.Tensor:
+        """The first ``n`` tokens' keys, ``[B, H_kv, n, D]`` (a view, or paged: a copy in order)."""
+        if self.paged is not None:
+            return self.paged.read_keys(n)
+        return self.keys[:, :, :n]
+
+    def attention_operands(self) -> Dict[str, Any]:
+        """``k_cache``, ``v_cache``, ``kv_layout`` and ``block_table`` of ``kvsift.decode_attention`` over this layer."""
+        if self.paged is not None:
+            return dict(k_cache=self.paged.keys, v_cache=self.paged.values, kv_layout="HND",
+                        block_table=self.paged.block_table)
+        return dict(k_cache=self.keys, v_cache=self.values, kv_layout="BHSD", block_table=None)
 
     def replace(self, keys: torch.Tensor, values: torch.Tensor, lengths: torch.Tensor, stored: int) -> None:
         """Installs new contents (e.g. a compressed cache), copied into buffers with spare capacity."""
         batch, heads, _, dim = keys.shape
         self._allocate(batch, heads, dim, keys.dtype, stored + self.cache.reserve)
-        self.keys[:, :, :stored].copy_(keys[:, :, :stored])
-        self.values[:, :, :stored].copy_(values[:, :, :stored])
+        self._write(0, keys[:, :, :stored], values[:, :, :stored])
         self.lengths = lengths.to(dtype=torch.int32).clone()
         self.stored = stored
 
     def _ensure_capacity(self, needed: int) -> None:
         if needed <= self.capacity:
+            return
+        if self.paged is not None:  # new pages; the written ones keep their ids
+            self.paged.grow(needed + self.cache.reserve)
+            self._point_at_pools()
+            self._tag()
             return
         old_k, old_v = self.keys, self.values
         batch, heads, _, dim = old_k.shape
@@ -109,14 +156,14 @@ class KvsiftCacheLayer(CacheLayerMixin):
                              f"(got {tuple(key_states.shape)} and {tuple(value_states.shape)})")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if key_states.shape[0] != self.keys.shape[0] or key_states.shape[1] != self.keys.shape[1] \
-                or key_states.shape[3] != self.keys.shape[3]:
+        batch = self.lengths.shape[0]
+        heads, dim = (self.paged.heads, self.paged.dim) if self.paged is not None else self.keys.shape[1::2]
+        if key_states.shape[0] != batch or key_states.shape[1] != heads or key_states.shape[3] != dim:
             raise ValueError(f"kvsift.hf: key_states {tuple(key_states.shape)} do not match the cache "
-                             f"{tuple(self.keys.shape)} of layer {self.layer_idx} (batch, KV heads, head_dim)")
+                             f"[{batch}, {heads}, S, {dim}] of layer {self.layer_idx} (batch, KV heads, head_dim)")
         n = key_states.shape[2]
         self._ensure_capacity(self.stored + n)
-        self.keys[:, :, self.stored : self.stored + n].copy_(key_states)
-        self.values[:, :, self.stored : self.stored + n].copy_(value_states)
+        self._write(self.stored, key_states, value_states)
         self.lengths.add_(n)  # in place on the device: no host round trip
         self.stored += n
         self.seen += n
@@ -137,7 +184,7 @@ class KvsiftCacheLayer(CacheLayerMixin):
         return -1
 
     def reset(self) -> None:
-        self.keys = self.values = self.lengths = self.window_queries = None
+        self.keys = self.values = self.lengths = self.window_queries = self.paged = None
         self.stored = self.seen = self.last_update = 0
         self.prefilled = False
         self.is_initialized = False
@@ -149,6 +196,18 @@ class KvsiftCacheLayer(CacheLayerMixin):
 
     def _select(self, index: torch.Tensor) -> None:
         if not self.is_initialized:
+            return
+        if self.paged is not None:
+            # New pages for the selected rows: two rows that repeat one sequence must not share pages
+            # they will both append to.
+            index = index.to(self.device)
+            keys, values = (t.index_select(0, index) for t in self.paged.read(self.stored))
+            lengths = self.lengths.index_select(0, index)
+            stored, seen = self.stored, self.seen
+            self.replace(keys, values, lengths, stored)
+            self.seen = seen
+            if self.window_queries is not None:
+                self.window_queries = self.window_queries.index_select(0, index)
             return
         self.keys = self.keys.index_select(0, index.to(self.keys.device))
         self.values = self.values.index_select(0, index.to(self.keys.device))
@@ -165,7 +224,7 @@ class KvsiftCacheLayer(CacheLayerMixin):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
-            self._select(torch.arange(self.keys.shape[0], device=self.keys.device).repeat_interleave(repeats))
+            self._select(torch.arange(self.lengths.shape[0], device=self.device).repeat_interleave(repeats))
 
 
 class KvsiftCache(Cache):
@@ -177,10 +236,12 @@ class KvsiftCache(Cache):
         reserve: spare slots per layer beyond what it holds; more tokens reallocate (a copy).
         keep_queries: post-RoPE prefill queries kept per layer (the last ``keep_queries``; -1: all),
             so that :meth:`fork` can compress the same prefill under other policies.
+        page_size: None for contiguous buffers; else tokens per page of a paged cache (page pools and a
+            block table per layer, ``kvsift.hf.paged``; decode attention reads the pages directly).
     """
 
     def __init__(self, config: Any, policy: Any = "dense", *, reserve: int = DEFAULT_RESERVE, keep_queries: int = 0,
-                 **policy_options: Any):
+                 page_size: Optional[int] = None, **policy_options: Any):
         self.policy: Policy = make_policy(policy, **policy_options)
         self.num_layers = int(config.num_hidden_layers)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
@@ -189,8 +250,11 @@ class KvsiftCache(Cache):
             raise ValueError(f"kvsift.hf: reserve = {reserve!r} must be an int >= 1")
         if isinstance(keep_queries, bool) or not isinstance(keep_queries, int) or keep_queries < -1:
             raise ValueError(f"kvsift.hf: keep_queries = {keep_queries!r} must be an int >= -1 (-1: all)")
+        if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+            raise ValueError(f"kvsift.hf: page_size = {page_size!r} must be None or an int >= 1")
         self.reserve = reserve
         self.keep_queries = keep_queries
+        self.page_size = page_size
         self._config = config
         layers: List[KvsiftCacheLayer] = []
         super().__init__(layers=layers)
@@ -199,7 +263,8 @@ class KvsiftCache(Cache):
         self.index_table: Optional[Any] = None
 
     def __repr__(self) -> str:
-        return f"KvsiftCache(policy={self.policy.describe()!r}, layers={self.num_layers})"
+        paged = "" if self.page_size is None else f", page_size={self.page_size}"
+        return f"KvsiftCache(policy={self.policy.describe()!r}, layers={self.num_layers}{paged})"
 
     def stored_length(self, layer_idx: int = 0) -> int:
         """Tokens held by a layer (after compression: fewer than :meth:`get_seq_length`)."""
@@ -221,11 +286,12 @@ class KvsiftCache(Cache):
         if not all(l.prefilled and l.seen == l.stored for l in self.layers):
             raise ValueError("kvsift.hf: fork needs a cache right after its prefill (every layer prefilled, no "
                              "compression, nothing decoded)")
-        other = KvsiftCache(self._config, policy, reserve=self.reserve, **policy_options)
+        other = KvsiftCache(self._config, policy, reserve=self.reserve, page_size=self.page_size, **policy_options)
         for src, dst in zip(self.layers, other.layers):
             dst.device = src.device
             dst.is_initialized = True
-            dst.replace(src.keys, src.values, src.lengths, src.stored)
+            keys, values = src.contiguous(src.stored)
+            dst.replace(keys, values, src.lengths, src.stored)
             dst.seen = src.seen
             dst.prefilled = True
             if other.policy.compresses:

@@ -41,9 +41,9 @@ def compress_layer(layer: "KvsiftCacheLayer", policy: Policy, queries: Optional[
         hint = " (make the dense cache with keep_queries=-1 for h2o, else >= the window)" if source == "fork" else ""
         raise ValueError(f"kvsift.hf: {config.policy} needs the last {needed} prompt queries, {have} were kept{hint}")
     queries = queries[:, :, queries.shape[2] - needed :]
-    # compress_prompt reads contiguous tensors whose S bounds the prompt: the prompt part of the buffers.
-    keys = layer.keys[:, :, :length].contiguous()
-    values = layer.values[:, :, :length].contiguous()
+    # compress_prompt reads contiguous tensors whose S bounds the prompt: the prompt part of the buffers
+    # (paged: the prompt's pages read in order).
+    keys, values = (t.contiguous() for t in layer.contiguous(length))
     out = compress_prompt(keys, values, layer.lengths, queries.contiguous(), config, kv_layout="BHSD")
     # Every sequence of the batch has length L > capacity, so every new length is the capacity:
     # known on the host, nothing read back.

@@ -63,22 +63,32 @@ def _check_unpadded(attention_mask: Optional[torch.Tensor]) -> None:
                          "only (generate them separately, or batch prompts of one length)")
 
 
+_UNSET: Any = object()
+
+
 def make_cache(model: torch.nn.Module, policy: Any = None, *, reserve: int = DEFAULT_RESERVE, keep_queries: int = 0,
-               **policy_options: Any) -> KvsiftCache:
-    """A :class:`KvsiftCache` for ``model`` (default: the policy ``enable`` set), for generate or forward."""
+               page_size: Optional[int] = _UNSET, **policy_options: Any) -> KvsiftCache:
+    """A :class:`KvsiftCache` for ``model`` (default: the policy and ``page_size`` ``enable`` set), for
+    generate or forward."""
     config = check_model(model)
     if policy is None:
         policy = getattr(model, "_kvsift_policy", None) or "dense"
-    return KvsiftCache(config, policy, reserve=reserve, keep_queries=keep_queries, **policy_options)
+    if page_size is _UNSET:
+        page_size = getattr(model, "_kvsift_page_size", None)
+    return KvsiftCache(config, policy, reserve=reserve, keep_queries=keep_queries, page_size=page_size,
+                       **policy_options)
 
 
-def enable(model: torch.nn.Module, policy: Any = "dense", **policy_options: Any) -> torch.nn.Module:
+def enable(model: torch.nn.Module, policy: Any = "dense", *, page_size: Optional[int] = None,
+           **policy_options: Any) -> torch.nn.Module:
     """Makes ``model`` attend through kvsift under ``policy``; returns the model.
 
     Args:
         model: a transformers ``LlamaForCausalLM`` / ``Qwen3ForCausalLM`` (or their base models).
         policy: a :class:`kvsift.hf.Policy` or a name: ``"dense"``, ``"clusterattn"``, ``"snapkv"``,
             ``"streamingllm"``, ``"h2o"``, ``"lycheedecode"`` (see :func:`kvsift.hf.make_policy`).
+        page_size: None: generate's cache keeps contiguous buffers; an int: a paged cache with pages of
+            that many tokens (page pools and a block table per layer, as an engine keeps them).
         policy_options: the policy's options (``capacity``, ``window``, ``theta``, ``roles``, ...).
 
     Raises:
@@ -92,6 +102,8 @@ def enable(model: torch.nn.Module, policy: Any = "dense", **policy_options: Any)
     check_transformers_version(transformers.__version__)
     config = check_model(model)
     resolved: Policy = make_policy(policy, **policy_options)
+    if page_size is not None and (isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1):
+        raise ValueError(f"kvsift.hf: page_size = {page_size!r} must be None or an int >= 1")
     check_policy_for_model(resolved, int(config.num_hidden_layers),
                            int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads))
     register()
@@ -102,6 +114,7 @@ def enable(model: torch.nn.Module, policy: Any = "dense", **policy_options: Any)
     else:
         model.config._attn_implementation = ATTENTION_NAME
     model._kvsift_policy = resolved
+    model._kvsift_page_size = page_size
 
     if not hasattr(model, "_kvsift_original_generate"):
         original = model.generate
@@ -115,7 +128,8 @@ def enable(model: torch.nn.Module, policy: Any = "dense", **policy_options: Any)
             if user_cache is None and kwargs.get("use_cache", True):
                 max_new = kwargs.get("max_new_tokens") or getattr(model.generation_config, "max_new_tokens", None)
                 reserve = int(max_new) + 1 if max_new else DEFAULT_RESERVE
-                kwargs[cache_arg] = KvsiftCache(_text_config(model), model._kvsift_policy, reserve=reserve)
+                kwargs[cache_arg] = KvsiftCache(_text_config(model), model._kvsift_policy, reserve=reserve,
+                                                page_size=model._kvsift_page_size)
             return original(*args, **kwargs)
 
         model.generate = generate
@@ -134,8 +148,9 @@ def disable(model: torch.nn.Module) -> torch.nn.Module:
     if hasattr(model, "_kvsift_original_generate"):
         del model.generate  # the instance attribute; the class's generate shows through again
         del model._kvsift_original_generate
-    if hasattr(model, "_kvsift_policy"):
-        del model._kvsift_policy
+    for name in ("_kvsift_policy", "_kvsift_page_size"):
+        if hasattr(model, name):
+            delattr(model, name)
     return model
 
 

@@ -72,8 +72,14 @@ def lycheedecode_layer(layer: "KvsiftCacheLayer", query: torch.Tensor, options: 
     sparse: List[int] = options.roles.sparse_heads(layer.layer_idx)
 
     index_set = IndexSet(table.indices, table.counts) if sparse else None
-    out = decode_attention(query, layer.keys, layer.values, layer.lengths, kv_layout="BHSD", sm_scale=scale,
-                           max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set)
+    kv = layer.attention_operands()
+    if kv["kv_layout"] == "BHSD":
+        out = decode_attention(query, layer.keys, layer.values, layer.lengths, kv_layout="BHSD", sm_scale=scale,
+                               max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set)
+    else:  # paged: the queries and the answer are [B, 1, H_q, D]
+        out = decode_attention(query.transpose(1, 2), kv["k_cache"], kv["v_cache"], layer.lengths,
+                               kv_layout=kv["kv_layout"], block_table=kv["block_table"], sm_scale=scale,
+                               max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set).transpose(1, 2)
     if retrieval:
         n = layer.stored
         every = len(retrieval) == kv_heads
@@ -83,7 +89,8 @@ def lycheedecode_layer(layer: "KvsiftCacheLayer", query: torch.Tensor, options: 
         # group-mean query of each retrieval KV head (query head hq reads KV head hq // group)
         qbar = query[:, :, 0].reshape(batch, kv_heads, group, dim)
         qbar = (qbar if every else qbar.index_select(1, rows)).float().mean(2)              # [B, R, D]
-        keys = layer.keys[:, :, :n] if every else layer.keys[:, :, :n].index_select(1, rows)
+        keys = layer.contiguous_keys(n)
+        keys = keys if every else keys.index_select(1, rows)
         keys = keys.float()                                                                 # [B, R, n, D]
         scores = torch.matmul(keys, qbar.unsqueeze(-1)).squeeze(-1)        # [B, R, n]
         # Every sequence holds n tokens (no padding), so no per-row lengths are needed.
