@@ -27,36 +27,52 @@ double target_us(int rows, int n, int k, int sink) {
   return 0.0;
 }
 
-void BM_TopK(benchmark::State& state) {
-  const int rows = int(state.range(0));
-  const int n = int(state.range(1));
-  const int k = int(state.range(2));
+// One benchmark shape's device inputs and outputs: fp32 scores uniform in [-1, 1), full-length rows
+// whose lengths live on the device (as in decoding), the state's k, sink and recent.
+struct TopkShape {
+  int rows, n, k;
   kvsift::TopKParams params;
-  params.k = k;
-  params.sink = int(state.range(3));
-  params.recent = int(state.range(4));
+  kvsift_bench::DeviceArray<float> scores;
+  kvsift_bench::DeviceArray<std::int32_t> indices, counts, lengths;
 
-  kvsift_bench::DeviceArray<float> scores(std::size_t(rows) * n);
-  kvsift_bench::DeviceArray<std::int32_t> indices(std::size_t(rows) * k), counts(rows), lengths(rows);
-  kvsift_bench::fill_uniform(scores.get(), scores.n, -1.f, 1.f, 0x70c0u + rows + n);
-  const std::vector<std::int32_t> full(std::size_t(rows), n);  // lengths live on the device, as in decoding
-  KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
-  params.lengths = lengths.get();
-
-  const auto view = kvsift::make_strided_view<const float>(scores.get(), rows, n);
-  const auto out = kvsift::make_index_set(indices.get(), counts.get(), rows, k);
-  const kvsift::Status st = kvsift::cuda::topk(kvsift_bench::gpu(), view, params, out);
-  if (!st.ok()) {
-    state.SkipWithError(st.to_string().c_str());
-    return;
+  explicit TopkShape(const benchmark::State& state)
+      : rows(int(state.range(0))), n(int(state.range(1))), k(int(state.range(2))), scores(std::size_t(rows) * n),
+        indices(std::size_t(rows) * k), counts(rows), lengths(rows) {
+    params.k = k;
+    params.sink = int(state.range(3));
+    params.recent = int(state.range(4));
+    kvsift_bench::fill_uniform(scores.get(), scores.n, -1.f, 1.f, 0x70c0u + rows + n);
+    const std::vector<std::int32_t> full(std::size_t(rows), n);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
+    params.lengths = lengths.get();
   }
-  const double bytes = double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0;
-  kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t s) {
-    (void)kvsift::cuda::topk(kvsift_bench::gpu().on(s), view, params, out);
-  });
-  const auto plan = kvsift::detail::plan_topk<std::uint32_t>(rows, n, kvsift_bench::gpu().device);
-  state.counters["floor_us"] = bytes / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
-  state.counters["target_us"] = target_us(rows, n, k, params.sink);
+  kvsift::StridedView2D<const float> view() const { return kvsift::make_strided_view<const float>(scores.get(), rows, n); }
+  kvsift::IndexSet out() const { return kvsift::make_index_set(indices.get(), counts.get(), rows, k); }
+  // The scores read once plus the positions and counts written.
+  double bytes() const { return double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0; }
+
+  // Times run(exec) (a first call must succeed) and sets the floor counter; false if skipped.
+  template <class Run>
+  bool time(benchmark::State& state, Run&& run) const {
+    const kvsift::Status st = run(kvsift_bench::gpu());
+    if (!st.ok()) {
+      state.SkipWithError(st.to_string().c_str());
+      return false;
+    }
+    kvsift_bench::time_gpu(state, bytes(), [&](cudaStream_t s) { (void)run(kvsift_bench::gpu().on(s)); });
+    state.counters["floor_us"] = bytes() / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
+    return true;
+  }
+};
+
+void BM_TopK(benchmark::State& state) {
+  const TopkShape shape(state);
+  const auto view = shape.view();
+  const auto out = shape.out();
+  if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::cuda::topk(exec, view, shape.params, out); }))
+    return;
+  const auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
+  state.counters["target_us"] = target_us(shape.rows, shape.n, shape.k, shape.params.sink);
   state.counters["path"] = int(plan.kernel);
   state.counters["group"] = plan.ctas_per_row;
   state.counters["threads"] = plan.threads;
@@ -65,38 +81,16 @@ void BM_TopK(benchmark::State& state) {
 // The stream select forced on every shape (detail::launch_topk with plan_topk_stream), beside the
 // plan's choice above: where the plan switches kernels (topk_plan.hpp) is read off these two.
 void BM_TopKStreamSelect(benchmark::State& state) {
-  const int rows = int(state.range(0));
-  const int n = int(state.range(1));
-  const int k = int(state.range(2));
-  kvsift::TopKParams params;
-  params.k = k;
-  params.sink = int(state.range(3));
-  params.recent = int(state.range(4));
-  kvsift_bench::DeviceArray<float> scores(std::size_t(rows) * n);
-  kvsift_bench::DeviceArray<std::int32_t> indices(std::size_t(rows) * k), counts(rows), lengths(rows);
-  kvsift_bench::fill_uniform(scores.get(), scores.n, -1.f, 1.f, 0x70c0u + rows + n);
-  const std::vector<std::int32_t> full(std::size_t(rows), n);
-  KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), full.data(), lengths.bytes(), cudaMemcpyHostToDevice));
-  params.lengths = lengths.get();
-  const auto view = kvsift::make_strided_view<const float>(scores.get(), rows, n);
-  const auto out = kvsift::make_index_set(indices.get(), counts.get(), rows, k);
-  const auto plan = kvsift::detail::plan_topk_stream<std::uint32_t>(n, kvsift_bench::gpu().device);
+  const TopkShape shape(state);
+  const auto plan = kvsift::detail::plan_topk_stream<std::uint32_t>(shape.n, kvsift_bench::gpu().device);
   if (plan.list_capacity == 0) {
     state.SkipWithError("the stream select does not fit shared memory");
     return;
   }
-  auto run = [&](const kvsift::cuda::Exec& exec) {
-    return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>>{
-                                                 view, params, out, nullptr, kvsift::ScoreKey<float>{}, plan});
-  };
-  const kvsift::Status st = run(kvsift_bench::gpu());
-  if (!st.ok()) {
-    state.SkipWithError(st.to_string().c_str());
+  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
+                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
+  if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); }))
     return;
-  }
-  const double bytes = double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0;
-  kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t s) { (void)run(kvsift_bench::gpu().on(s)); });
-  state.counters["floor_us"] = bytes / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
   state.counters["list"] = plan.list_capacity;
 }
 

@@ -207,6 +207,24 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   int listed = 0;
   bool exact = true;  // the top digit still needs a histogram of every key
 
+  // Appends the keys of the lanes that `take` to the list (one shared atomic per warp; called with
+  // warp-uniform trip counts) and histograms them into `bin`; past the list's capacity a key is
+  // counted and histogrammed but not stored.
+  auto append = [&](bool take, int pos, K key_bits, int bin) {
+    const unsigned m = __ballot_sync(0xffffffffu, take);
+    if (m == 0u) return;  // warp-uniform
+    const int leader = __ffs(int(m)) - 1;
+    int slot = 0;
+    if (lane == leader) slot = atomicAdd(&s_count, __popc(m));
+    slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
+    if (!take) return;
+    if (slot < a.plan.list_capacity) {
+      list_keys[slot] = key_bits;
+      list_pos[slot] = pos;
+    }
+    atomicAdd(&hist[bin], 1);
+  };
+
   // ---- sample and filter (steps 1 and 2) ----
   {
     int mine = 0;
@@ -225,20 +243,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     if (r <= total) {
       const K threshold = K(digit) << kShift0;
       for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
-        const bool pass = valid && key_bits >= threshold;
-        const unsigned m = __ballot_sync(0xffffffffu, pass);
-        if (m == 0u) return;  // warp-uniform
-        const int leader = __ffs(int(m)) - 1;
-        int slot = 0;
-        if (lane == leader) slot = atomicAdd(&s_count, __popc(m));
-        slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
-        if (pass) {
-          if (slot < a.plan.list_capacity) {
-            list_keys[slot] = key_bits;
-            list_pos[slot] = pos;
-          }
-          atomicAdd(&hist[int(key_bits >> kShift0)], 1);
-        }
+        append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
       });
       __syncthreads();
       listed = s_count;
@@ -285,20 +290,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
       for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
         const K top = key_bits >> shift;
         if (valid && top > prefix) mark(selected, pos);
-        const bool in_bucket = valid && top == prefix;
-        const unsigned m = __ballot_sync(0xffffffffu, in_bucket);
-        if (m == 0u) return;  // warp-uniform
-        const int leader = __ffs(int(m)) - 1;
-        int slot = 0;
-        if (lane == leader) slot = atomicAdd(&s_count, __popc(m));
-        slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
-        if (in_bucket) {
-          if (slot < a.plan.list_capacity) {
-            list_keys[slot] = key_bits;
-            list_pos[slot] = pos;
-          }
-          atomicAdd(&hist[int((key_bits >> next_shift) & digit_mask)], 1);
-        }
+        append(valid && top == prefix, pos, key_bits, int((key_bits >> next_shift) & digit_mask));
       });
     }
     __syncthreads();
