@@ -53,12 +53,13 @@ def _state(cache: "KvsiftCache", layer: "KvsiftCacheLayer", query: torch.Tensor,
            options: LycheeDecodeOptions) -> StepState:
     """The step object for this step: remade at layer 0 when the batch, the shape or the longest layer
     outgrew it (its table is rewritten at layer 0 anyway)."""
-    batch, q_heads, _, dim = query.shape
-    longest = max(l.capacity for l in cache.layers if l.is_initialized)
     s: Optional[StepState] = cache.index_table
-    if layer.layer_idx == 0 and (not isinstance(s, StepState) or not s.fits(batch, q_heads, dim, longest, query.device)):
-        s = StepState(options, q_heads, dim, batch, longest, query.device)
-        cache.index_table = s
+    if layer.layer_idx == 0:  # once per step: the other layers use what layer 0 sized
+        batch, q_heads, _, dim = query.shape
+        longest = max(l.capacity for l in cache.layers if l.is_initialized)
+        if not isinstance(s, StepState) or not s.fits(batch, q_heads, dim, longest, query.device):
+            s = StepState(options, q_heads, dim, batch, longest, query.device)
+            cache.index_table = s
     if not isinstance(s, StepState):
         raise RuntimeError(f"kvsift.hf: LycheeDecode step at layer {layer.layer_idx} before layer 0")
     return s
