@@ -94,6 +94,76 @@ __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a
   }
 }
 
+// The filter stream of step 2 over the 16-byte vectors wholly inside [lo, hi) (the caller takes the
+// scalar head and tail): every key >= threshold is appended to the list (list_keys / list_pos, room
+// for `capacity`; past it a key is counted, not stored) and histogrammed on its top digit (>> shift0).
+// Per thread and batch of 32 keys the passing keys become bits of a mask; one warp scan and one
+// shared atomic per warp reserve the batch's slots, and only the passing keys are read again (from L1),
+// converted and written. On uniform scores 80% of a warp's 32-key steps hold a candidate, so a per-key ballot and
+// branch (about 45 instructions a key) cost more than the stream itself; here a key that does not
+// pass is its conversion and one compare.
+template <class T, class Key>
+__device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, const T* row_scores, std::int64_t row,
+                                                   int lo, int hi, typename Key::key_type threshold, int shift0,
+                                                   typename Key::key_type* list_keys, std::int32_t* list_pos,
+                                                   int capacity, int* s_count, int* hist) {
+  using K = typename Key::key_type;
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  // 32 keys per thread and batch, one bit each: eight vectors of fp32, four of 16-bit scores (eight
+  // of those, with 64-bit flag-first keys, spill registers).
+  constexpr int kBatch = 32 / kPerVector;
+  using Mask = std::uint32_t;
+  const int tid = int(threadIdx.x);
+  const int lane = tid % 32;
+  const int first_vector = (lo + kPerVector - 1) / kPerVector, end_vector = hi / kPerVector;
+  const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
+  // Trip counts are block-uniform: every lane of a warp takes part in the scan.
+  for (int base = first_vector; base < end_vector; base += kTopkThreads * kBatch) {
+    uint4 loaded[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kTopkThreads + tid;
+      loaded[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    Mask mask = 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kTopkThreads + tid;
+      if (v >= end_vector) continue;  // one test per vector (a key policy may read memory at pos)
+      const T* elems = reinterpret_cast<const T*>(&loaded[u]);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) {
+        const bool pass = a.key(elems[e], row, v * kPerVector + e) >= threshold;
+        mask |= Mask(pass) << (u * kPerVector + e);
+      }
+    }
+    const int count = __popc(mask);
+    int inclusive = count;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int t = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += t;
+    }
+    int slot = 0;
+    if (lane == 31 && inclusive > 0) slot = atomicAdd(s_count, inclusive);
+    slot = __shfl_sync(0xffffffffu, slot, 31) + inclusive - count;
+    // Rare: a few passing keys per thread and batch, re-read from L1 (the batch's registers are not
+    // kept live across the scan).
+    while (mask != 0) {
+      const int j = __ffs(int(mask)) - 1;
+      mask &= mask - 1;
+      const int pos = (base + (j / kPerVector) * kTopkThreads + tid) * kPerVector + j % kPerVector;
+      const K key_bits = a.key(row_scores[pos], row, pos);
+      if (slot < capacity) {
+        list_keys[slot] = key_bits;
+        list_pos[slot] = pos;
+      }
+      ++slot;
+      atomicAdd(&hist[int(key_bits >> shift0)], 1);
+    }
+  }
+}
+
 // The digit of `hist` (descending bin order) that holds the need-th key, how many keys lie in the
 // bins above it, and the histogram's total (no digit is found when need > total). Each thread reads
 // and then zeroes its own 16 bins, so the histogram is clean for the next level once the barrier at
@@ -242,9 +312,28 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     topk_stream_search<BlockScan>(hist, r, scan_storage, &s_digit, &s_above, digit, above, total);
     if (r <= total) {
       const K threshold = K(digit) << kShift0;
-      for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
-        append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
-      });
+      if (a.plan.vector_loads) {
+        // The batched filter over the whole vectors; the per-key append over the scalar head and tail.
+        constexpr int kPerVector = 16 / int(sizeof(T));
+        const int vec_lo = (lo + kPerVector - 1) / kPerVector * kPerVector, vec_hi = hi / kPerVector * kPerVector;
+        topk_stream_filter(a, row_scores, row, lo, hi, threshold, kShift0, list_keys, list_pos, a.plan.list_capacity,
+                           &s_count, hist);
+        auto scalar = [&](int from, int to) {
+          for (int base = from; base < to; base += kTopkThreads) {
+            const int pos = base + tid;
+            const bool valid = pos < to;
+            const K key_bits = valid ? a.key(row_scores[pos], row, pos) : K(0);
+            append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
+          }
+        };
+        const int head_end = vec_lo < hi ? vec_lo : hi;
+        scalar(lo, head_end);
+        scalar(vec_hi > head_end ? vec_hi : head_end, hi);
+      } else {
+        for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
+          append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
+        });
+      }
       __syncthreads();
       listed = s_count;
       if (listed >= plan.budget) {
