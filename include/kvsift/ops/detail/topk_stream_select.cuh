@@ -35,6 +35,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
@@ -102,9 +103,11 @@ __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a
 // converted and written. On uniform scores 80% of a warp's 32-key steps hold a candidate, so a per-key ballot and
 // branch (about 45 instructions a key) cost more than the stream itself; here a key that does not
 // pass is its conversion and one compare.
-template <class T, class Key>
+// passes(score, position) says whether a key reaches the threshold (the key compare, or for plain
+// scores the equivalent float compare of float_order_threshold, ops/topk.hpp).
+template <class T, class Key, class Passes>
 __device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, const T* row_scores, std::int64_t row,
-                                                   int lo, int hi, typename Key::key_type threshold, int shift0,
+                                                   int lo, int hi, Passes&& passes, int shift0,
                                                    typename Key::key_type* list_keys, std::int32_t* list_pos,
                                                    int capacity, int* s_count, int* hist) {
   using K = typename Key::key_type;
@@ -133,7 +136,7 @@ __device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, 
       const T* elems = reinterpret_cast<const T*>(&loaded[u]);
 #pragma unroll
       for (int e = 0; e < kPerVector; ++e) {
-        const bool pass = a.key(elems[e], row, v * kPerVector + e) >= threshold;
+        const bool pass = passes(elems[e], v * kPerVector + e);
         mask |= Mask(pass) << (u * kPerVector + e);
       }
     }
@@ -316,8 +319,19 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
         // The batched filter over the whole vectors; the per-key append over the scalar head and tail.
         constexpr int kPerVector = 16 / int(sizeof(T));
         const int vec_lo = (lo + kPerVector - 1) / kPerVector * kPerVector, vec_hi = hi / kPerVector * kPerVector;
-        topk_stream_filter(a, row_scores, row, lo, hi, threshold, kShift0, list_keys, list_pos, a.plan.list_capacity,
-                           &s_count, hist);
+        auto filter = [&](auto&& passes) {
+          topk_stream_filter(a, row_scores, row, lo, hi, passes, kShift0, list_keys, list_pos, a.plan.list_capacity,
+                             &s_count, hist);
+        };
+        bool by_key = true;
+        if constexpr (std::is_same_v<Key, ScoreKey<T>>) {
+          if (threshold != 0) {  // key 0 (NaN) passes too: only the key compare says so
+            by_key = false;
+            const float t = float_order_threshold(std::uint32_t(threshold) << (32 - Key::kBits));
+            filter([&](T score, int) { return dtype_traits<T>::to_float(score) >= t; });
+          }
+        }
+        if (by_key) filter([&](T score, int pos) { return a.key(score, row, pos) >= threshold; });
         auto scalar = [&](int from, int to) {
           for (int base = from; base < to; base += kTopkThreads) {
             const int pos = base + tid;
