@@ -338,3 +338,21 @@ def test_paged_fork_and_beam_search():
     assert torch.equal(model.generate(ids[:, :30], **kwargs), ref)
     with pytest.raises(ValueError, match="page_size = 0 must be None or an int >= 1"):
         hf.enable(model, "dense", page_size=0)
+
+
+def test_lycheedecode_step_bounds():
+    # The step object is sized at layer 0 by the longest layer; a later layer holding more raises
+    # (the op would clamp), and a non-default attention scale is refused.
+    roles = kvsift.HeadRoles(2, 1, ((True,), (False,)))
+    policy = hf.make_policy("lycheedecode", roles=roles, budget=8, sink=2, recent=2)
+    cache = hf.KvsiftCache(SimpleNamespace(num_hidden_layers=2, num_key_value_heads=1, num_attention_heads=2),
+                           policy, reserve=1)
+    q = torch.randn(1, 2, 1, 64)
+    first, second = cache.layers
+    first.update(torch.randn(1, 1, 10, 64), torch.randn(1, 1, 10, 64))
+    with pytest.raises(NotImplementedError, match="scaling = 0.5"):
+        lycheedecode_layer(first, q, policy.lycheedecode, 0.5)
+    lycheedecode_layer(first, q, policy.lycheedecode, None)
+    second.update(torch.randn(1, 1, 20, 64), torch.randn(1, 1, 20, 64))
+    with pytest.raises(RuntimeError, match="holds 20 tokens, more than the LycheeDecode step was sized for \\(11\\)"):
+        lycheedecode_layer(second, q, policy.lycheedecode, None)

@@ -38,7 +38,7 @@ inline constexpr int kTopkCandShortSlice = 4096;
 enum class TopkKernel : int {
   kRadixSelect = 0,      ///< ops/detail/topk_radix_select.cuh: any slice; re-reads global memory past 128 KiB
   kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
-  kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row, the row streamed twice
+  kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row: a sampled quarter, then one stream
 };
 
 struct TopkPlan {
@@ -60,7 +60,8 @@ inline constexpr std::size_t kTopkStreamStaticSmem = kTopkStreamHistWords * 4 + 
 /// Below this many list entries the stream select would overflow on ordinary rows (a 4096 budget
 /// passes 5-7K keys through the sampled threshold), so a second CTA per SM is given up first.
 inline constexpr int kTopkStreamMinList = 8192;
-/// Rows shorter than this stay on the candidate select whatever their number (not yet measured).
+/// Rows shorter than this stay on the candidate select whatever their number (2048-position rows:
+/// 9.8-11.8 us there against 16.7-24 us streamed, H200).
 inline constexpr int kTopkStreamMinCols = 16384;
 
 /// The stream select's plan for rows of `cols` positions, with `list_capacity` 0 where it does not fit
@@ -118,8 +119,9 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   while (c < max_group && rows * 2 * c <= one_wave && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
   // Many long rows: once the CTA groups need more than two waves, each wave pays the whole serial
   // chain again; streaming each row through one CTA costs about 1.25x the bytes instead. (With one
-  // or two waves the candidate select was faster: 32 x 128K 63 against 88 us, 64 x 32K 25 against
-  // 35 us; with eight 327 against 138 us, H200, a first version of the stream select.)
+  // or two waves the candidate select was faster: 32 x 128K 63 against 78 us, 64 x 32K 25 against
+  // 36 us; past two, 64 x 128K (2.2 waves) 98 against 81 and 256 x 128K (8.9) 327 against 127 us;
+  // H200, k 4096.)
   if (cols >= kTopkStreamMinCols && rows * c > 2 * one_wave) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;
@@ -139,7 +141,7 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
              std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
   s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;
   // Without clusters an uncached radix select is one CTA per row too, re-reading the row on every
-  // pass; the stream select reads it twice.
+  // pass; the stream select reads it about 1.25 times.
   if (!s.cached && !device.clusters) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;

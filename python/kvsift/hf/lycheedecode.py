@@ -1,110 +1,93 @@
-"""LycheeDecode's decode step on one layer, composed from ``kvsift.decode_attention`` and ``kvsift.topk``.
+"""LycheeDecode's decode step on one layer, through kvsift's step object (``kvsift.LycheeDecode``).
 
-kvsift's C++ policy (``LycheeDecodePolicy::decode_layer``) in torch terms, token mode
-(docs/algorithms/lycheedecode.md §3-§7):
+kvsift's C++ policy (``LycheeDecodePolicy::decode_layer``, docs/algorithms/lycheedecode.md §3-§7),
+token mode, as ``kvsift.LycheeDecode.decode_layer`` runs it:
 
 1. attention in one launch: the layer's retrieval KV heads attend densely, its sparse KV heads only
    to the entries of their index row;
-2. the retrieval heads score every token with the group-mean query, ``s_t = mean_g(q_g) . k_t`` (no
-   scale, no softmax: the ranking is the same), and ``topk`` (the first ``sink`` and last ``recent``
-   tokens forced inside the budget) overwrites their index rows.
+2. the retrieval heads' scores ``s_t = mean_g(q_g) . k_t`` come out of that same pass over K (score
+   emission), and ``topk`` (the first ``sink`` and last ``recent`` tokens forced inside the budget)
+   overwrites their index rows.
 
 So a sparse head j reads the selection of the most recent layer in which KV head j was a retrieval
-head (layer 0 at worst, which is all retrieval). The table lives on the cache for one step; layer 0
-rewrites every row, so nothing carries over between steps.
-
-The scores are an explicit matmul here: the C++ policy takes them from the retrieval heads'
-attention pass (score emission), which the Python op does not expose yet. They are computed in
-float32 over the stored tokens only; nothing is read back to the host.
+head (layer 0 at worst, which is all retrieval). The step object lives on the cache
+(``KvsiftCache.index_table``); layer 0 rewrites every row, so nothing carries over between steps.
+It reads contiguous and paged caches alike (``KvsiftCacheLayer.attention_operands``); nothing is
+read back to the host.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from ..ops import IndexSet, decode_attention, topk
+from ..lycheedecode import LycheeDecode, LycheeDecodeConfig
 from .policy import LycheeDecodeOptions
 
 if TYPE_CHECKING:
     from .cache import KvsiftCache, KvsiftCacheLayer
 
 
-class IndexTable:
-    """The index rows ``[B, H_kv, budget]`` int32 and their counts ``[B, H_kv]``, one per (sequence, KV head)."""
+class StepState:
+    """The cache's LycheeDecode step object and what it was sized for (batch, longest layer, device).
 
-    def __init__(self, batch: int, kv_heads: int, budget: int, device: torch.device):
-        # No initialisation needed (layer 0 writes every row before any is read); zeros keep it tidy.
-        self.indices = torch.zeros(batch, kv_heads, budget, dtype=torch.int32, device=device)
-        self.counts = torch.zeros(batch, kv_heads, dtype=torch.int32, device=device)
-        self._rows: Dict[int, torch.Tensor] = {}
+    ``indices`` ``[B, H_kv, budget]`` and ``counts`` ``[B, H_kv]`` are views of its index table.
+    """
 
-    def rows(self, layer: int, heads: List[int]) -> torch.Tensor:
-        """The retrieval heads of ``layer`` as a device tensor, copied to the device once per table."""
-        t = self._rows.get(layer)
-        if t is None:
-            t = torch.tensor(heads, dtype=torch.long, device=self.indices.device)
-            self._rows[layer] = t
-        return t
+    def __init__(self, options: LycheeDecodeOptions, q_heads: int, head_dim: int, batch: int, max_kv_length: int,
+                 device: torch.device):
+        config = LycheeDecodeConfig(options.roles, num_q_heads=q_heads, head_dim=head_dim, max_batch=batch,
+                                    max_kv_length=max_kv_length, selection="token", budget=options.budget,
+                                    sink=options.sink, recent=options.recent)
+        self.step = LycheeDecode(config, device=device)
+        self.shape = (batch, q_heads, head_dim, device)
+        table = self.step.table
+        self.indices, self.counts = table.indices, table.counts
 
-    def matches(self, batch: int, kv_heads: int, budget: int, device: torch.device) -> bool:
-        return tuple(self.indices.shape) == (batch, kv_heads, budget) and self.indices.device == device
+    def fits(self, batch: int, q_heads: int, head_dim: int, max_kv_length: int, device: torch.device) -> bool:
+        return self.shape == (batch, q_heads, head_dim, device) and self.step.config.max_kv_length >= max_kv_length
 
 
-def _table(cache: "KvsiftCache", batch: int, options: LycheeDecodeOptions, device: torch.device) -> IndexTable:
-    t = cache.index_table
-    if not isinstance(t, IndexTable) or not t.matches(batch, cache.num_kv_heads, options.budget, device):
-        t = IndexTable(batch, cache.num_kv_heads, options.budget, device)
-        cache.index_table = t
-    return t
+def _state(cache: "KvsiftCache", layer: "KvsiftCacheLayer", query: torch.Tensor,
+           options: LycheeDecodeOptions) -> StepState:
+    """The step object for this step: remade at layer 0 when the batch, the shape or the longest layer
+    outgrew it (its table is rewritten at layer 0 anyway)."""
+    batch, q_heads, _, dim = query.shape
+    longest = max(l.capacity for l in cache.layers if l.is_initialized)
+    s: Optional[StepState] = cache.index_table
+    if layer.layer_idx == 0 and (not isinstance(s, StepState) or not s.fits(batch, q_heads, dim, longest, query.device)):
+        s = StepState(options, q_heads, dim, batch, longest, query.device)
+        cache.index_table = s
+    if not isinstance(s, StepState):
+        raise RuntimeError(f"kvsift.hf: LycheeDecode step at layer {layer.layer_idx} before layer 0")
+    return s
 
 
 def lycheedecode_layer(layer: "KvsiftCacheLayer", query: torch.Tensor, options: LycheeDecodeOptions,
                        scale: Optional[float]) -> torch.Tensor:
-    """One decode step of one layer: ``query`` ``[B, H_q, 1, D]`` post-RoPE; returns ``[B, H_q, 1, D]``."""
-    cache = layer.cache
-    batch, q_heads, _, dim = query.shape
-    kv_heads = cache.num_kv_heads
-    group = q_heads // kv_heads
-    table = _table(cache, batch, options, query.device)
-    retrieval: List[int] = options.roles.retrieval_heads(layer.layer_idx)
-    sparse: List[int] = options.roles.sparse_heads(layer.layer_idx)
+    """One decode step of one layer: ``query`` ``[B, H_q, 1, D]`` post-RoPE; returns ``[B, H_q, 1, D]``.
 
-    index_set = IndexSet(table.indices, table.counts) if sparse else None
+    ``scale`` must be transformers' default ``1 / sqrt(D)`` (or None): the step object's scale is its
+    config's, and kvsift.hf's supported models use the default.
+    """
+    dim = query.shape[3]
+    if scale is not None and abs(scale - dim ** -0.5) > 1e-6 * dim ** -0.5:
+        raise NotImplementedError(f"kvsift.hf: LycheeDecode with scaling = {scale} (only 1 / sqrt(head_dim) = "
+                                  f"{dim ** -0.5})")
+    state = _state(layer.cache, layer, query, options)
     kv = layer.attention_operands()
+    step = state.step
+    if layer.layer_idx == 0 and step.next_layer != 0:  # a step abandoned half way (an exception in a layer)
+        step.restart_step()
+    if layer.stored > step.config.max_kv_length:  # the op would clamp: never silently
+        raise RuntimeError(f"kvsift.hf: layer {layer.layer_idx} holds {layer.stored} tokens, more than the "
+                           f"LycheeDecode step was sized for ({step.config.max_kv_length}) at layer 0")
     if kv["kv_layout"] == "BHSD":
-        out = decode_attention(query, layer.keys, layer.values, layer.lengths, kv_layout="BHSD", sm_scale=scale,
-                               max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set)
-    else:  # paged: the queries and the answer are [B, 1, H_q, D]
-        out = decode_attention(query.transpose(1, 2), kv["k_cache"], kv["v_cache"], layer.lengths,
-                               kv_layout=kv["kv_layout"], block_table=kv["block_table"], sm_scale=scale,
-                               max_kv_length=layer.stored, sparse_heads=sparse, index_set=index_set).transpose(1, 2)
-    if retrieval:
-        n = layer.stored
-        every = len(retrieval) == kv_heads
-        # The retrieval heads as a device index made once per table: indexing with a Python list would
-        # copy it to the device in every step (a pageable copy, which waits for the stream).
-        rows = None if every else table.rows(layer.layer_idx, retrieval)
-        # group-mean query of each retrieval KV head (query head hq reads KV head hq // group)
-        qbar = query[:, :, 0].reshape(batch, kv_heads, group, dim)
-        qbar = (qbar if every else qbar.index_select(1, rows)).float().mean(2)              # [B, R, D]
-        keys = layer.contiguous_keys(n)
-        keys = keys if every else keys.index_select(1, rows)
-        keys = keys.float()                                                                 # [B, R, n, D]
-        scores = torch.matmul(keys, qbar.unsqueeze(-1)).squeeze(-1)        # [B, R, n]
-        # Every sequence holds n tokens (no padding), so no per-row lengths are needed.
-        sel = topk(scores.reshape(batch * len(retrieval), n), options.budget, sink=options.sink, recent=options.recent)
-        # width = max(budget, sink + recent) = budget (make_policy checks budget >= sink + recent)
-        idx = sel.indices.reshape(batch, len(retrieval), options.budget)
-        cnt = sel.counts.reshape(batch, len(retrieval))
-        if every:
-            table.indices.copy_(idx)
-            table.counts.copy_(cnt)
-        else:  # only the retrieval rows: the sparse rows keep an earlier layer's selection
-            table.indices.index_copy_(1, rows, idx)
-            table.counts.index_copy_(1, rows, cnt)
-    return out
+        return step.decode_layer(layer.layer_idx, query, kv["k_cache"], kv["v_cache"], layer.lengths)
+    # paged: the queries and the answer are [B, 1, H_q, D]
+    return step.decode_layer(layer.layer_idx, query.transpose(1, 2), kv["k_cache"], kv["v_cache"], layer.lengths,
+                             kv_layout=kv["kv_layout"], block_table=kv["block_table"]).transpose(1, 2)
 
 
-__all__ = ["IndexTable", "lycheedecode_layer"]
+__all__ = ["StepState", "lycheedecode_layer"]
