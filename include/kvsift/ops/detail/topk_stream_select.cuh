@@ -9,7 +9,7 @@
 // instead streams the row from global memory at full rate and keeps only what the selection needs on
 // chip:
 //
-// 1. Sample: one 32-byte sector of every 128 bytes of the row (a quarter of the keys, a quarter of
+// 1. Sample: one 32-byte sector of every `sample_period` (the plan's 4: a quarter of the keys and of
 //    the bytes) is histogrammed on the top 13 bits of the key (8192 bins). The bin holding the
 //    sample's r-th key, r a few standard deviations above the budget's share of the sample, gives a
 //    threshold that almost surely lies below the k-th key and above most of the row.
@@ -51,31 +51,33 @@ inline constexpr int kTopkStreamBinsPerThread = kTopkStreamBins / kTopkThreads; 
 static_assert(kTopkStreamBinsPerThread % 4 == 0, "the digit search reads its bins as int4");
 
 // Calls visit(position, key) for a sample of the positions [lo, hi) of a row in global memory: one
-// 32-byte sector of every 128 bytes (two 16-byte vectors of every eight; eight positions of every 32
-// without vector loads). Only whole vectors inside [lo, hi) are sampled; the trip counts are not
-// warp-uniform (visit must not use warp collectives).
+// 32-byte sector of every `period` (two 16-byte vectors of every 2 * period; eight positions of every
+// 8 * period without vector loads). Only whole vectors inside [lo, hi) are sampled; the trip counts
+// are not warp-uniform (visit must not use warp collectives).
 template <class T, class Key, class Visit>
 __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a, const T* row_scores,
                                                      std::int64_t row, int lo, int hi, Visit&& visit) {
   constexpr int kPerVector = 16 / int(sizeof(T));
   const int tid = int(threadIdx.x);
+  const int period = a.plan.sample_period;
   if (a.plan.vector_loads) {
     const int vlo = (lo + kPerVector - 1) / kPerVector, vhi = hi / kPerVector;
     const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
-    // Sample index i reads vector 8 * (i / 2) + i % 2.
-    const int i_lo = 2 * (vlo / 8), i_hi = 2 * ((vhi + 7) / 8);
+    // Sample index i reads vector 2 * period * (i / 2) + i % 2.
+    const int stride = 2 * period;
+    const int i_lo = 2 * (vlo / stride), i_hi = 2 * ((vhi + stride - 1) / stride);
     for (int base = i_lo; base < i_hi; base += kTopkThreads * kTopkLoadUnroll) {
       uint4 loaded[kTopkLoadUnroll];
 #pragma unroll
       for (int u = 0; u < kTopkLoadUnroll; ++u) {
         const int i = base + u * kTopkThreads + tid;
-        const int v = 8 * (i / 2) + i % 2;
+        const int v = stride * (i / 2) + i % 2;
         loaded[u] = i < i_hi && v >= vlo && v < vhi ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int u = 0; u < kTopkLoadUnroll; ++u) {
         const int i = base + u * kTopkThreads + tid;
-        const int v = 8 * (i / 2) + i % 2;
+        const int v = stride * (i / 2) + i % 2;
         if (!(i < i_hi && v >= vlo && v < vhi)) continue;
         const T* elems = reinterpret_cast<const T*>(&loaded[u]);
 #pragma unroll
@@ -87,10 +89,11 @@ __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a
     }
     return;
   }
-  // Sample index i reads position 32 * (i / 8) + i % 8.
-  const int i_lo = 8 * (lo / 32), i_hi = 8 * ((hi + 31) / 32);
+  // Sample index i reads position 8 * period * (i / 8) + i % 8.
+  const int stride = 8 * period;
+  const int i_lo = 8 * (lo / stride), i_hi = 8 * ((hi + stride - 1) / stride);
   for (int i = i_lo + tid; i < i_hi; i += kTopkThreads) {
-    const int pos = 32 * (i / 8) + i % 8;
+    const int pos = stride * (i / 8) + i % 8;
     if (pos >= lo && pos < hi) visit(pos, a.key(row_scores[pos], row, pos));
   }
 }
