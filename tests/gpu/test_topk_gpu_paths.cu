@@ -204,6 +204,16 @@ TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (ma
   Case flagged_edges = forced(edge_rows(rng, 14, 131072, 4096));
   flagged_edges.flagged = true;
   check_edges<float>(rng, flagged_edges);
+  // Rows past 262144 positions: the tie bitmap leaves the histogram for dynamic shared memory.
+  {
+    const Case wide = forced(shape(3, 300000, 2048, 2000));
+    REQUIRE(kvsift::detail::plan_topk_stream<std::uint32_t>(wide.cols, exec_for(wide, nullptr).device).bitmap_words >
+            kvsift::detail::kTopkStreamHistWords);
+    check_case<float>(rng, wide);
+    Case wide_ties = wide;
+    wide_ties.fill = Fill::kFewValues;  // mostly ties: the tie bitmap decides, and the list overflows
+    check_case<float>(rng, wide_ties);
+  }
   Case forced_ranges = forced(shape(12, 65536, 4096, 4096));
   forced_ranges.params.sink = 128;
   forced_ranges.params.recent = 256;
