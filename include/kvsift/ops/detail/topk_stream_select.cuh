@@ -15,7 +15,7 @@
 //    threshold that almost surely lies below the k-th key and above most of the row.
 // 2. Filter: stream the whole row; every key at or above the threshold is appended, with its
 //    position, to a candidate list in shared memory and histogrammed (exactly) on its top 13 bits.
-//    Keys below it cost one compare: no shared-memory atomic, which is what the full histogram of a
+//    Keys below it take no shared-memory atomic, which is what the full histogram of a
 //    first pass spent most of its time on (same-bin conflicts: uniform scores put half the row in 32
 //    of the 8192 bins).
 // 3. The k-th key's digits are then found from the list alone (13 + 13 + 6 bits for 32-bit keys),
