@@ -94,6 +94,22 @@ void BM_TopKStreamSelect(benchmark::State& state) {
   state.counters["list"] = plan.list_capacity;
 }
 
+// The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
+void BM_TopKStreamSample(benchmark::State& state) {
+  const TopkShape shape(state);
+  auto plan = kvsift::detail::plan_topk_stream<std::uint32_t>(shape.n, kvsift_bench::gpu().device);
+  plan.sample_period = int(state.range(5));
+  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
+                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
+  shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
+}
+
+void sample_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {8, 64, 256})
+    for (int n : {32768, 131072})
+      for (int period : {2, 4, 8, 16}) b->Args({rows, n, 4096, 0, 0, period});
+}
+
 void token_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 32, 64, 256})
     for (int n : {32768, 131072})
@@ -118,5 +134,11 @@ BENCHMARK(BM_TopKStreamSelect)
     ->Apply(token_shapes)
     ->Apply(block_and_forced_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKStreamSample)
+    ->Apply(sample_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "period"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -168,6 +168,17 @@ TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (ma
     check_edges<float>(rng, forced(edge_rows(rng, 28, 20000, 1024), list));
   }
   check_all_fills<float>(rng, forced(shape(6, 131072, 4096, 4096)));
+  // Other sample periods (one sector of every 1, 2, 16): same rows, same answers.
+  for (int period : {1, 2, 16}) {
+    CAPTURE(period);
+    Case sampled = forced(shape(7, 50000, 4096, 3000));
+    sampled.stream_period = period;
+    check_case<float>(rng, sampled);
+    Case unaligned = sampled;
+    unaligned.stride_pad = 3;
+    check_case<float>(rng, unaligned);
+    check_case<half_t>(rng, sampled);
+  }
   // A sample that misleads: the threshold passes fewer than budget keys, the row is streamed again.
   for (int k : {100, 4096, 16000}) {
     Case misled = forced(shape(5, 131072, 16384, k));

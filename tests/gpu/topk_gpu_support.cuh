@@ -61,6 +61,7 @@ struct Case {
   // stream_list entries when that is > 0 (so the overflow streams run on ordinary rows too).
   bool stream = false;
   int stream_list = 0;
+  int stream_period = 0;  // > 0: the sample's period in sectors (the plan's 4 otherwise)
 };
 
 inline kvsift::cuda::Exec exec_for(const Case& c, cudaStream_t stream) {
@@ -181,6 +182,7 @@ struct DeviceCase {
       auto plan = kvsift::detail::plan_topk_stream<typename Key::key_type>(c.cols, exec.device);
       REQUIRE(plan.list_capacity > 0);
       if (c.stream_list > 0 && c.stream_list < plan.list_capacity) plan.list_capacity = c.stream_list;
+      if (c.stream_period > 0) plan.sample_period = c.stream_period;
       return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
     };
     if (c.flagged) {

@@ -370,3 +370,50 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   // Longer ones would be re-read on every radix pass: they stream instead.
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kStreamSelect);
 }
+
+TEST_CASE("topk: float_order_threshold's float compare equals the order-key compare") {
+  // Every special float (NaN payloads of both signs, +-inf, +-0, denormals, +-FLT_MAX) and random
+  // bit patterns, against keys at every boundary (just below / at / above -inf's and +inf's keys, the
+  // zeros' key and its neighbours) and random keys; then the reduced keys of fp16 and bf16 scores.
+  using kvsift::detail::float_order_key;
+  using kvsift::detail::float_order_threshold;
+  auto rng = kvsift_test::make_rng(611);
+  std::vector<std::uint32_t> values = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7f800000u, 0xff800000u,
+                                       0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+                                       0x7f7fffffu, 0xff7fffffu, 0x3f800000u, 0xbf800000u};
+  for (int i = 0; i < 3000; ++i) values.push_back(std::uint32_t(rng()));
+  std::vector<std::uint32_t> keys = {1u, 2u, 0x007ffffeu, 0x007fffffu, 0x00800000u, 0x7ffffffeu, 0x7fffffffu,
+                                     0x80000000u, 0x80000001u, 0xff7fffffu, 0xff800000u, 0xff800001u, 0xfffffffeu,
+                                     0xffffffffu};
+  for (std::uint32_t v : values) keys.push_back(float_order_key(kvsift::detail::bits_to_float(v)));
+  for (int i = 0; i < 300; ++i) keys.push_back(std::uint32_t(rng()) | 1u);
+  int checked = 0;
+  for (std::uint32_t key : keys) {
+    if (key == 0) continue;  // key 0 admits NaN: the stream select keeps the key compare there
+    const float t = float_order_threshold(key);
+    for (std::uint32_t v : values) {
+      const float x = kvsift::detail::bits_to_float(v);
+      if ((x >= t) != (float_order_key(x) >= key)) {
+        INFO("value bits ", v, ", key ", key);
+        REQUIRE((x >= t) == (float_order_key(x) >= key));
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked > 900000);
+  // ScoreKey<T> reduces the key to its top kBits bits: key >= T exactly when the full key >= T << (32 - kBits).
+  auto reduced = [&](auto tag) {
+    using T = decltype(tag);
+    using Key = kvsift::ScoreKey<T>;
+    for (int i = 0; i < 20000; ++i) {
+      const std::uint16_t bits = std::uint16_t(rng());
+      T score;
+      std::memcpy(&score, &bits, sizeof score);
+      const std::uint32_t threshold = (std::uint32_t(rng()) >> (32 - Key::kBits)) | 1u;
+      const float t = float_order_threshold(threshold << (32 - Key::kBits));
+      REQUIRE((kvsift::dtype_traits<T>::to_float(score) >= t) == (Key{}(score, 0, 0) >= threshold));
+    }
+  };
+  reduced(kvsift::half_t{});
+  reduced(kvsift::bfloat16_t{});
+}

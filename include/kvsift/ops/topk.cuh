@@ -37,6 +37,8 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   KVSIFT_REQUIRE(plan.kernel != TopkKernel::kStreamSelect || (plan.list_capacity > 0 && plan.ctas_per_row == 1 &&
                                                               std::int64_t(plan.bitmap_words) * 32 >= plan.cols),
                  kInternal, "topk plan: a stream select without room for its list or bitmaps");
+  KVSIFT_REQUIRE(plan.kernel != TopkKernel::kStreamSelect || plan.sample_period >= 1, kInternal,
+                 "topk plan: sample_period = ", plan.sample_period, " must be >= 1");
   // The 256-thread configuration has no peer loop (detail::kTopkCandMaxGroup).
   KVSIFT_REQUIRE(plan.kernel != TopkKernel::kCandidateSelect || plan.threads == 512 || plan.ctas_per_row == 1,
                  kInternal, "topk plan: 256-thread CTAs in a group of ", plan.ctas_per_row);

@@ -64,6 +64,16 @@ KVSIFT_HD inline std::uint32_t float_order_key(float x) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/// The float t with `x >= t` exactly when `float_order_key(x) >= key`, for key > 0 (key 0 admits NaN,
+/// which no float compare does). Keys order the non-NaN floats (+0 and -0 as one) and NaN is key 0,
+/// so the bound is the key's inverse, except that keys at or below -inf's (0x007fffff) admit every
+/// non-NaN x (t = -inf) and keys above +inf's admit none (their inverse is a NaN, which compares
+/// false). The stream select filters plain scores with it: one compare instead of the conversion.
+KVSIFT_HD inline float float_order_threshold(std::uint32_t key) {
+  if (key <= 0x007fffffu) return bits_to_float(0xff800000u);
+  return bits_to_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 template <int Bits>
 using order_key_t = std::conditional_t<(Bits > 32), std::uint64_t, std::uint32_t>;
 

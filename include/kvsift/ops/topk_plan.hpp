@@ -52,6 +52,7 @@ struct TopkPlan {
   int threads = 512;  ///< threads per CTA
   int bitmap_words = 0;   ///< stream select: 32-bit words per position bitmap (even; covers cols)
   int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
+  int sample_period = 4;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
 };
 
 /// Static shared memory of the stream select: its 8192-bin histogram plus scan storage and counters.

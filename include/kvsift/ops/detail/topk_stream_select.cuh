@@ -9,7 +9,7 @@
 // instead streams the row from global memory at full rate and keeps only what the selection needs on
 // chip:
 //
-// 1. Sample: one 32-byte sector of every 128 bytes of the row (a quarter of the keys, a quarter of
+// 1. Sample: one 32-byte sector of every `sample_period` (the plan's 4: a quarter of the keys and of
 //    the bytes) is histogrammed on the top 13 bits of the key (8192 bins). The bin holding the
 //    sample's r-th key, r a few standard deviations above the budget's share of the sample, gives a
 //    threshold that almost surely lies below the k-th key and above most of the row.
@@ -35,6 +35,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
@@ -50,31 +51,33 @@ inline constexpr int kTopkStreamBinsPerThread = kTopkStreamBins / kTopkThreads; 
 static_assert(kTopkStreamBinsPerThread % 4 == 0, "the digit search reads its bins as int4");
 
 // Calls visit(position, key) for a sample of the positions [lo, hi) of a row in global memory: one
-// 32-byte sector of every 128 bytes (two 16-byte vectors of every eight; eight positions of every 32
-// without vector loads). Only whole vectors inside [lo, hi) are sampled; the trip counts are not
-// warp-uniform (visit must not use warp collectives).
+// 32-byte sector of every `period` (two 16-byte vectors of every 2 * period; eight positions of every
+// 8 * period without vector loads). Only whole vectors inside [lo, hi) are sampled; the trip counts
+// are not warp-uniform (visit must not use warp collectives).
 template <class T, class Key, class Visit>
 __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a, const T* row_scores,
                                                      std::int64_t row, int lo, int hi, Visit&& visit) {
   constexpr int kPerVector = 16 / int(sizeof(T));
   const int tid = int(threadIdx.x);
+  const int period = a.plan.sample_period;
   if (a.plan.vector_loads) {
     const int vlo = (lo + kPerVector - 1) / kPerVector, vhi = hi / kPerVector;
     const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
-    // Sample index i reads vector 8 * (i / 2) + i % 2.
-    const int i_lo = 2 * (vlo / 8), i_hi = 2 * ((vhi + 7) / 8);
+    // Sample index i reads vector 2 * period * (i / 2) + i % 2.
+    const int stride = 2 * period;
+    const int i_lo = 2 * (vlo / stride), i_hi = 2 * ((vhi + stride - 1) / stride);
     for (int base = i_lo; base < i_hi; base += kTopkThreads * kTopkLoadUnroll) {
       uint4 loaded[kTopkLoadUnroll];
 #pragma unroll
       for (int u = 0; u < kTopkLoadUnroll; ++u) {
         const int i = base + u * kTopkThreads + tid;
-        const int v = 8 * (i / 2) + i % 2;
+        const int v = stride * (i / 2) + i % 2;
         loaded[u] = i < i_hi && v >= vlo && v < vhi ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
       for (int u = 0; u < kTopkLoadUnroll; ++u) {
         const int i = base + u * kTopkThreads + tid;
-        const int v = 8 * (i / 2) + i % 2;
+        const int v = stride * (i / 2) + i % 2;
         if (!(i < i_hi && v >= vlo && v < vhi)) continue;
         const T* elems = reinterpret_cast<const T*>(&loaded[u]);
 #pragma unroll
@@ -86,11 +89,84 @@ __device__ __forceinline__ void for_each_sampled_key(const TopkLaunch<T, Key>& a
     }
     return;
   }
-  // Sample index i reads position 32 * (i / 8) + i % 8.
-  const int i_lo = 8 * (lo / 32), i_hi = 8 * ((hi + 31) / 32);
+  // Sample index i reads position 8 * period * (i / 8) + i % 8.
+  const int stride = 8 * period;
+  const int i_lo = 8 * (lo / stride), i_hi = 8 * ((hi + stride - 1) / stride);
   for (int i = i_lo + tid; i < i_hi; i += kTopkThreads) {
-    const int pos = 32 * (i / 8) + i % 8;
+    const int pos = stride * (i / 8) + i % 8;
     if (pos >= lo && pos < hi) visit(pos, a.key(row_scores[pos], row, pos));
+  }
+}
+
+// The filter stream of step 2 over the 16-byte vectors wholly inside [lo, hi) (the caller takes the
+// scalar head and tail): every key >= threshold is appended to the list (list_keys / list_pos, room
+// for `capacity`; past it a key is counted, not stored) and histogrammed on its top digit (>> shift0).
+// Per thread and batch of 32 keys the passing keys become bits of a mask; one warp scan and one
+// shared atomic per warp reserve the batch's slots, and only the passing keys are read again (from L1),
+// converted and written. On uniform scores 80% of a warp's 32-key steps hold a candidate, so a per-key ballot and
+// branch (about 45 instructions a key) cost more than the stream itself; here a key that does not
+// pass is its conversion and one compare.
+// passes(score, position) says whether a key reaches the threshold (the key compare, or for plain
+// scores the equivalent float compare of float_order_threshold, ops/topk.hpp).
+template <class T, class Key, class Passes>
+__device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, const T* row_scores, std::int64_t row,
+                                                   int lo, int hi, Passes&& passes, int shift0,
+                                                   typename Key::key_type* list_keys, std::int32_t* list_pos,
+                                                   int capacity, int* s_count, int* hist) {
+  using K = typename Key::key_type;
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  // 32 keys per thread and batch, one bit each: eight vectors of fp32, four of 16-bit scores (eight
+  // of those, with 64-bit flag-first keys, spill registers).
+  constexpr int kBatch = 32 / kPerVector;
+  using Mask = std::uint32_t;
+  const int tid = int(threadIdx.x);
+  const int lane = tid % 32;
+  const int first_vector = (lo + kPerVector - 1) / kPerVector, end_vector = hi / kPerVector;
+  const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
+  // Trip counts are block-uniform: every lane of a warp takes part in the scan.
+  for (int base = first_vector; base < end_vector; base += kTopkThreads * kBatch) {
+    uint4 loaded[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kTopkThreads + tid;
+      loaded[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    Mask mask = 0;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int v = base + u * kTopkThreads + tid;
+      if (v >= end_vector) continue;  // one test per vector (a key policy may read memory at pos)
+      const T* elems = reinterpret_cast<const T*>(&loaded[u]);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) {
+        const bool pass = passes(elems[e], v * kPerVector + e);
+        mask |= Mask(pass) << (u * kPerVector + e);
+      }
+    }
+    const int count = __popc(mask);
+    int inclusive = count;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int t = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += t;
+    }
+    int slot = 0;
+    if (lane == 31 && inclusive > 0) slot = atomicAdd(s_count, inclusive);
+    slot = __shfl_sync(0xffffffffu, slot, 31) + inclusive - count;
+    // Rare: a few passing keys per thread and batch, re-read from L1 (the batch's registers are not
+    // kept live across the scan).
+    while (mask != 0) {
+      const int j = __ffs(int(mask)) - 1;
+      mask &= mask - 1;
+      const int pos = (base + (j / kPerVector) * kTopkThreads + tid) * kPerVector + j % kPerVector;
+      const K key_bits = a.key(row_scores[pos], row, pos);
+      if (slot < capacity) {
+        list_keys[slot] = key_bits;
+        list_pos[slot] = pos;
+      }
+      ++slot;
+      atomicAdd(&hist[int(key_bits >> shift0)], 1);
+    }
   }
 }
 
@@ -242,9 +318,39 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     topk_stream_search<BlockScan>(hist, r, scan_storage, &s_digit, &s_above, digit, above, total);
     if (r <= total) {
       const K threshold = K(digit) << kShift0;
-      for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
-        append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
-      });
+      if (a.plan.vector_loads) {
+        // The batched filter over the whole vectors; the per-key append over the scalar head and tail.
+        constexpr int kPerVector = 16 / int(sizeof(T));
+        const int vec_lo = (lo + kPerVector - 1) / kPerVector * kPerVector, vec_hi = hi / kPerVector * kPerVector;
+        auto filter = [&](auto&& passes) {
+          topk_stream_filter(a, row_scores, row, lo, hi, passes, kShift0, list_keys, list_pos, a.plan.list_capacity,
+                             &s_count, hist);
+        };
+        bool by_key = true;
+        if constexpr (std::is_same_v<Key, ScoreKey<T>>) {
+          if (threshold != 0) {  // key 0 (NaN) passes too: only the key compare says so
+            by_key = false;
+            const float t = float_order_threshold(std::uint32_t(threshold) << (32 - Key::kBits));
+            filter([&](T score, int) { return dtype_traits<T>::to_float(score) >= t; });
+          }
+        }
+        if (by_key) filter([&](T score, int pos) { return a.key(score, row, pos) >= threshold; });
+        auto scalar = [&](int from, int to) {
+          for (int base = from; base < to; base += kTopkThreads) {
+            const int pos = base + tid;
+            const bool valid = pos < to;
+            const K key_bits = valid ? a.key(row_scores[pos], row, pos) : K(0);
+            append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
+          }
+        };
+        const int head_end = vec_lo < hi ? vec_lo : hi;
+        scalar(lo, head_end);
+        scalar(vec_hi > head_end ? vec_hi : head_end, hi);
+      } else {
+        for_each_global_key(a, row_scores, row, lo, hi, [&](bool valid, int pos, K key_bits) {
+          append(valid && key_bits >= threshold, pos, key_bits, int(key_bits >> kShift0));
+        });
+      }
       __syncthreads();
       listed = s_count;
       if (listed >= plan.budget) {
