@@ -153,6 +153,7 @@ TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (ma
   // The benchmark's many-row shapes pick it on the real device.
   require_path<float>(shape(256, 131072, 4096, 4096), TopkKernel::kStreamSelect, 1, 512);
   require_path<float>(shape(256, 32768, 4096, 4096), TopkKernel::kStreamSelect, 1, 512);
+  require_path<float>(shape(32, 131072, 4096, 4096), TopkKernel::kStreamSelect, 1, 512);
   Case many = shape(300, 32768, 4096, 4096);
   check_case<float>(rng, many);
   auto forced = [](Case c, int list = 0) {

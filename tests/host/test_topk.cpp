@@ -324,7 +324,7 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   struct Want { std::int64_t rows; int cols; int group, slice, threads; };
   // The issue's target shapes: fp32 scores, 32-bit keys.
   for (const Want w : {Want{8, 32768, 8, 4096, 512}, Want{32, 32768, 4, 8192, 512}, Want{64, 32768, 2, 16384, 512},
-                       Want{8, 131072, 8, 16384, 512}, Want{32, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
+                       Want{8, 131072, 8, 16384, 512}, Want{16, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
                        Want{256, 2048, 1, 2048, 256}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
@@ -337,10 +337,12 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     // Two CTAs per SM where the slice allows it: dynamic + static + the 1 KiB per-block reserve.
     if (w.slice <= 16384) CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkCandStaticSmem) <= 233472);
   }
-  // Many long rows: their CTA groups would need more than two waves, so one CTA per row streams it.
+  // Many long rows: their CTA groups would need more than one wave (231 CTAs of groups of 8 on 132
+  // SMs), so one CTA per row streams it, sampling one sector in 16.
   // Two CTAs per SM: dynamic + static + the 1 KiB per-block reserve within the SM's 228 KiB.
   struct Stream { std::int64_t rows; int cols; int list; };
-  for (const Stream w : {Stream{256, 32768, 9728}, Stream{256, 131072, 8192}, Stream{64, 131072, 8192}}) {
+  for (const Stream w : {Stream{256, 32768, 9728}, Stream{256, 131072, 8192}, Stream{64, 131072, 8192},
+                         Stream{32, 131072, 8192}, Stream{128, 32768, 9728}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
     CAPTURE(w.cols);
@@ -350,6 +352,7 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(std::int64_t(p.bitmap_words) * 32 >= w.cols);
     CHECK(p.bitmap_words % 2 == 0);
     CHECK(p.list_capacity == w.list);
+    CHECK(p.sample_period == 16);
     CHECK(p.smem_bytes == std::size_t(p.bitmap_words) * 4 + std::size_t(p.list_capacity) * 8);  // ties in the histogram
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkStreamStaticSmem + 1024) <= 233472);
   }

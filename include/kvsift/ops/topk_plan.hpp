@@ -38,7 +38,7 @@ inline constexpr int kTopkCandShortSlice = 4096;
 enum class TopkKernel : int {
   kRadixSelect = 0,      ///< ops/detail/topk_radix_select.cuh: any slice; re-reads global memory past 128 KiB
   kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
-  kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row: a sampled quarter, then one stream
+  kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row: a sparse sample, then one stream
 };
 
 struct TopkPlan {
@@ -52,7 +52,7 @@ struct TopkPlan {
   int threads = 512;  ///< threads per CTA
   int bitmap_words = 0;   ///< stream select: 32-bit words per position bitmap (even; covers cols)
   int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
-  int sample_period = 4;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
+  int sample_period = 16;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
 };
 
 /// Static shared memory of the stream select: its 8192-bin histogram plus scan storage and counters.
@@ -99,7 +99,7 @@ TopkPlan plan_topk_stream(int cols, const DeviceFacts& device) {
 
 /// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
 /// group whose slices fit shared memory. Rows of at least kTopkStreamMinCols positions whose groups
-/// would need more than two waves take the stream select. Otherwise the candidate select runs
+/// would need more than one wave take the stream select. Otherwise the candidate select runs
 /// wherever its shared memory fits (fp32 rows up to 262144 positions, 33-bit flag-first keys up to
 /// 131072, on an H200); the radix select takes the rest (longer rows, or GPUs without clusters or
 /// with less shared memory), except that a GPU without clusters streams rows the radix select could
@@ -118,12 +118,12 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   // their last clusters starting 22 us late, against 25 us in groups of 4 (H200).
   const std::int64_t one_wave = std::int64_t(device.num_sms) * 2 * 7 / 8;
   while (c < max_group && rows * 2 * c <= one_wave && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
-  // Many long rows: once the CTA groups need more than two waves, each wave pays the whole serial
-  // chain again; streaming each row through one CTA costs about 1.25x the bytes instead. (With one
-  // or two waves the candidate select was faster: 32 x 128K 63 against 78 us, 64 x 32K 25 against
-  // 36 us; past two, 64 x 128K (2.2 waves) 98 against 81 and 256 x 128K (8.9) 327 against 127 us;
-  // H200, k 4096.)
-  if (cols >= kTopkStreamMinCols && rows * c > 2 * one_wave) {
+  // Many long rows: once the CTA groups need more than one wave, each wave pays the whole serial
+  // chain again; streaming each row through one CTA costs about 1.06x the bytes instead (a sixteenth
+  // sampled). Within one wave the candidate select is faster (8 x 128K 28 against 45 us, 64 x 32K 25
+  // against 26); past it the stream wins (32 x 128K in groups of 8, 1.1 waves: 63 against 47 us;
+  // 256 x 32K: 41.8 against 64.6; H200, k 1024).
+  if (cols >= kTopkStreamMinCols && rows * c > one_wave) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;
   }
@@ -142,7 +142,7 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
              std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
   s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;
   // Without clusters an uncached radix select is one CTA per row too, re-reading the row on every
-  // pass; the stream select reads it about 1.25 times.
+  // pass; the stream select reads it about 1.06 times.
   if (!s.cached && !device.clusters) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;

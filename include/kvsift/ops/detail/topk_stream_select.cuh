@@ -3,14 +3,14 @@
 // ops/topk_plan.hpp, design and measurements in docs/ops/topk.md, section "The stream select").
 //
 // One CTA per row, no CTA group, no copy of the row in shared memory. Where the candidate select
-// needs more than two waves of CTA groups (256 rows of 128K fp32 scores are 134 MB of keys against
+// needs more than one wave of CTA groups (256 rows of 128K fp32 scores are 134 MB of keys against
 // 30 MB of shared memory on the whole GPU), the late groups wait for the early ones and every wave
 // pays the whole serial chain again (327 us on the H200 against a 30 us one-read floor). This kernel
 // instead streams the row from global memory at full rate and keeps only what the selection needs on
 // chip:
 //
-// 1. Sample: one 32-byte sector of every `sample_period` (the plan's 4: a quarter of the keys and of
-//    the bytes) is histogrammed on the top 13 bits of the key (8192 bins). The bin holding the
+// 1. Sample: one 32-byte sector of every `sample_period` (the plan's 16: a sixteenth of the keys and
+//    of the bytes) is histogrammed on the top 13 bits of the key (8192 bins). The bin holding the
 //    sample's r-th key, r a few standard deviations above the budget's share of the sample, gives a
 //    threshold that almost surely lies below the k-th key and above most of the row.
 // 2. Filter: stream the whole row; every key at or above the threshold is appended, with its
