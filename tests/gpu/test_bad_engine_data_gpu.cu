@@ -8,6 +8,7 @@
 // (outputs, LSE and the retrieval scores, whose skipped tokens read -inf), on the tensor-core kernel
 // (bf16) and the CUDA-core one (float); a bad page in the middle leaves the other sequences exact and
 // this one finite. store_kv never writes through a bad id; copy_kv_to_dense writes zeros for its rows.
+// window_scores and attention_cosine treat the keys of a bad page as absent.
 
 #include <doctest/doctest.h>
 
@@ -343,4 +344,217 @@ TEST_CASE("bad engine data: store_kv never writes through a bad page; copy_kv_to
     CHECK(e.batch == 2);
     CHECK(e.value == kPool);
   }
+}
+
+namespace {
+
+// Prompt compression's scoring over the paged cache of the tests above, with sequence 1's second page
+// (tokens 16..31) set to 99: every key on it is treated as absent. The expected values come from a
+// float64 evaluation of each op's formula with those keys masked out; the same evaluation must agree with
+// the host reference on the good table for the other sequences, so a wrong formula fails too.
+constexpr int kScoreQueries = 4, kScoreWindow = 4;
+const std::vector<std::int32_t> kScoreLengths = {40, 50, 40};
+bool skipped_key(int b, int t) { return b == 1 && t >= 16 && t < 32; }
+
+template <class T>
+double key_dot(const std::vector<T>& k, const T* qrow, int b, int h, int t, double scale) {
+  const auto table = good_table();
+  const std::size_t krow = ((std::size_t(table[std::size_t(b * kMaxPages + t / kPage)]) * kPage + t % kPage) * kH + h) * kD;
+  double s = 0;
+  for (int d = 0; d < kD; ++d) s += double(kvsift::to_float(qrow[d])) * double(kvsift::to_float(k[krow + d]));
+  return s * scale;
+}
+
+// window_scores, kKvHeadMean: P[b][h][j] = mean over the group of sum_i exp(l_ij - lse_i), each query
+// i at position L - nq + i seeing the keys up to it that are not skipped.
+template <class T>
+std::vector<double> masked_window_scores(const std::vector<T>& k, const std::vector<T>& q, int cols) {
+  std::vector<double> out(std::size_t(kB) * kH * cols, 0.0);
+  const double scale = 1.0 / std::sqrt(double(kD));
+  for (int b = 0; b < kB; ++b) {
+    const int L = kScoreLengths[std::size_t(b)], prefix = std::min(L - kScoreWindow, cols);
+    for (int h = 0; h < kH; ++h)
+      for (int g = 0; g < kG; ++g)
+        for (int i = 0; i < kScoreQueries; ++i) {
+          const T* qrow = q.data() + ((std::size_t(b) * kScoreQueries + i) * kH * kG + h * kG + g) * kD;
+          const int last = L - kScoreQueries + i;
+          std::vector<double> l(std::size_t(last) + 1, -INFINITY);
+          double m = -INFINITY;
+          for (int j = 0; j <= last; ++j)
+            if (!skipped_key(b, j)) m = std::max(m, l[std::size_t(j)] = key_dot(k, qrow, b, h, j, scale));
+          double z = 0;
+          for (int j = 0; j <= last; ++j) z += std::exp(l[std::size_t(j)] - m);
+          for (int j = 0; j < prefix && j <= last; ++j)
+            out[(std::size_t(b) * kH + h) * cols + j] += std::exp(l[std::size_t(j)] - m) / z / kG;
+        }
+  }
+  return out;
+}
+
+template <class T>
+void window_scores_with_a_bad_page() {
+  const Inputs<T> in(21);
+  auto rng = kvsift_test::make_rng(22);
+  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kScoreQueries * kH * kG * kD, -1.f, 1.f);
+  const int cols = kMaxPages * kPage;
+  const auto good = good_table();
+  auto bad = good;
+  bad[1 * kMaxPages + 1] = 99;
+  kvsift::WindowScoreParams params;
+  params.window = kScoreWindow;
+  params.num_queries = kScoreQueries;
+  params.max_length = cols;
+  const auto want = masked_window_scores(in.k, q, cols);
+  {  // the float64 formula against the host reference, on the sequences with good pages
+    std::vector<float> host(want.size(), 0.f);
+    const auto kv = kvsift::make_paged(in.k.data(), in.v.data(), good.data(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                       kvsift::PageLayout::kNHD, kScoreLengths.data());
+    const auto qr = kvsift::make_query_rows(q.data(), kScoreQueries, kH * kG, kD);
+    const auto st = kvsift::host::window_scores(kvsift::host::Exec{}, kv, qr, params,
+                                                kvsift::make_strided_view(host.data(), kB * kH, cols));
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    for (int b : {0, 2})
+      for (int i = b * kH * cols; i < (b + 1) * kH * cols; ++i)
+        REQUIRE_MESSAGE(std::abs(host[std::size_t(i)] - want[std::size_t(i)]) <= 1e-5 * (1 + want[std::size_t(i)]),
+                        "host score ", i, " = ", host[std::size_t(i)], ", float64 ", want[std::size_t(i)]);
+  }
+  DeviceBuffer<T> dk(in.k), dv(in.v), dq(q);
+  DeviceBuffer<std::int32_t> dtab(bad), dlen(kScoreLengths);
+  DeviceBuffer<float> dscores(want.size());
+  DeviceBuffer<kvsift::DataError> derr(1);
+  dscores.poison();
+  KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  exec.data_error = derr.get();
+  const auto kv = kvsift::make_paged<const T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                              kvsift::PageLayout::kNHD, dlen.get());
+  const auto qr = kvsift::make_query_rows<T>(dq.get(), kScoreQueries, kH * kG, kD);
+  const auto scores = kvsift::make_strided_view(dscores.get(), kB * kH, cols);
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::window_scores_workspace_bytes(exec, kv, qr, params, scores, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
+  const auto st = kvsift::cuda::window_scores(exec, kv, qr, params, scores, kvsift::Workspace{ws.get(), ws.size()});
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  kvsift_test::sync_and_check();  // the bad page was never read
+  const auto got = dscores.download();
+  // The float64 formula reads the same (bf16-rounded) values: only fp32 sums and expf differ.
+  const double tol = 1e-4;
+  for (int b = 0; b < kB; ++b)
+    for (int h = 0; h < kH; ++h)
+      for (int j = 0; j < kScoreLengths[std::size_t(b)] - kScoreWindow; ++j) {
+        const std::size_t i = (std::size_t(b) * kH + h) * cols + j;
+        if (skipped_key(b, j)) {
+          REQUIRE_MESSAGE(got[i] == 0.f, "score b ", b, " h ", h, " key ", j, " = ", got[i], " (its page is bad)");
+          continue;
+        }
+        REQUIRE_MESSAGE(std::abs(got[i] - want[i]) <= tol * (1e-3 + want[i]), "score b ", b, " h ", h, " key ", j, " = ",
+                        got[i], ", float64 ", want[i]);
+      }
+  const auto e = read_record(derr);
+  REQUIRE(e.state == 2);
+  CHECK(e.op == kvsift::DataErrorOp::kWindowScores);
+  CHECK(e.kind == kvsift::DataErrorKind::kPageOutOfPool);
+  CHECK(e.batch == 1);
+  CHECK(e.value == 99);
+  CHECK((e.position >= 16 && e.position < 32));
+  CHECK(kvsift::data_error_status(e).to_string().find("window_scores: kv.block_table entry 99 of sequence 1") !=
+        std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("bad engine data: window_scores masks keys on a page outside the pool (bf16, tensor cores)") {
+  window_scores_with_a_bad_page<kvsift::bfloat16_t>();
+}
+
+TEST_CASE("bad engine data: window_scores masks keys on a page outside the pool (float, CUDA cores)") {
+  window_scores_with_a_bad_page<float>();
+}
+
+TEST_CASE("bad engine data: attention_cosine gives keys on a page outside the pool no attention") {
+  using T = float;
+  const Inputs<T> in(23);
+  auto rng = kvsift_test::make_rng(24);
+  const auto q = kvsift_test::random_values<T>(rng, std::size_t(kB) * kScoreQueries * kH * kG * kD, -1.f, 1.f);
+  auto bad = good_table();
+  bad[1 * kMaxPages + 1] = 99;
+  // Kept: every third position of each KV head's row (some on the bad page).
+  constexpr int kKept = 12;
+  std::vector<std::int32_t> kept(std::size_t(kB) * kH * kKept);
+  for (std::size_t r = 0; r < std::size_t(kB) * kH; ++r)
+    for (int s = 0; s < kKept; ++s) kept[r * kKept + std::size_t(s)] = 3 * s + int(r % 2);
+  // float64: the cosine of the full and kept attention distributions of each query, skipped keys excluded.
+  const double scale = 1.0 / std::sqrt(double(kD));
+  std::vector<double> want(std::size_t(kB) * kH * kG * kScoreQueries);
+  for (int b = 0; b < kB; ++b)
+    for (int hq = 0; hq < kH * kG; ++hq)
+      for (int t = 0; t < kScoreQueries; ++t) {
+        const int L = kScoreLengths[std::size_t(b)], h = hq / kG;
+        const T* qrow = q.data() + ((std::size_t(b) * kScoreQueries + t) * kH * kG + hq) * kD;
+        std::vector<double> l(std::size_t(L), -INFINITY);
+        std::vector<char> is_kept(std::size_t(L), 0);
+        for (int s = 0; s < kKept; ++s) is_kept[std::size_t(kept[(std::size_t(b) * kH + h) * kKept + std::size_t(s)])] = 1;
+        double mf = -INFINITY, mk = -INFINITY;
+        for (int j = 0; j < L; ++j) {
+          if (skipped_key(b, j)) continue;
+          l[std::size_t(j)] = key_dot(in.k, qrow, b, h, j, scale);
+          mf = std::max(mf, l[std::size_t(j)]);
+          if (is_kept[std::size_t(j)]) mk = std::max(mk, l[std::size_t(j)]);
+        }
+        double zf = 0, zk = 0;
+        for (int j = 0; j < L; ++j) {
+          zf += std::exp(l[std::size_t(j)] - mf);
+          if (is_kept[std::size_t(j)]) zk += std::exp(l[std::size_t(j)] - mk);
+        }
+        double dot = 0, nf = 0, nk = 0;
+        for (int j = 0; j < L; ++j) {
+          const double af = std::exp(l[std::size_t(j)] - mf) / zf;
+          const double ak = is_kept[std::size_t(j)] ? std::exp(l[std::size_t(j)] - mk) / zk : 0.0;
+          dot += af * ak, nf += af * af, nk += ak * ak;
+        }
+        want[(std::size_t(b) * kH * kG + hq) * kScoreQueries + std::size_t(t)] = dot / std::sqrt(nf * nk);
+      }
+  kvsift::KeptPositions kp;
+  kp.rows = kB * kH;
+  kp.heads = kH;
+  kp.count = kKept;
+  kp.stride = kKept;
+  {  // the float64 formula against the host reference on the good table (sequences 0 and 2)
+    std::vector<float> host(want.size());
+    const auto good = good_table();
+    const auto kv = kvsift::make_paged(in.k.data(), in.v.data(), good.data(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                       kvsift::PageLayout::kNHD, kScoreLengths.data());
+    kp.data = kept.data();
+    const auto st = kvsift::host::attention_cosine(kvsift::host::Exec{}, kv,
+                                                   kvsift::make_query_rows(q.data(), kScoreQueries, kH * kG, kD),
+                                                   kScoreQueries, 0.f, kp, host.data());
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    for (int b : {0, 2})
+      for (std::size_t i = std::size_t(b) * kH * kG * kScoreQueries; i < std::size_t(b + 1) * kH * kG * kScoreQueries; ++i)
+        REQUIRE_MESSAGE(std::abs(host[i] - want[i]) <= 1e-5, "host cosine ", i, " = ", host[i], ", float64 ", want[i]);
+  }
+  DeviceBuffer<T> dk(in.k), dv(in.v), dq(q);
+  DeviceBuffer<std::int32_t> dtab(bad), dlen(kScoreLengths), dkept(kept);
+  DeviceBuffer<float> dcos(want.size());
+  DeviceBuffer<kvsift::DataError> derr(1);
+  dcos.poison();
+  KVSIFT_TEST_CUDA(cudaMemset(derr.get(), 0, sizeof(kvsift::DataError)));
+  auto exec = kvsift::cuda::Exec::for_current_device();
+  exec.data_error = derr.get();
+  const auto kv = kvsift::make_paged<const T>(dk.get(), dv.get(), dtab.get(), kB, kMaxPages, kPool, kH, kPage, kD,
+                                              kvsift::PageLayout::kNHD, dlen.get());
+  kp.data = dkept.get();
+  const auto st = kvsift::cuda::attention_cosine(exec, kv, kvsift::make_query_rows<T>(dq.get(), kScoreQueries, kH * kG, kD),
+                                                 kScoreQueries, 0.f, kp, dcos.get());
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  kvsift_test::sync_and_check();
+  const auto got = dcos.download();
+  for (std::size_t i = 0; i < got.size(); ++i)
+    REQUIRE_MESSAGE(std::abs(got[i] - want[i]) <= 1e-5, "cosine ", i, " = ", got[i], ", float64 ", want[i]);
+  const auto e = read_record(derr);
+  REQUIRE(e.state == 2);
+  CHECK(e.op == kvsift::DataErrorOp::kAttentionCosine);
+  CHECK(e.batch == 1);
+  CHECK(e.value == 99);
+  CHECK((e.position >= 16 && e.position < 32));
 }

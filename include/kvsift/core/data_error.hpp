@@ -24,6 +24,8 @@ enum class DataErrorOp : std::int32_t {
   kStoreKv = 2,          ///< store_kv
   kCopyKvToDense = 3,    ///< copy_kv_to_dense
   kCompactKv = 4,        ///< compact_kv
+  kWindowScores = 5,     ///< window_scores (prompt compression's observation-window scores)
+  kAttentionCosine = 6,  ///< attention_cosine (prompt compression's fidelity measure)
 };
 
 /// What was wrong with it.
@@ -54,6 +56,8 @@ inline const char* data_error_op_name(DataErrorOp op) {
     case DataErrorOp::kStoreKv: return "store_kv";
     case DataErrorOp::kCopyKvToDense: return "copy_kv_to_dense";
     case DataErrorOp::kCompactKv: return "compact_kv";
+    case DataErrorOp::kWindowScores: return "window_scores";
+    case DataErrorOp::kAttentionCosine: return "attention_cosine";
     default: return "an op";
   }
 }

@@ -26,7 +26,8 @@ Status attention_cosine(const Exec& exec, const View& kv, const QueryRows<QT>& q
   KVSIFT_TRY(detail::validate_attention_cosine(kv, q, num_queries, kept, cosine));
   if (kv.batch == 0 || num_queries == 0) return Status();
   KVSIFT_REQUIRE(std::int64_t(kv.batch) * q.num_heads <= 65535, kUnsupported, "batch * q.num_heads must be <= 65535");
-  const detail::AttentionCosineLaunch launch{num_queries, kept, cosine, detail::plan_attention_cosine(kv, sm_scale)};
+  const detail::AttentionCosineLaunch launch{num_queries, kept, cosine, detail::plan_attention_cosine(kv, sm_scale),
+                                            exec.data_error};
   detail::attention_cosine_kernel<<<dim3(num_queries, kv.batch * q.num_heads), detail::kCosineThreads,
                                     launch.plan.smem_bytes, exec.stream>>>(kv, q, launch);
   KVSIFT_CHECK_LAUNCH();

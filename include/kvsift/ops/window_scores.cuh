@@ -73,7 +73,8 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
                  std::int64_t(kv.batch) * kv.num_kv_heads, " must be <= 65535");
 
   WorkspaceCarver ws(workspace);
-  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, q, params)};
+  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, q, params),
+                                         exec.data_error};
   if (!params.lse) {
     KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
                    "workspace.data is null (ask window_scores_workspace_bytes)");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/query_rows.hpp"
 #include "kvsift/core/reduce.cuh"
@@ -41,6 +42,7 @@ struct AttentionCosineLaunch {
   KeptPositions kept;
   float* cosine;
   AttentionCosinePlan plan;
+  DataError* data_error;  // cuda::Exec::data_error, or null
 };
 static_assert(sizeof(AttentionCosineLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
@@ -59,7 +61,10 @@ __global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View k
   const std::int32_t* kept_row = kept.data + (b * kept.heads + (kept.heads == q.num_heads ? h : kh)) * kept.stride;
   for (int e = threadIdx.x; e < kv.head_dim; e += blockDim.x) q_shared[e] = to_float(q.row(b, t, h)[e]) * scale;
   __syncthreads();
+  // A key whose page lies outside the pool (kv_row_in_pool) is never read: its logit is -inf, so it
+  // takes no attention in either distribution, and the first pass records the first one a thread met.
   auto logit = [&](int j) {
+    if (!kv_row_in_pool(kv, b, j)) return -INFINITY;
     const auto* k = kv.k_row(b, kh, j);
     // fp8: each element dequantized as the host reference does (code x scale in float); 1 otherwise.
     float k_scale = 1.f;
@@ -69,26 +74,34 @@ __global__ void __launch_bounds__(kCosineThreads) attention_cosine_kernel(View k
     return s;
   };
   float m_full = -INFINITY, m_kept = -INFINITY;
+  int bad_key = -1;
   for (int j = threadIdx.x; j < L; j += blockDim.x) {
     const float x = logit(j);
+    if (x == -INFINITY && bad_key < 0 && !kv_row_in_pool(kv, b, j)) bad_key = j;
     m_full = fmaxf(m_full, x);
     if (kept_contains(kept_row, kept.count, j)) m_kept = fmaxf(m_kept, x);
   }
+  if (bad_key >= 0)
+    record_data_error(launch.data_error, DataErrorOp::kAttentionCosine, DataErrorKind::kPageOutOfPool, b, kh, bad_key,
+                      kv_page_of(kv, b, bad_key));
   m_full = Reduce::max(tmp, m_full);
   m_kept = Reduce::max(tmp, m_kept);
+  // A skipped key adds exp(-inf) = 0, except where every key of a distribution was skipped (m -inf):
+  // then the distribution is empty and the cosine 0, as for an empty kept set.
+  auto weight = [](float x, float m) { return x == -INFINITY ? 0.f : expf(x - m); };
   float z_full = 0.f, z_kept = 0.f;
   for (int j = threadIdx.x; j < L; j += blockDim.x) {
     const float x = logit(j);
-    z_full += expf(x - m_full);
-    if (kept_contains(kept_row, kept.count, j)) z_kept += expf(x - m_kept);
+    z_full += weight(x, m_full);
+    if (kept_contains(kept_row, kept.count, j)) z_kept += weight(x, m_kept);
   }
   z_full = Reduce::sum(tmp, z_full);
   z_kept = Reduce::sum(tmp, z_kept);
   float dot = 0.f, n_full = 0.f, n_kept = 0.f;
   for (int j = threadIdx.x; j < L; j += blockDim.x) {
     const float x = logit(j);
-    const float af = expf(x - m_full) / z_full;
-    const float ak = kept_contains(kept_row, kept.count, j) ? expf(x - m_kept) / z_kept : 0.f;
+    const float af = z_full > 0.f ? weight(x, m_full) / z_full : 0.f;
+    const float ak = kept_contains(kept_row, kept.count, j) && z_kept > 0.f ? weight(x, m_kept) / z_kept : 0.f;
     dot += af * ak;
     n_full += af * af;
     n_kept += ak * ak;

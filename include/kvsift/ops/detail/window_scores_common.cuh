@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
 #include "kvsift/core/query_rows.hpp"
@@ -38,6 +39,7 @@ struct WindowScoresLaunch {
   StridedView2D<float> scores;
   WindowScorePlan plan;
   WindowScoreScratch scratch;
+  DataError* data_error;  // cuda::Exec::data_error, or null
 };
 static_assert(sizeof(WindowScoresLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
@@ -57,6 +59,20 @@ __device__ ScoreProblem score_problem(const View& kv, const QueryRows<QT>& q, co
   s.prefix = scored_prefix(s.len, launch.params.window, launch.plan.cols);
   s.group = q.num_heads / kv.num_kv_heads;
   return s;
+}
+
+// Whether key row `key` of (b, hk) can be read: inside the sequence and, for a paged view, on a page of
+// the pool (kv_row_in_pool). A key outside the pool is treated like a key past the sequence: never read,
+// masked out of every softmax, scored 0; the first one met is recorded (DataErrorKind::kPageOutOfPool).
+// The tile loaders call it once per staged key row; the record is on the cold path.
+template <class View>
+__device__ __forceinline__ bool score_key_readable(const View& kv, const WindowScoresLaunch& launch, int b, int hk,
+                                                   int len, int key) {
+  if (key >= len) return false;
+  if (kv_row_in_pool(kv, b, key)) return true;
+  record_data_error(launch.data_error, DataErrorOp::kWindowScores, DataErrorKind::kPageOutOfPool, b, hk, key,
+                      kv_page_of(kv, b, key));
+  return false;
 }
 
 // Merge the chunks of each row in order; rows of chunks a row never reached hold nothing (the

@@ -88,23 +88,40 @@ template <int D>
 struct KeyTile {
   static constexpr int kStride = D + 8;  // 16-bit elements per row: D plus 16 bytes of padding
   std::uint16_t rows[kMmaKeyTile][kStride];
+  bool ok[kMmaKeyTile];  // the staged key can be read (score_key_readable); false keys are zeros, masked
 };
 
-// All threads of the block: stage keys key0 .. key0 + 63 (zeros past len) into shared memory. The
-// caller synchronises before and after.
+// All threads of the block: stage keys key0 .. key0 + 63 into shared memory, zeros for keys past len
+// or off the page pool (tile.ok false). The caller synchronises before and after.
 template <int D, class View>
-__device__ __forceinline__ void load_key_tile(const View& kv, int b, int hk, int len, int key0, KeyTile<D>& tile) {
+__device__ __forceinline__ void load_key_tile(const View& kv, const WindowScoresLaunch& launch, int b, int hk, int len,
+                                              int key0, KeyTile<D>& tile) {
   constexpr int kVectorsPerRow = D / 8;  // 16 bytes = 8 elements
   for (int v = threadIdx.x; v < kMmaKeyTile * kVectorsPerRow; v += kMmaThreads) {
     const int r = v / kVectorsPerRow, part = v % kVectorsPerRow, key = key0 + r;
     uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (key < len) x = __ldg(reinterpret_cast<const uint4*>(kv.k_row(b, hk, key)) + part);
+    const bool ok = score_key_readable(kv, launch, b, hk, len, key);
+    if (ok) x = __ldg(reinterpret_cast<const uint4*>(kv.k_row(b, hk, key)) + part);
     *reinterpret_cast<uint4*>(&tile.rows[r][part * 8]) = x;
+    if (part == 0) tile.ok[r] = ok;
   }
 }
 
+// After the barrier that follows load_key_tile: bit 2n + c says whether the key of acc[n][c] (and of
+// acc[n][c + 2]), key0 + 8n + 2t + c, was staged (tile.ok), so the masking loops test a register.
+template <int D>
+__device__ __forceinline__ std::uint32_t staged_key_mask(const KeyTile<D>& tile) {
+  const int t = threadIdx.x % 4;
+  std::uint32_t mask = 0;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) mask |= std::uint32_t(tile.ok[8 * n + 2 * t + c]) << (2 * n + c);
+  return mask;
+}
+
 // Logits of the warp's 16 rows against the staged 64 keys: acc[n][0..1] are (row g, keys
-// key0 + 8n + 2t..+1), acc[n][2..3] the same keys for row g + 8. Keys past the sequence are zeros
+// key0 + 8n + 2t..+1), acc[n][2..3] the same keys for row g + 8. Keys not staged (tile.ok) are zeros
 // (the caller masks them).
 template <int D, class QT>
 __device__ __forceinline__ void logits_tile_mma(const KeyTile<D>& tile, const std::uint32_t (&a)[D / 16][4],
@@ -149,9 +166,10 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
   float m[2] = {-INFINITY, -INFINITY}, d[2] = {0.f, 0.f};
   for (int key0 = key_begin; key0 < key_end; key0 += kMmaKeyTile) {
     __syncthreads();  // the previous tile is no longer read
-    load_key_tile<D>(kv, b, hk, sp.len, key0, tile);
+    load_key_tile<D>(kv, launch, b, hk, sp.len, key0, tile);
     __syncthreads();
     if (!active) continue;
+    const std::uint32_t staged = staged_key_mask<D>(tile);
     float acc[8][4];
     logits_tile_mma<D, QT>(tile, a, acc);
 #pragma unroll
@@ -159,7 +177,7 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
-        if (r >= sp.rows() || key >= sp.len || key > sp.last_key(r)) continue;
+        if (r >= sp.rows() || !((staged >> (2 * n + e % 2)) & 1u) || key > sp.last_key(r)) continue;
         const float x = acc[n][e] * scale;
         if (x > m[e / 2]) {
           d[e / 2] = d[e / 2] * expf(m[e / 2] - x) + 1.f;
@@ -219,8 +237,9 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
   };
   const int passes = per_head ? sp.group : 1;
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
-    load_key_tile<D>(kv, b, hk, sp.len, key0, tile);  // the previous tile's last reader passed a barrier
+    load_key_tile<D>(kv, launch, b, hk, sp.len, key0, tile);  // the previous tile's last reader passed a barrier
     __syncthreads();
+    const std::uint32_t staged = staged_key_mask<D>(tile);
     // The first row that can see key0 sits at query position key0 - (len - nq).
     const int first_row = max(0, key0 - (sp.len - sp.nq)) * sp.group;
     for (int pass = 0; pass < passes; ++pass) {
@@ -238,7 +257,7 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
-            const bool use = r < sp.rows() && key < sp.prefix && key <= sp.last_key(r) &&
+            const bool use = r < sp.rows() && ((staged >> (2 * n + e % 2)) & 1u) && key < sp.prefix && key <= sp.last_key(r) &&
                              (!per_head || r % sp.group == pass);
             if (use) sum[n][e % 2] += expf(acc[n][e] * scale - lse[e / 2]);
           }

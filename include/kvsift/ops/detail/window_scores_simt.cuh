@@ -22,12 +22,22 @@ namespace detail {
 
 // logits[a][c] for rows row0 + ty + 16a and keys key0 + tx + 16c (a, c in [0, 4)); masked or absent
 // entries are -inf. All threads of the block must call it (it synchronises).
+// key_ok is the block's shared flag per staged key (score_key_readable); keys that fail it are never
+// read and come out -inf like keys past the sequence.
 template <class View, class QT>
-__device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, int b, int hk, int row0,
-                           int key0, float scale, float (&logits)[4][4], float (*qs)[kScoreDimChunk + 1],
-                           float (*ks)[kScoreDimChunk + 1]) {
+__device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, const WindowScoresLaunch& launch,
+                           int b, int hk, int row0, int key0, float (&logits)[4][4], float (*qs)[kScoreDimChunk + 1],
+                           float (*ks)[kScoreDimChunk + 1], bool* key_ok) {
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+  const float scale = launch.plan.scale;
   float acc[4][4] = {};
+  if (tid < kScoreTile) key_ok[tid] = score_key_readable(kv, launch, b, hk, sp.len, key0 + tid);
+  __syncthreads();
+  // This thread's four keys, read before the chunk loop's barriers: the next call rewrites key_ok
+  // without a barrier of its own in between.
+  bool my_keys_ok[4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) my_keys_ok[c] = key_ok[tx + 16 * c];
   for (int d0 = 0; d0 < kv.head_dim; d0 += kScoreDimChunk) {
     for (int e = tid; e < kScoreTile * kScoreDimChunk; e += kScoreThreads) {
       const int r = e / kScoreDimChunk, dd = e % kScoreDimChunk, d = d0 + dd;
@@ -35,7 +45,7 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
       float qv = 0.f, kval = 0.f;
       if (d < kv.head_dim) {
         if (row < sp.rows()) qv = to_float(q.row(b, row / sp.group, hk * sp.group + row % sp.group)[d]);
-        if (key < sp.len) {
+        if (key_ok[r]) {
           kval = to_float(kv.k_row(b, hk, key)[d]);
           // fp8: dequantized as the host reference does, code x scale in float, before the product.
           if constexpr (is_fp8_view_v<View>) kval *= kv.k_scale(b, hk, key);
@@ -64,7 +74,7 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int row = row0 + ty + 16 * a, key = key0 + tx + 16 * c;
-      const bool visible = row < sp.rows() && key < sp.len && key <= sp.last_key(row);
+      const bool visible = row < sp.rows() && my_keys_ok[c] && key <= sp.last_key(row);
       logits[a][c] = visible ? acc[a][c] * scale : -INFINITY;
     }
 }
@@ -73,11 +83,11 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
 template <class View, class QT>
 __global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, QueryRows<QT> q,
                                                                      WindowScoresLaunch launch) {
-  const float scale = launch.plan.scale;
   const int num_chunks = launch.plan.chunks, row_capacity = launch.plan.row_capacity;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
   __shared__ float qs[kScoreTile][kScoreDimChunk + 1], ks[kScoreTile][kScoreDimChunk + 1];
   __shared__ float red_m[kScoreTile][17], red_d[kScoreTile][17];
+  __shared__ bool key_ok[kScoreTile];
   const int bh = blockIdx.z, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
   const int row0 = blockIdx.x * kScoreTile, chunk = blockIdx.y;
@@ -95,7 +105,7 @@ __global__ void __launch_bounds__(kScoreThreads) lse_partials_kernel(View kv, Qu
   }
   for (int key0 = key_begin; key0 < key_end; key0 += kScoreTile) {
     float logits[4][4];
-    score_tile(kv, q, sp, b, hk, row0, key0, scale, logits, qs, ks);
+    score_tile(kv, q, sp, launch, b, hk, row0, key0, logits, qs, ks, key_ok);
 #pragma unroll
     for (int a = 0; a < 4; ++a)
 #pragma unroll
@@ -142,6 +152,7 @@ __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, Que
   const StridedView2D<float>& out = launch.scores;
   __shared__ float qs[kScoreTile][kScoreDimChunk + 1], ks[kScoreTile][kScoreDimChunk + 1];
   __shared__ float lse_tile[kScoreTile];
+  __shared__ bool key_ok[kScoreTile];
   __shared__ float col[16][kScoreTile];  // per thread row (ty) partial sums, folded in order at the end
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
@@ -168,7 +179,7 @@ __global__ void __launch_bounds__(kScoreThreads) column_sums_kernel(View kv, Que
         lse_tile[threadIdx.x] = l;
       }
       float logits[4][4];
-      score_tile(kv, q, sp, b, hk, row0, key0, launch.plan.scale, logits, qs, ks);  // syncs before lse_tile is read
+      score_tile(kv, q, sp, launch, b, hk, row0, key0, logits, qs, ks, key_ok);  // syncs before lse_tile is read
 #pragma unroll
       for (int a = 0; a < 4; ++a) {
         const int r = ty + 16 * a;
