@@ -352,6 +352,12 @@ TEST_CASE("PagedKV fp8 per-token scales follow the page layout (NHD and HND)") {
   }
 }
 
+namespace custom_rows {
+// An engine's own view type whose address map can fail: its kv_row_in_pool overload is found by ADL.
+struct View {};
+bool kv_row_in_pool(const View&, int, int);
+}  // namespace custom_rows
+
 TEST_CASE("kv_row_in_pool and data_error_status: what the kernels check and record about bad engine data") {
   // A paged view over host memory: the check reads the block table like the kernels do.
   std::vector<float> pool(4 * 2 * 8, 0.f);
@@ -369,6 +375,12 @@ TEST_CASE("kv_row_in_pool and data_error_status: what the kernels check and reco
   std::vector<float> kc(2 * 1 * 32 * 8), vc(kc.size());
   const auto ckv = kvsift::make_bhsd(kc.data(), vc.data(), 2, 1, 32, 8, lengths.data());
   CHECK(kvsift::kv_row_in_pool(ckv, 1, 31));
+  // Which views the kernels may skip the check for (kv_rows_always_in_pool): those without an overload.
+  static_assert(kvsift::kv_rows_always_in_pool<kvsift::ContiguousKV<float>>);
+  static_assert(kvsift::kv_rows_always_in_pool<kvsift::ContiguousKV<const kvsift::half_t>>);
+  static_assert(!kvsift::kv_rows_always_in_pool<kvsift::PagedKV<float>>);
+  static_assert(!kvsift::kv_rows_always_in_pool<kvsift::PagedKV<const kvsift::bfloat16_t>>);
+  static_assert(!kvsift::kv_rows_always_in_pool<custom_rows::View>);
 
   kvsift::DataError e;
   CHECK(kvsift::data_error_status(e).ok());  // nothing recorded

@@ -164,12 +164,24 @@ Status validate_view_host(const V& kv) {
 /// a kernel reads or writes the row: true by default; PagedKV overloads it (its block-table entry must
 /// lie in [0, num_pages)), so a page id from a scheduler bug is skipped and recorded (core/data_error.hpp)
 /// instead of read or written out of the pool. A custom view whose address map can fail offers the same
-/// overload in its namespace.
+/// overload in its namespace (returning bool).
+///
+/// The default returns RowAlwaysInPool, a true that the compiler can see: kv_rows_always_in_pool<V>
+/// tells a kernel that V has no overload, so a check that would cost work per element (window_scores
+/// masks keys inside its tensor-core tiles) is compiled out for contiguous caches.
+struct RowAlwaysInPool {
+  KVSIFT_HD constexpr operator bool() const { return true; }
+};
 template <class V>
-KVSIFT_HD bool kv_row_in_pool(const V& kv, int b, int t) {
+KVSIFT_HD constexpr RowAlwaysInPool kv_row_in_pool(const V& kv, int b, int t) {
   (void)kv, (void)b, (void)t;
-  return true;
+  return RowAlwaysInPool{};
 }
+
+/// Whether every row of a V has an address: V's kv_row_in_pool is the default one.
+template <class V>
+inline constexpr bool kv_rows_always_in_pool =
+    std::is_same_v<decltype(kv_row_in_pool(std::declval<const V&>(), 0, 0)), RowAlwaysInPool>;
 
 /// What a data-error record reports for a row that fails kv_row_in_pool: the page id for PagedKV, the
 /// token otherwise.

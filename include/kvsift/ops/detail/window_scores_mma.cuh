@@ -103,7 +103,8 @@ __device__ __forceinline__ void load_key_tile(const View& kv, const WindowScores
     const bool ok = score_key_readable(kv, launch, b, hk, len, key);
     if (ok) x = __ldg(reinterpret_cast<const uint4*>(kv.k_row(b, hk, key)) + part);
     *reinterpret_cast<uint4*>(&tile.rows[r][part * 8]) = x;
-    if (part == 0) tile.ok[r] = ok;
+    if constexpr (!kv_rows_always_in_pool<View>)
+      if (part == 0) tile.ok[r] = ok;
   }
 }
 
@@ -169,7 +170,8 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
     load_key_tile<D>(kv, launch, b, hk, sp.len, key0, tile);
     __syncthreads();
     if (!active) continue;
-    const std::uint32_t staged = staged_key_mask<D>(tile);
+    // Views whose rows can be off the pool: which of this thread's keys were staged (else all < len).
+    const std::uint32_t staged = kv_rows_always_in_pool<View> ? ~0u : staged_key_mask<D>(tile);
     float acc[8][4];
     logits_tile_mma<D, QT>(tile, a, acc);
 #pragma unroll
@@ -177,7 +179,9 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
-        if (r >= sp.rows() || !((staged >> (2 * n + e % 2)) & 1u) || key > sp.last_key(r)) continue;
+        if (r >= sp.rows() || key >= sp.len || key > sp.last_key(r)) continue;
+        if constexpr (!kv_rows_always_in_pool<View>)
+          if (!((staged >> (2 * n + e % 2)) & 1u)) continue;
         const float x = acc[n][e] * scale;
         if (x > m[e / 2]) {
           d[e / 2] = d[e / 2] * expf(m[e / 2] - x) + 1.f;
@@ -239,7 +243,7 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
     load_key_tile<D>(kv, launch, b, hk, sp.len, key0, tile);  // the previous tile's last reader passed a barrier
     __syncthreads();
-    const std::uint32_t staged = staged_key_mask<D>(tile);
+    const std::uint32_t staged = kv_rows_always_in_pool<View> ? ~0u : staged_key_mask<D>(tile);
     // The first row that can see key0 sits at query position key0 - (len - nq).
     const int first_row = max(0, key0 - (sp.len - sp.nq)) * sp.group;
     for (int pass = 0; pass < passes; ++pass) {
@@ -257,8 +261,8 @@ __global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, Q
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
-            const bool use = r < sp.rows() && ((staged >> (2 * n + e % 2)) & 1u) && key < sp.prefix && key <= sp.last_key(r) &&
-                             (!per_head || r % sp.group == pass);
+            bool use = r < sp.rows() && key < sp.prefix && key <= sp.last_key(r) && (!per_head || r % sp.group == pass);
+            if constexpr (!kv_rows_always_in_pool<View>) use = use && ((staged >> (2 * n + e % 2)) & 1u);
             if (use) sum[n][e % 2] += expf(acc[n][e] * scale - lse[e / 2]);
           }
       }

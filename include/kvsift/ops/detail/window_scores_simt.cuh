@@ -22,8 +22,8 @@ namespace detail {
 
 // logits[a][c] for rows row0 + ty + 16a and keys key0 + tx + 16c (a, c in [0, 4)); masked or absent
 // entries are -inf. All threads of the block must call it (it synchronises).
-// key_ok is the block's shared flag per staged key (score_key_readable); keys that fail it are never
-// read and come out -inf like keys past the sequence.
+// key_ok is the block's shared flag per staged key (score_key_readable), for views whose rows can be off
+// the pool; keys that fail it are never read and come out -inf like keys past the sequence.
 template <class View, class QT>
 __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, const WindowScoresLaunch& launch,
                            int b, int hk, int row0, int key0, float (&logits)[4][4], float (*qs)[kScoreDimChunk + 1],
@@ -31,13 +31,16 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
   const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
   const float scale = launch.plan.scale;
   float acc[4][4] = {};
-  if (tid < kScoreTile) key_ok[tid] = score_key_readable(kv, launch, b, hk, sp.len, key0 + tid);
-  __syncthreads();
+  constexpr bool kAlwaysInPool = kv_rows_always_in_pool<View>;
+  if constexpr (!kAlwaysInPool) {
+    if (tid < kScoreTile) key_ok[tid] = score_key_readable(kv, launch, b, hk, sp.len, key0 + tid);
+    __syncthreads();
+  }
   // This thread's four keys, read before the chunk loop's barriers: the next call rewrites key_ok
   // without a barrier of its own in between.
   bool my_keys_ok[4];
 #pragma unroll
-  for (int c = 0; c < 4; ++c) my_keys_ok[c] = key_ok[tx + 16 * c];
+  for (int c = 0; c < 4; ++c) my_keys_ok[c] = kAlwaysInPool ? key0 + tx + 16 * c < sp.len : key_ok[tx + 16 * c];
   for (int d0 = 0; d0 < kv.head_dim; d0 += kScoreDimChunk) {
     for (int e = tid; e < kScoreTile * kScoreDimChunk; e += kScoreThreads) {
       const int r = e / kScoreDimChunk, dd = e % kScoreDimChunk, d = d0 + dd;
@@ -45,7 +48,7 @@ __device__ void score_tile(const View& kv, const QueryRows<QT>& q, const ScorePr
       float qv = 0.f, kval = 0.f;
       if (d < kv.head_dim) {
         if (row < sp.rows()) qv = to_float(q.row(b, row / sp.group, hk * sp.group + row % sp.group)[d]);
-        if (key_ok[r]) {
+        if (kAlwaysInPool ? key < sp.len : key_ok[r]) {
           kval = to_float(kv.k_row(b, hk, key)[d]);
           // fp8: dequantized as the host reference does, code x scale in float, before the product.
           if constexpr (is_fp8_view_v<View>) kval *= kv.k_scale(b, hk, key);
