@@ -584,6 +584,52 @@ TEST_CASE("minimal decoder: --profile parses, and refuses what it cannot time") 
                        "--profile-reps: 0 is not an integer >= 1");
 }
 
+TEST_CASE("minimal decoder: a malformed prompt in the middle of a batch is rejected alone; the others run as without it") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 23);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  const auto good = random_prompts({50, 41, 33, 27}, c.vocab_size, 17);
+  md::GenerationRequest req;
+  req.new_tokens = 12;
+  req.policy.kind = md::PolicyKind::kLycheeDecode;
+  req.policy.lycheedecode.budget = 16;
+  req.policy.lycheedecode.sink = 2;
+  req.policy.lycheedecode.recent = 4;
+  req.policy.lycheedecode.correction_interval = 4;
+  req.sampling.temperature = 0.8f;  // sampled: each sequence's stream is seeded by its place in the batch
+  req.sampling.seed = 5;
+  // Without rejection a malformed prompt fails the whole request, as before.
+  auto bad = good;
+  bad[2] = {3, c.vocab_size + 7, 1};
+  req.prompts = bad;
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "outside the vocabulary");
+  req.reject_bad_prompts = true;
+  const md::GenerationReport r = md::generate(be, c, weights, req);
+  REQUIRE(r.rejected.size() == 4);
+  CHECK(r.rejected[2] == "token 1 = " + std::to_string(c.vocab_size + 7) + " is outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+  CHECK(r.generated[2].empty());
+  CHECK(r.sequences_run() == 3);
+  // The reference: the same batch with a good prompt in place 2; sequences 0, 1 and 3 sample the same tokens.
+  req.prompts = good;
+  const md::GenerationReport full = md::generate(be, c, weights, req);
+  for (int b : {0, 1, 3}) {
+    CAPTURE(b);
+    CHECK(r.rejected[std::size_t(b)].empty());
+    CHECK(r.generated[std::size_t(b)] == full.generated[std::size_t(b)]);
+  }
+  // An empty prompt too; a batch with nothing left is an error that names the first reason.
+  req.prompts = {good[0], {}};
+  CHECK(md::generate(be, c, weights, req).rejected[1] == "the prompt is empty");
+  req.prompts = {{}, {-1}};
+  CHECK_ERROR_CONTAINS(md::generate(be, c, weights, req), "every prompt of the batch was rejected; the first: the prompt is empty");
+  // The CLI flag needs --soak.
+  CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40,30", "--soak", "--soak-bad-request"}).soak_bad_request);
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--soak-bad-request"}),
+                       "--soak-bad-request is part of --soak");
+}
+
 TEST_CASE("minimal decoder: --soak scans every logits vector, measures memory where it can, and parses") {
   // The helpers.
   CHECK(md::count_nonfinite({1.f, 2.f, 3.f}) == 0);

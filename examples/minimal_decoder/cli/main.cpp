@@ -47,8 +47,10 @@ std::vector<std::vector<std::int32_t>> load_prompts(const md::Options& o, int vo
 
 // --soak's lines: NaN / inf logits, device memory after the warm-up and at the end, tokens/s per tenth
 // of the run (its spread says whether throughput stayed flat), and the verdict.
-void print_soak(const md::GenerationRequest& req, const md::GenerationReport& r) {
-  std::printf("soak: %zu decode steps x %zu sequence(s); NaN/inf logits: %lld", r.step_ms.size(), req.prompts.size(),
+void print_soak(const md::GenerationReport& r) {
+  for (std::size_t b = 0; b < r.rejected.size(); ++b)
+    if (!r.rejected[b].empty()) std::printf("soak: prompt %zu rejected (%s); the others ran\n", b, r.rejected[b].c_str());
+  std::printf("soak: %zu decode steps x %d sequence(s); NaN/inf logits: %lld", r.step_ms.size(), r.sequences_run(),
               r.nonfinite_logits);
   if (r.first_nonfinite_step >= 0) std::printf(" (first at step %d)", r.first_nonfinite_step);
   std::printf("\n");
@@ -59,7 +61,7 @@ void print_soak(const md::GenerationRequest& req, const md::GenerationReport& r)
   else
     std::printf("soak: device memory not measured (CPU backend, or no step after the warm-up)\n");
   const int window = std::max(1, int(r.step_ms.size() / 10));
-  const std::vector<double> w = md::windowed_tokens_per_s(r.step_ms, window, int(req.prompts.size()));
+  const std::vector<double> w = md::windowed_tokens_per_s(r.step_ms, window, r.sequences_run());
   if (!w.empty()) {
     const auto [lo, hi] = std::minmax_element(w.begin(), w.end());
     std::printf("soak: tokens/s per %d steps:", window);
@@ -70,12 +72,13 @@ void print_soak(const md::GenerationRequest& req, const md::GenerationReport& r)
 }
 
 void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
-  std::printf("prefill: %zu sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", req.prompts.size(), r.prompt_tokens,
+  const int sequences = r.sequences_run();
+  std::printf("prefill: %d sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", sequences, r.prompt_tokens,
               r.prefill_ms, r.prompt_tokens / (r.prefill_ms / 1e3));
   const std::size_t steps = r.step_ms.size();
   if (steps > 0) {
-    const double ms = r.decode_ms(), tokens = double(steps * req.prompts.size());
-    std::printf("decode: %zu steps x %zu sequence(s): %.1f tokens/s, %.2f ms/step", steps, req.prompts.size(),
+    const double ms = r.decode_ms(), tokens = double(steps) * sequences;
+    std::printf("decode: %zu steps x %d sequence(s): %.1f tokens/s, %.2f ms/step", steps, sequences,
                 tokens / (ms / 1e3), ms / double(steps));
     if (req.time_attention) std::printf(" (attention %.0f%%)", 100.0 * r.attention_ms() / ms);
     std::printf("\n");
@@ -94,9 +97,13 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     std::printf("check vs dense: top-1 agreement %lld/%lld (%.1f%%), KL(dense || policy) mean %.3g, max %.3g nats\n",
                 r.top1_agree, r.compared, 100.0 * double(r.top1_agree) / double(r.compared), r.kl_sum / double(r.compared),
                 r.kl_max);
-  if (req.soak) print_soak(req, r);
+  if (req.soak) print_soak(r);
   if (quiet) return;
   for (std::size_t b = 0; b < r.generated.size(); ++b) {
+    if (b < r.rejected.size() && !r.rejected[b].empty()) {
+      std::printf("sequence %zu: rejected: %s\n", b, r.rejected[b].c_str());
+      continue;
+    }
     std::printf("sequence %zu (prompt %zu tokens):", b, req.prompts[b].size());
     for (std::int32_t t : r.generated[b]) std::printf(" %d", t);
     std::printf("\n");
@@ -170,6 +177,11 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   if (o.passkey_tool()) return md::run_passkey_tool(be, o.passkey, config, weights);  // --eval-passkey and friends
   md::GenerationRequest req = o.generation;
   req.prompts = load_prompts(o, config.vocab_size);
+  const std::size_t bad_at = req.prompts.size() / 2;  // --soak-bad-request's prompt
+  if (o.soak_bad_request) {
+    req.prompts.insert(req.prompts.begin() + std::ptrdiff_t(bad_at), std::vector<std::int32_t>{1, config.vocab_size, 2});
+    req.reject_bad_prompts = true;
+  }
   if (o.compare) {
     run_compare(be, o, config, weights, req);
     return 0;
@@ -185,7 +197,12 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   bar.finish();
   print_report(req, r, o.quiet, o.roofline_tbps);
   if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
-  return req.soak && md::soak_failed(r) ? 1 : 0;
+  bool rejected_alone = true;  // --soak-bad-request: exactly the injected prompt was rejected
+  if (o.soak_bad_request) {
+    for (std::size_t b = 0; b < r.rejected.size(); ++b) rejected_alone &= r.rejected[b].empty() == (b != bad_at);
+    if (!rejected_alone) std::printf("soak: FAILED: the malformed prompt %zu was not rejected alone\n", bad_at);
+  }
+  return req.soak && (md::soak_failed(r) || !rejected_alone) ? 1 : 0;
 }
 
 template <class Backend>

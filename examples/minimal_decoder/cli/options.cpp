@@ -158,6 +158,9 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_flag("--soak", gen.soak, "a long-run check of the generation: every logits vector scanned for NaN / inf, the "
                "device memory in use compared after --soak-warmup steps and at the end, tokens/s per tenth of the run; "
                "exit status 1 on a NaN / inf or a memory change")->group(g);
+  app.add_flag("--soak-bad-request", o.soak_bad_request, "--soak: add a malformed prompt (a token id outside the "
+               "vocabulary) in the middle of the batch; it must be rejected on its own while the other sequences run "
+               "(exit status 1 otherwise)")->group(g);
   app.add_option("--soak-warmup", gen.soak_warmup, "--soak: decode steps before the first memory reading (every CUDA "
                  "graph recorded by then)")->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--json", o.json, "also write as JSON: --profile's table, or --eval-passkey's results (every "
@@ -248,6 +251,7 @@ void check_combinations(const Options& o) {
     throw DecoderError("--profile times one policy's decode step: drop --compare and --check");
   if (o.generation.soak && (o.profile || o.compare))
     throw DecoderError("--soak checks a generation run: drop --profile and --compare");
+  if (o.soak_bad_request && !o.generation.soak) throw DecoderError("--soak-bad-request is part of --soak: add --soak");
   if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
 }

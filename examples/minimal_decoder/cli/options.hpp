@@ -30,6 +30,9 @@ struct Options {
   // output
   bool compare = false;
   bool profile = false;  // --profile: time the parts of one decode step instead of generating
+  // --soak-bad-request: a malformed prompt (a token id outside the vocabulary) joins the middle of the
+  // batch; it must be rejected alone (GenerationRequest::reject_bad_prompts) while the others run.
+  bool soak_bad_request = false;
   int profile_reps = 20;
   std::string json;      // --json: --eval-passkey's results or --profile's table as JSON
   std::string output_ids;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/decoder.hpp"
@@ -15,8 +16,10 @@
 namespace minimal_decoder {
 
 struct GenerationReport {
-  std::vector<std::vector<std::int32_t>> generated;  // [batch][new tokens]
-  std::vector<float> prefill_logits;                 // [batch, vocab], of the policy's decoder
+  std::vector<std::vector<std::int32_t>> generated;  // [batch][new tokens]; empty for a rejected prompt
+  // [batch]: why the prompt was rejected (GenerationRequest::reject_bad_prompts), "" for one that ran.
+  std::vector<std::string> rejected;
+  std::vector<float> prefill_logits;                 // [sequences that ran, vocab], of the policy's decoder
   std::vector<std::vector<float>> step_logits;       // [step][batch, vocab] when keep_logits
   double prefill_ms = 0;
   long long prompt_tokens = 0;
@@ -36,6 +39,12 @@ struct GenerationReport {
   int memory_warmup_steps = 0;
   std::int64_t memory_after_warmup = -1, memory_at_end = -1;
 
+  // Sequences that ran: the batch less the rejected prompts.
+  int sequences_run() const {
+    int n = 0;
+    for (const auto& why : rejected) n += why.empty();
+    return rejected.empty() ? int(generated.size()) : n;
+  }
   double decode_ms() const {
     double s = 0;
     for (double x : step_ms) s += x;
@@ -71,6 +80,10 @@ struct GenerationRequest {
   PolicyOptions policy;
   bool check = false;
   bool keep_logits = false;  // tests: keep every step's logits
+  // A malformed prompt (empty, or a token id outside the vocabulary) is rejected on its own, named in
+  // GenerationReport::rejected, and the batch runs without it; false: it fails the request
+  // (DecoderError), as a whole.
+  bool reject_bad_prompts = false;
   bool soak = false;         // --soak: check every logits vector for NaN / inf, measure device memory
   int soak_warmup = 100;     // --soak: steps before the first memory reading (fewer if the run is short)
   GenerationProgress progress;
@@ -105,6 +118,17 @@ inline bool soak_failed(const GenerationReport& r) {
          (r.memory_after_warmup >= 0 && r.memory_at_end >= 0 && r.memory_after_warmup != r.memory_at_end);
 }
 
+// What is wrong with a prompt for a model of `vocab_size` tokens ("" when nothing is): the checks
+// Decoder::prefill makes on its own (besides the decoder's length limit, which comes from the batch).
+inline std::string prompt_problem(const std::vector<std::int32_t>& prompt, int vocab_size) {
+  if (prompt.empty()) return "the prompt is empty";
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    if (prompt[i] < 0 || prompt[i] >= vocab_size)
+      return "token " + std::to_string(i) + " = " + std::to_string(prompt[i]) + " is outside the vocabulary [0, " +
+             std::to_string(vocab_size) + ")";
+  return "";
+}
+
 // The sizes a decoder for `req` is built with: its batch, its longest prompt, its new tokens.
 inline DecoderLimits request_limits(const GenerationRequest& req) {
   DecoderLimits limits;
@@ -130,10 +154,13 @@ std::vector<float> prefill_request(Decoder<Backend>& model, const GenerationRequ
   return model.synthetic_prefill(lengths, req.sampling.seed + 1);
 }
 
-// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
+namespace detail {
+
+// generate() over prompts that all run; origin[b] is prompt b's index in the caller's batch (its
+// sampling stream's seed, so a rejection elsewhere in the batch does not change what it samples).
 template <class Backend>
-GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
-                          const GenerationRequest& req) {
+GenerationReport generate_batch(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
+                                const GenerationRequest& req, const std::vector<int>& origin) {
   const int B = int(req.prompts.size()), V = config.vocab_size;
   const DecoderLimits limits = request_limits(req);
   Decoder<Backend> model(be, config, weights, req.policy, limits);
@@ -152,7 +179,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   std::vector<Sampler> samplers;
   for (int b = 0; b < B; ++b) {
     SamplingOptions s = req.sampling;
-    s.seed += std::uint64_t(b);  // independent streams, reproducible per sequence
+    s.seed += std::uint64_t(origin[std::size_t(b)]);  // independent streams, reproducible per sequence
     samplers.emplace_back(s);
   }
   std::vector<float> logits = r.prefill_logits;
@@ -200,6 +227,41 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     r.memory_after_warmup = -1;
   r.kv_bytes_used = model.kv_bytes_used();
   r.kv_bytes_allocated = model.kv_bytes_allocated();
+  return r;
+}
+
+}  // namespace detail
+
+// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
+template <class Backend>
+GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
+                          const GenerationRequest& req) {
+  const int B = int(req.prompts.size());
+  std::vector<int> origin;
+  std::vector<std::string> rejected(static_cast<std::size_t>(B));
+  GenerationRequest admitted = req;
+  if (req.reject_bad_prompts) {
+    admitted.prompts.clear();
+    for (int b = 0; b < B; ++b) {
+      rejected[std::size_t(b)] = prompt_problem(req.prompts[std::size_t(b)], config.vocab_size);
+      if (!rejected[std::size_t(b)].empty()) continue;
+      origin.push_back(b);
+      admitted.prompts.push_back(req.prompts[std::size_t(b)]);
+    }
+    if (origin.empty()) throw DecoderError("every prompt of the batch was rejected; the first: " + rejected[0]);
+  } else {
+    for (int b = 0; b < B; ++b) origin.push_back(b);
+  }
+  GenerationReport r = detail::generate_batch(be, config, weights, admitted, origin);
+  if (int(origin.size()) == B) {
+    r.rejected = std::move(rejected);
+    return r;
+  }
+  // Back to the caller's batch: rejected prompts get no tokens.
+  std::vector<std::vector<std::int32_t>> generated(static_cast<std::size_t>(B));
+  for (std::size_t i = 0; i < origin.size(); ++i) generated[std::size_t(origin[i])] = std::move(r.generated[i]);
+  r.generated = std::move(generated);
+  r.rejected = std::move(rejected);
   return r;
 }
 
