@@ -38,9 +38,28 @@ struct Layer {
   }
 };
 
+// The same K/V memory as a vLLM-style paged cache (HND pages of `page` tokens, sequence b on pages
+// b * len / page onwards): the paged views' block-table checks are what this measures beside the
+// contiguous layout (the bytes are the same).
+struct PagedLayer {
+  kvsift_bench::DeviceArray<std::int32_t> table;
+  int max_pages;
+  PagedLayer(const Layer& layer, int page)
+      : table(std::size_t(layer.batch) * ((layer.len + page - 1) / page)), max_pages((layer.len + page - 1) / page) {
+    std::vector<std::int32_t> ids(table.n);
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = std::int32_t(i);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(table.get(), ids.data(), table.bytes(), cudaMemcpyHostToDevice));
+  }
+  kvsift::PagedKV<bf16> view(const Layer& layer, int page) const {
+    return kvsift::make_paged(layer.k.get(), layer.v.get(), table.get(), layer.batch, max_pages, layer.batch * max_pages,
+                              kKvHeads, page, kHeadDim, kvsift::PageLayout::kHND, layer.lengths.get());
+  }
+};
+
 void BM_CompressPrompt(benchmark::State& state) {
   const auto policy = static_cast<kvsift::CompressionPolicy>(state.range(0));
   const int batch = int(state.range(1)), len = int(state.range(2)), cp = int(state.range(3));
+  const int page = state.range(4) > 0 ? int(state.range(4)) : 0;  // 0: the contiguous BHSD cache
   const bool h2o = policy == kvsift::CompressionPolicy::kH2OPrefill;
   Layer layer(batch, len, h2o ? len : kWindow);
   kvsift::PromptCompressionConfig c;
@@ -64,7 +83,11 @@ void BM_CompressPrompt(benchmark::State& state) {
   const auto dst = kvsift::make_bhsd(dk.get(), dv.get(), batch, kKvHeads, cp, kHeadDim, dst_len.get());
   const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), h2o ? len : kWindow, kQHeads, kHeadDim);
   const kvsift::CompactOutputs out{new_len.get(), positions.get(), cp};
+  const PagedLayer paged(layer, page > 0 ? page : 16);
   auto run = [&](cudaStream_t s) {
+    if (page > 0)
+      return kvsift::compress_prompt(exec.on(s), c, shape, paged.view(layer, page), q, nullptr, dst, out,
+                                     kvsift::Workspace{ws.get(), ws_bytes});
     return kvsift::compress_prompt(exec.on(s), c, shape, layer.view(), q, nullptr, dst, out,
                                    kvsift::Workspace{ws.get(), ws_bytes});
   };
@@ -109,16 +132,20 @@ void compression_shapes(benchmark::internal::Benchmark* b) {
   for (P policy : {P::kClusterAttn, P::kSnapKV, P::kStreamingLLM})
     for (int batch : {1, 8})
       for (int len : {32768, 131072})
-        for (int cp : {1024, 2048, 4096}) b->Args({int(policy), batch, len, cp});
+        for (int cp : {1024, 2048, 4096}) b->Args({int(policy), batch, len, cp, 0});
   // H2O-prefill scores every prompt query against every key (O(L^2 d)): one shape only.
-  b->Args({int(P::kH2OPrefill), 1, 32768, 1024});
+  b->Args({int(P::kH2OPrefill), 1, 32768, 1024, 0});
+  // The paged layout (16-token pages) beside the contiguous one, for the window-score policies.
+  for (P policy : {P::kClusterAttn, P::kSnapKV})
+    for (int batch : {1, 8})
+      for (int len : {32768, 131072}) b->Args({int(policy), batch, len, 1024, 16});
 }
 
 }  // namespace
 
 BENCHMARK(BM_CompressPrompt)
     ->Apply(compression_shapes)
-    ->ArgNames({"policy", "batch", "len", "cp"})
+    ->ArgNames({"policy", "batch", "len", "cp", "page"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeOverCache)

@@ -66,7 +66,8 @@ __device__ ScoreProblem score_problem(const View& kv, const QueryRows<QT>& q, co
 // masked out of every softmax, scored 0; the first one met is recorded (DataErrorKind::kPageOutOfPool).
 // The tile loaders call it once per staged key row; the record is on the cold path. For views whose rows
 // all have an address (kv_rows_always_in_pool: contiguous caches) the kernels compile the masking out
-// and run the unguarded code (per-element masking cost 22-33% of compress_prompt on tensor cores).
+// and run the unguarded code exactly (the masks cost compress_prompt 22-33% on tensor cores until the
+// column sums were held to 128 registers: kColumnSumsMinBlocks, window_scores_mma.cuh).
 template <class View>
 __device__ __forceinline__ bool score_key_readable(const View& kv, const WindowScoresLaunch& launch, int b, int hk,
                                                    int len, int key) {

@@ -214,9 +214,16 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
   }
 }
 
+// Blocks per SM column_sums_mma_kernel is compiled for. The block-table guard's masks took the paged
+// head_dim 128 kernel to 156 registers, one 256-thread block per SM instead of two, which cost 22-33%
+// (measured with the masks on a contiguous cache, H200); capped at 128 it has no spills. Views without
+// the guard keep ptxas's own choice (0: no minimum), so their code stays that of the unguarded kernel.
+template <int D, class View>
+inline constexpr int kColumnSumsMinBlocks = !kv_rows_always_in_pool<View> && D <= 128 ? 2 : 0;
+
 // Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q,
+__global__ void __launch_bounds__(kMmaThreads, kColumnSumsMinBlocks<D, View>) column_sums_mma_kernel(View kv, QueryRows<QT> q,
                                                                       WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
