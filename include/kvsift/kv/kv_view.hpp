@@ -160,18 +160,19 @@ Status validate_view_host(const V& kv) {
   return Status();
 }
 
-/// Whether token `t` of sequence `b` has an address the view vouches for, checked on the device before
-/// a kernel reads or writes the row: true by default; PagedKV overloads it (its block-table entry must
-/// lie in [0, num_pages)), so a page id from a scheduler bug is skipped and recorded (core/data_error.hpp)
-/// instead of read or written out of the pool. A custom view whose address map can fail offers the same
-/// overload in its namespace (returning bool).
-///
-/// The default returns RowAlwaysInPool, a true that the compiler can see: kv_rows_always_in_pool<V>
-/// tells a kernel that V has no overload, so a check that would cost work per element (window_scores
-/// masks keys inside its tensor-core tiles) is compiled out for contiguous caches.
+/// What the default kv_row_in_pool returns: a true that the compiler can see, so kernels know
+/// (kv_rows_always_in_pool) that a view has no overload and compile out checks that would cost work per
+/// element (window_scores masks keys inside its tensor-core tiles) for contiguous caches.
 struct RowAlwaysInPool {
+  /// Always true: every row of such a view has an address.
   KVSIFT_HD constexpr operator bool() const { return true; }
 };
+
+/// Whether token `t` of sequence `b` has an address the view vouches for, checked on the device before
+/// a kernel reads or writes the row: true by default (RowAlwaysInPool); PagedKV overloads it (its
+/// block-table entry must lie in [0, num_pages)), so a page id from a scheduler bug is skipped and
+/// recorded (core/data_error.hpp) instead of read or written out of the pool. A custom view whose
+/// address map can fail offers the same overload in its namespace, returning bool.
 template <class V>
 KVSIFT_HD constexpr RowAlwaysInPool kv_row_in_pool(const V& kv, int b, int t) {
   (void)kv, (void)b, (void)t;
