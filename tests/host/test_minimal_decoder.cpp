@@ -584,6 +584,18 @@ TEST_CASE("minimal decoder: --profile parses, and refuses what it cannot time") 
                        "--profile-reps: 0 is not an integer >= 1");
 }
 
+// LycheeDecode on the tiny model's short prompts: a budget of 16 (2 sink, 4 recent), cache correction
+// every 4 steps.
+static md::PolicyOptions small_lycheedecode_with_correction() {
+  md::PolicyOptions p;
+  p.kind = md::PolicyKind::kLycheeDecode;
+  p.lycheedecode.budget = 16;
+  p.lycheedecode.sink = 2;
+  p.lycheedecode.recent = 4;
+  p.lycheedecode.correction_interval = 4;
+  return p;
+}
+
 TEST_CASE("minimal decoder: a malformed prompt in the middle of a batch is rejected alone; the others run as without it") {
   const md::ModelConfig c = tiny_config();
   md::HostBackend be;
@@ -592,11 +604,7 @@ TEST_CASE("minimal decoder: a malformed prompt in the middle of a batch is rejec
   const auto good = random_prompts({50, 41, 33, 27}, c.vocab_size, 17);
   md::GenerationRequest req;
   req.new_tokens = 12;
-  req.policy.kind = md::PolicyKind::kLycheeDecode;
-  req.policy.lycheedecode.budget = 16;
-  req.policy.lycheedecode.sink = 2;
-  req.policy.lycheedecode.recent = 4;
-  req.policy.lycheedecode.correction_interval = 4;
+  req.policy = small_lycheedecode_with_correction();
   req.sampling.temperature = 0.8f;  // sampled: each sequence's stream is seeded by its place in the batch
   req.sampling.seed = 5;
   // Without rejection a malformed prompt fails the whole request, as before.
@@ -662,11 +670,7 @@ TEST_CASE("minimal decoder: --soak scans every logits vector, measures memory wh
   req.new_tokens = 24;
   req.soak = true;
   req.soak_warmup = 5;
-  req.policy.kind = md::PolicyKind::kLycheeDecode;
-  req.policy.lycheedecode.budget = 16;
-  req.policy.lycheedecode.sink = 2;
-  req.policy.lycheedecode.recent = 4;
-  req.policy.lycheedecode.correction_interval = 4;
+  req.policy = small_lycheedecode_with_correction();
   const md::GenerationReport r = md::generate(be, c, weights, req);
   CHECK(r.step_ms.size() == 23);
   CHECK(r.nonfinite_logits == 0);

@@ -238,30 +238,29 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
                           const GenerationRequest& req) {
   const int B = int(req.prompts.size());
   std::vector<int> origin;
-  std::vector<std::string> rejected(static_cast<std::size_t>(B));
-  GenerationRequest admitted = req;
-  if (req.reject_bad_prompts) {
-    admitted.prompts.clear();
-    for (int b = 0; b < B; ++b) {
-      rejected[std::size_t(b)] = prompt_problem(req.prompts[std::size_t(b)], config.vocab_size);
-      if (!rejected[std::size_t(b)].empty()) continue;
-      origin.push_back(b);
-      admitted.prompts.push_back(req.prompts[std::size_t(b)]);
-    }
-    if (origin.empty()) throw DecoderError("every prompt of the batch was rejected; the first: " + rejected[0]);
-  } else {
+  if (!req.reject_bad_prompts) {  // a bad prompt fails the whole request (Decoder::prefill)
     for (int b = 0; b < B; ++b) origin.push_back(b);
-  }
-  GenerationReport r = detail::generate_batch(be, config, weights, admitted, origin);
-  if (int(origin.size()) == B) {
-    r.rejected = std::move(rejected);
+    GenerationReport r = detail::generate_batch(be, config, weights, req, origin);
+    r.rejected.assign(static_cast<std::size_t>(B), std::string());
     return r;
   }
+  std::vector<std::string> rejected(static_cast<std::size_t>(B));
+  GenerationRequest admitted = req;
+  admitted.prompts.clear();
+  for (int b = 0; b < B; ++b) {
+    rejected[std::size_t(b)] = prompt_problem(req.prompts[std::size_t(b)], config.vocab_size);
+    if (!rejected[std::size_t(b)].empty()) continue;
+    origin.push_back(b);
+    admitted.prompts.push_back(req.prompts[std::size_t(b)]);
+  }
+  if (origin.empty()) throw DecoderError("every prompt of the batch was rejected; the first: " + rejected[0]);
+  GenerationReport r = detail::generate_batch(be, config, weights, admitted, origin);
+  r.rejected = std::move(rejected);
+  if (int(origin.size()) == B) return r;
   // Back to the caller's batch: rejected prompts get no tokens.
   std::vector<std::vector<std::int32_t>> generated(static_cast<std::size_t>(B));
   for (std::size_t i = 0; i < origin.size(); ++i) generated[std::size_t(origin[i])] = std::move(r.generated[i]);
   r.generated = std::move(generated);
-  r.rejected = std::move(rejected);
   return r;
 }
 
