@@ -205,7 +205,7 @@ TEST_CASE("decode_attention CUDA launcher: a call with one split per head needs 
 }
 
 TEST_CASE("decode_attention CUDA launcher rejects a small or missing workspace") {
-  // 64K tokens of one head split over many blocks, so the call needs partials and tickets.
+  // 64K tokens of one head split over many blocks, so the call needs partials and the merge kernel.
   constexpr int kCap = 65536;
   std::vector<std::int32_t> lh = {kCap};
   kvsift_test::DeviceBuffer<bfloat16_t> k(std::size_t(kCap) * 128), q(4 * 128), out(4 * 128);

@@ -545,6 +545,58 @@ TEST_CASE("decode_attention workspace: the query for a batch covers every smalle
     }
 }
 
+TEST_CASE("decode_attention plan: the merge grid covers every split and every output of the merged heads") {
+  // The merge kernel gives each output float4 merge_parts threads that read at most kDecodeMergeBatch
+  // splits each, and cuts a head's row_tile x head_dim / 4 float4s into merge_blocks_per_head blocks;
+  // a head with one split is not merged (its split block writes the output).
+  using kvsift::bfloat16_t;
+  namespace d = kvsift::detail;
+  std::vector<std::int32_t> idx(64 * 8 * 4096), cnt(64 * 8, 4096);
+  int merging = 0, not_merging = 0;
+  for (int b : {1, 2, 8, 64})
+    for (int S : {1000, 32768, 131072})
+      for (int hd : {64, 128, 256})
+        for (bool mixed : {false, true}) {
+          auto kv = kvsift::make_bhsd<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256), reinterpret_cast<bfloat16_t*>(256), b,
+                                                  8, S, hd, reinterpret_cast<const std::int32_t*>(256));
+          auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
+                                                                    reinterpret_cast<bfloat16_t*>(256), 1, 32, hd);
+          auto set = kvsift::make_index_set(idx.data(), cnt.data(), b * 8, 4096);
+          if (mixed) {
+            p.index_set = kvsift::as_const(set);
+            p.roles = kvsift::HeadRoleMask::all_sparse(8);
+            p.roles.set_sparse(0, false);
+          }
+          d::DecodePlan plan;
+          REQUIRE(d::plan_decode_attention(kH200.device, kv, p, &plan).ok());
+          CAPTURE(b);
+          CAPTURE(S);
+          CAPTURE(hd);
+          CAPTURE(mixed);
+          const bool merge_r = plan.num_retrieval > 0 && plan.retrieval_splits > 1;
+          const bool merge_s = plan.num_sparse > 0 && plan.sparse_splits > 1;
+          CHECK(plan.merged_heads == (merge_r ? plan.num_retrieval : 0) + (merge_s ? plan.num_sparse : 0));
+          if (!plan.splits_any()) {
+            CHECK(plan.merged_heads == 0);
+            ++not_merging;
+            continue;
+          }
+          ++merging;
+          const int parts = plan.merge_parts;
+          CHECK((parts & (parts - 1)) == 0);  // a power of two: it divides the block
+          CHECK(parts <= d::kDecodeMergeThreads);
+          CHECK(parts * d::kDecodeMergeBatch >= (merge_r ? plan.retrieval_splits : 0));
+          CHECK(parts * d::kDecodeMergeBatch >= (merge_s ? plan.sparse_splits : 0));
+          const bool smallest = parts == 1 || (parts / 2) * d::kDecodeMergeBatch < std::max(plan.retrieval_splits, plan.sparse_splits);
+          CHECK(smallest);  // no more parts than the splits need
+          const int per_block = d::kDecodeMergeThreads / parts;
+          CHECK(plan.merge_blocks_per_head * per_block >= plan.row_tile * hd / 4);
+          CHECK((plan.merge_blocks_per_head - 1) * per_block < plan.row_tile * hd / 4);
+        }
+  CHECK(merging > 0);
+  CHECK(not_merging > 0);
+}
+
 TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a default") {
   std::vector<std::int32_t> len = {0};
   const auto kv = kvsift::make_bshd<kvsift::bfloat16_t>(reinterpret_cast<kvsift::bfloat16_t*>(256),

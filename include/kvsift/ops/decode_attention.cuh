@@ -3,11 +3,13 @@
 /// \brief CUDA backend of decode_attention (contract in decode_attention.hpp, plan in
 /// decode_attention_plan.hpp; guide in docs/ops/decode_attention.md).
 ///
-/// One kernel launch on exec.stream (plus a memset of the split tickets when some head has more than
-/// one split): one block per batch x KV head x split x row tile, tensor cores for 16-bit K/V, CUDA
-/// cores for float K/V. A head with one split writes `out` and `lse` directly; otherwise each block
-/// writes its normalised partial and log-sum-exp to the workspace and the head's last block merges
-/// them. Nothing is allocated, nothing waits on the host, and the grid comes from host values only.
+/// One kernel launch on exec.stream, plus a merge kernel when some head has more than one split: one
+/// block per batch x KV head x split x row tile, tensor cores for 16-bit and fp8 K/V, CUDA cores for
+/// float K/V. A head with one split writes `out` and `lse` directly; otherwise each block writes its
+/// normalised partial and log-sum-exp to the workspace, and the merge kernel, launched as a
+/// programmatic dependent (it is scheduled while the split kernel runs and waits for it on the
+/// device), combines them. Nothing is allocated, nothing waits on the host, and the grids come from
+/// host values only.
 ///
 /// Every K and V row must be 16-byte aligned (checked for ContiguousKV and PagedKV).
 
@@ -23,6 +25,7 @@
 #include "kvsift/ops/decode_attention.hpp"
 #include "kvsift/ops/decode_attention_plan.hpp"
 #include "kvsift/ops/detail/decode_attention_common.cuh"
+#include "kvsift/ops/detail/decode_attention_merge.cuh"
 #include "kvsift/ops/detail/decode_attention_mma.cuh"
 #include "kvsift/ops/detail/decode_attention_simt.cuh"
 
@@ -79,28 +82,41 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
   if (plan.splits_any()) {
     KVSIFT_REQUIRE_NOT_NULL(workspace.data, "workspace.data (ask decode_attention_workspace_bytes)");
     WorkspaceCarver ws(workspace);
-    plan.carve(ws, &launch.partial_out, &launch.partial_lse, &launch.tickets);
+    plan.carve(ws, &launch.partial_out, &launch.partial_lse);
     KVSIFT_TRY(ws.status());
   }
   KVSIFT_REQUIRE(kv.batch <= 65535, kUnsupported, "kv.batch = ", kv.batch, " must be <= 65535");
-  if (plan.splits_any())
-    KVSIFT_TRY(from_cuda(cudaMemsetAsync(launch.tickets, 0, plan.ticket_bytes(), exec.stream),
-                           "decode_attention: zeroing the split tickets"));
 
   const dim3 grid(plan.ctas_per_tile, plan.row_tiles, kv.batch);
   const int score_blocks = p.scores && p.score_block_size > 1 ? plan.chunk / p.score_block_size : 0;
+  // The split kernel, then (when some head splits) the merge kernel as its programmatic dependent.
+  auto merge = [&](auto head_dim, auto row_tile) -> Status {
+    if (!plan.splits_any()) return Status();
+    constexpr int D = decltype(head_dim)::value, R = decltype(row_tile)::value;
+    const dim3 merge_grid(plan.merged_heads * plan.merge_blocks_per_head, plan.row_tiles, kv.batch);
+    return launch_dependent(exec.device, decode_merge_kernel<D, R, View, T>, merge_grid, dim3(kDecodeMergeThreads), 0,
+                            exec.stream, "decode_attention: the merge launch", launch);
+  };
+  using R8 = std::integral_constant<int, 8>;
+  using R16 = std::integral_constant<int, 16>;
   return detail::dispatch_head_dim(p.head_dim, [&](auto head_dim) -> Status {
     constexpr int D = decltype(head_dim)::value;
     if constexpr (detail::decode_uses_tensor_cores<View>()) {
-      if (plan.row_tile == 8) return detail::launch_decode_split_mma<D, 8>(launch, grid, score_blocks, exec.stream);
-      if constexpr (D != 256) return detail::launch_decode_split_mma<D, 16>(launch, grid, score_blocks, exec.stream);
+      if (plan.row_tile == 8) {
+        KVSIFT_TRY((detail::launch_decode_split_mma<D, 8>(launch, grid, score_blocks, exec.stream)));
+        return merge(head_dim, R8{});
+      }
+      if constexpr (D != 256) {
+        KVSIFT_TRY((detail::launch_decode_split_mma<D, 16>(launch, grid, score_blocks, exec.stream)));
+        return merge(head_dim, R16{});
+      }
       return make_status(StatusCode::kInternal, "no 16-row tile at head_dim 256");
     } else {
       const std::size_t smem = detail::SplitSmem<D, 8>::bytes(score_blocks);
       KVSIFT_TRY(detail::allow_dynamic_smem(detail::decode_split_simt_kernel<D, View, T>, smem));
       detail::decode_split_simt_kernel<D, View, T><<<grid, detail::kDecodeThreads, smem, exec.stream>>>(launch);
       KVSIFT_CHECK_LAUNCH();
-      return Status();
+      return merge(head_dim, R8{});
     }
   });
 }
@@ -118,7 +134,7 @@ Status decode_attention(const Exec& exec, const View& kv, const DecodeAttentionP
                         Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
   static_assert(is_supported_dtype<T>::value, "decode_attention: Q must be float, half or bfloat16");
-  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr, nullptr, exec.data_error};
+  detail::DecodeLaunch<View, T> launch{kv, p, detail::DecodePlan(), nullptr, nullptr, exec.data_error};
   // The plan validates the shapes and values; what it cannot see without data is checked here.
   KVSIFT_TRY(detail::plan_decode_attention(exec.device, kv, p, &launch.plan));
   KVSIFT_TRY(detail::validate_decode_attention_rows(kv, p));

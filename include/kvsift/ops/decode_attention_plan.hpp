@@ -4,8 +4,9 @@
 ///
 /// The CUDA launcher runs one block per (batch, KV head, split, row tile): every head's keys are cut
 /// into splits of `chunk` tokens so that about one wave of kDecodeCtasPerSm blocks per SM covers the
-/// whole call (a head gets one split when its blocks alone fill the GPU), and the last block of a head
-/// to finish combines the splits' partial softmax states by log-sum-exp. The plan is a pure function
+/// whole call (a head gets one split when its blocks alone fill the GPU), and when some head has more
+/// than one split a second, dependent kernel combines the splits' partial softmax states by
+/// log-sum-exp (its grid is planned here too). The plan is a pure function
 /// of host values (shapes, capacities, roles, the Exec's SM count), so the workspace query and the
 /// launcher agree by construction, and a captured graph replays for any device lengths.
 
@@ -26,10 +27,14 @@ namespace detail {
 
 inline constexpr int kDecodeCtaTokens = 64;    ///< tokens one block consumes per step (4 warps x 16)
 inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch in shared memory
-/// Splits per head at most: the last block of a head merges all of them alone, one L2 round trip per
-/// 16 splits. Measured on the H200, 1 retrieval + 7 sparse heads, B = 1, 128K (with the earlier, slower
-/// merge): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us.
+/// Splits per head at most: every split costs a partial written and read back through L2. Measured on
+/// the H200, 1 retrieval + 7 sparse heads, B = 1, 128K (with an earlier merge done by the head's last
+/// block): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us.
 inline constexpr int kDecodeMaxSplits = 128;
+/// Splits one merge thread reads with all its loads in flight (the merge is a chain of L2 round trips).
+inline constexpr int kDecodeMergeBatch = 16;
+/// Threads of a merge block.
+inline constexpr int kDecodeMergeThreads = 128;
 
 /// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds),
 /// by the bytes of one K or V row (head_dim x element size). Measured on the H200 with 256-byte rows
@@ -70,30 +75,29 @@ struct DecodePlan {
   int retrieval_splits = 0, sparse_splits = 0;
   int ctas_per_tile = 0;  ///< grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
   int score_cols = 0;     ///< entries per score row (0 without scores)
+  /// The merge kernel (when splits_any()): merged heads = the heads of each role that has more than one
+  /// split; every merged head's R x head_dim / 4 output float4s are cut into merge_blocks_per_head
+  /// blocks, and each output float4 is merged by merge_parts threads (a power of two, each reading at
+  /// most kDecodeMergeBatch splits, so a thread's loads are all in flight at once).
+  int merged_heads = 0, merge_parts = 1, merge_blocks_per_head = 0;
   float scale_log2 = 0.f; ///< sm_scale * log2(e): the kernels run the softmax in base 2
   std::uint8_t head_at[kMaxKvHeads] = {};  ///< retrieval heads first, then sparse, by head index
   std::uint8_t rank_of[kMaxKvHeads] = {};  ///< position of a head among those of its role
 
   std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
-  /// True when some head has more than one split (partials, tickets and their zeroing are needed).
+  /// True when some head has more than one split (partials and the merge kernel are needed).
   bool splits_any() const { return (num_retrieval > 0 && retrieval_splits > 1) || (num_sparse > 0 && sparse_splits > 1); }
-  /// Workspace: normalised partial outputs [partials, row_tile, head_dim], their base-2 LSE, and one
-  /// ticket per (batch, row tile, KV head) counting the head's finished splits.
+  /// Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
   template <class Carve>
-  void carve(Carve& ws, float** partial_out, float** partial_lse, unsigned** tickets) const {
+  void carve(Carve& ws, float** partial_out, float** partial_lse) const {
     const std::size_t n = splits_any() ? partials() : 0;
     *partial_out = ws.template take<float>(n * row_tile * head_dim);
     *partial_lse = ws.template take<float>(n * row_tile);
-    *tickets = ws.template take<unsigned>(splits_any() ? std::size_t(batch) * row_tiles * num_kv_heads : 0);
-  }
-  std::size_t ticket_bytes() const {
-    return splits_any() ? std::size_t(batch) * row_tiles * num_kv_heads * sizeof(unsigned) : 0;
   }
   std::size_t workspace_bytes() const {
     WorkspaceCarver ws(nullptr, 0);
     float *o, *l;
-    unsigned* t;
-    carve(ws, &o, &l, &t);
+    carve(ws, &o, &l);
     return ws.required_bytes();
   }
 };
@@ -145,8 +149,7 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   const int sd = std::max(1, int(double(pl.max_len) / per_cta));
   const int sg = std::max(1, int(double(pl.sparse_tokens) / per_cta));
   int chunk = std::max(pl.num_retrieval ? ceil_div(pl.max_len, sd) : 1, pl.num_sparse ? ceil_div(pl.sparse_tokens, sg) : 1);
-  // The last block of a head merges all its splits alone; past kDecodeMaxSplits that merge costs more
-  // than the streaming it saves.
+  // Past kDecodeMaxSplits the partials' round trip costs more than the streaming it saves.
   const int longest = std::max(pl.num_retrieval ? pl.max_len : 0, pl.num_sparse ? pl.sparse_tokens : 0);
   chunk = std::max(chunk, ceil_div(longest, kDecodeMaxSplits));
   chunk = std::min(round_up(chunk, quantum), std::max(kDecodeMaxChunk, quantum));
@@ -154,6 +157,15 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   pl.retrieval_splits = std::max(1, ceil_div(pl.max_len, chunk));
   pl.sparse_splits = std::max(1, ceil_div(pl.sparse_tokens, chunk));
   pl.ctas_per_tile = pl.num_retrieval * pl.retrieval_splits + pl.num_sparse * pl.sparse_splits;
+  if (pl.splits_any()) {
+    const bool merge_r = pl.num_retrieval > 0 && pl.retrieval_splits > 1;
+    const bool merge_s = pl.num_sparse > 0 && pl.sparse_splits > 1;
+    pl.merged_heads = (merge_r ? pl.num_retrieval : 0) + (merge_s ? pl.num_sparse : 0);
+    const int most = std::max(merge_r ? pl.retrieval_splits : 0, merge_s ? pl.sparse_splits : 0);
+    while (pl.merge_parts * kDecodeMergeBatch < most && pl.merge_parts < kDecodeMergeThreads) pl.merge_parts *= 2;
+    const int items = pl.row_tile * (p.head_dim / 4);
+    pl.merge_blocks_per_head = ceil_div(items, kDecodeMergeThreads / pl.merge_parts);
+  }
   return Status();
 }
 

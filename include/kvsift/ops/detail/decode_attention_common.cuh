@@ -2,9 +2,8 @@
 // Pieces shared by the decode-attention kernels: the launch arguments, the map from a block to its
 // (batch, KV head, split), the token source of a split (a retrieval head's token range or a sparse
 // head's index entries), row locators for the shipped views, and the epilogue: the in-block merge of
-// the warps' softmax states, then either the final output (a head with one split) or a partial whose
-// log-sum-exp merge is done by the head's last block to finish (an atomic ticket), so no call pays a
-// second launch.
+// the warps' softmax states, then either the final output (a head with one split) or a partial and
+// its log-sum-exp, which the merge kernel (decode_attention_merge.cuh) combines.
 
 #include <cuda_runtime.h>
 
@@ -12,6 +11,7 @@
 #include <type_traits>
 
 #include "kvsift/core/data_error.cuh"
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
 #include "kvsift/core/reduce.cuh"
@@ -29,7 +29,7 @@ inline constexpr int kDecodeWarps = 4;
 inline constexpr int kDecodeThreads = kDecodeWarps * 32;
 
 // Everything a launch reads, passed once by value (graph capture records it): the contract's view
-// and params, the host-side plan, and the carved workspace (partials and tickets).
+// and params, the host-side plan, and the carved workspace (the partials).
 template <class View, class QT>
 struct DecodeLaunch {
   View kv;
@@ -37,7 +37,6 @@ struct DecodeLaunch {
   DecodePlan plan;
   float* partial_out;  // [batch, row_tiles, ctas_per_tile, row_tile, head_dim]
   float* partial_lse;  // [batch, row_tiles, ctas_per_tile, row_tile], base 2
-  unsigned* tickets;   // [batch, row_tiles, num_kv_heads], zeroed by the launcher when any head splits
   DataError* data_error;  // the engine's record of bad engine data (cuda::Exec::data_error), or null
 };
 
@@ -125,7 +124,7 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
                           raw);
     }
   }
-  w.partial = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + x;
+  w.partial = (std::size_t(w.b) * a.plan.row_tiles + w.tile) * a.plan.ctas_per_tile + x;
   return w;
 }
 
@@ -280,18 +279,33 @@ __device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork&
 
 inline constexpr int kDecodeMaxHeadDim = 256;
 
+// Final results of one output row of a head: `row` counts the head's q_len x group query rows
+// (position-major), c4 is a float4 column; the LSE is stored in base e, as the contract says.
+template <class View, class QT>
+__device__ __forceinline__ void store_out4(const DecodeLaunch<View, QT>& a, int b, int h, int row, int c4, float4 v) {
+  QT* o = a.p.io.out.row(b, row / a.plan.group, h * a.plan.group + row % a.plan.group) + 4 * c4;
+  o[0] = from_float<QT>(v.x);
+  o[1] = from_float<QT>(v.y);
+  o[2] = from_float<QT>(v.z);
+  o[3] = from_float<QT>(v.w);
+}
+template <class View, class QT>
+__device__ __forceinline__ void store_out_lse(const DecodeLaunch<View, QT>& a, int b, int h, int row, float lse2) {
+  if (a.p.io.lse)
+    a.p.io.lse[(std::int64_t(b) * a.p.q_len + row / a.plan.group) * a.p.num_q_heads + h * a.plan.group + row % a.plan.group] =
+        lse2 == -INFINITY ? -INFINITY : lse2 * kLn2;
+}
+
 // The block's epilogue, called by every thread once its warps' states are in `s`: s.o holds each
 // warp's output scaled by 2^-m, s.m / s.l its row maxima and sums (base 2).
 //  1. Merge the warps: per row the base-2 LSE and, in place of s.l, each warp's weight.
-//  2. A head with one split writes its final rows. Otherwise the block stores its normalised partial,
-//     takes a ticket, and the head's last block to finish merges every split of the head by LSE.
-// The ticket needs release/acquire ordering between blocks: each block's partial is fenced before
-// its ticket, and the merging block reads the partials through L2 (ld.cg), never a stale L1 line.
+//  2. A head with one split writes its final rows. Otherwise the block stores its normalised partial
+//     and its LSE for the merge kernel, which runs after this grid has completed (no ordering between
+//     the blocks of this grid is needed).
 template <int D, int R, class View, class QT>
 __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& w, SplitSmem<D, R>& s) {
   constexpr int kVec = D / 4;  // float4 columns per row
   __shared__ float lse2[R];
-  __shared__ bool last;
   __syncthreads();
   if (threadIdx.x < R) {
     const int r = threadIdx.x;
@@ -314,20 +328,6 @@ __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& 
   const int first_row = w.tile * R;
   const int out_rows = min(R, q_rows - first_row);  // the score row, if in this tile, has no output
   const int splits = w.sparse ? a.plan.sparse_splits : a.plan.retrieval_splits;
-  auto store_row = [&](int r, int c4, float4 v) {
-    const int row = first_row + r, qpos = row / a.plan.group;
-    QT* o = a.p.io.out.row(w.b, qpos, w.h * a.plan.group + row % a.plan.group) + 4 * c4;
-    o[0] = from_float<QT>(v.x);
-    o[1] = from_float<QT>(v.y);
-    o[2] = from_float<QT>(v.z);
-    o[3] = from_float<QT>(v.w);
-  };
-  auto store_lse = [&](int r, float l2) {
-    const int row = first_row + r, qpos = row / a.plan.group;
-    if (a.p.io.lse)
-      a.p.io.lse[(std::int64_t(w.b) * a.p.q_len + qpos) * a.p.num_q_heads + w.h * a.plan.group + row % a.plan.group] =
-          l2 == -INFINITY ? -INFINITY : l2 * kLn2;
-  };
 
   for (int i = threadIdx.x; i < R * kVec; i += blockDim.x) {
     const int r = i / kVec, c4 = i % kVec;
@@ -343,113 +343,16 @@ __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& 
       o.w = fmaf(f, v.w, o.w);
     }
     if (splits == 1) {
-      if (r < out_rows) store_row(r, c4, o);
+      if (r < out_rows) store_out4(a, w.b, w.h, first_row + r, c4, o);
     } else {
       *reinterpret_cast<float4*>(a.partial_out + (w.partial * R + r) * D + 4 * c4) = o;
     }
   }
   if (splits == 1) {
-    if (threadIdx.x < out_rows) store_lse(threadIdx.x, lse2[threadIdx.x]);
+    if (threadIdx.x < out_rows) store_out_lse(a, w.b, w.h, first_row + int(threadIdx.x), lse2[threadIdx.x]);
     return;
   }
   if (threadIdx.x < R) a.partial_lse[w.partial * R + threadIdx.x] = lse2[threadIdx.x];
-
-  __threadfence();
-  __syncthreads();
-  unsigned* ticket = a.tickets + (std::size_t(w.b) * gridDim.y + w.tile) * a.kv.num_kv_heads + w.h;
-  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == unsigned(splits - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-
-  // The head's splits are blocks first .. first + splits - 1 of this row tile.
-  const int x = int(blockIdx.x);
-  const int first = x - w.split;  // a head's splits are consecutive blocks of the grid
-  const std::size_t p0 = (std::size_t(w.b) * gridDim.y + w.tile) * gridDim.x + first;
-  // One pass over the splits, log-sum-exp merged online: a thread owns one output float4 of one row
-  // (and, when a head has fewer output values than threads, one part of the splits), and loads its
-  // splits' LSE and partial kBatch at a time, all in flight together. The merge is a latency chain
-  // through L2, so its cost is the number of round trips: ceil(splits / (kBatch * parts)). Measured on
-  // the H200 (B = 1, 47 splits per head): a max pass, a sum pass and batches of 8 took 9.9 us, this
-  // pass 2.9 us (from the ticket to the last store; 49 splits: 10.9 and 3.5 us).
-  // Empty splits store LSE -inf and zeros, so a zero weight never meets a NaN.
-  constexpr int kBatch = 16;
-  const int items = out_rows * kVec;
-  const int parts = items >= int(blockDim.x) ? 1 : min(int(blockDim.x) / items, splits);
-  struct Merged {
-    float m, l;
-    float4 o;
-  };
-  auto merge_part = [&](int r, int c4, int part) {
-    Merged acc{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
-    for (int sp0 = part; sp0 < splits; sp0 += kBatch * parts) {
-      float lv[kBatch];
-      float4 po[kBatch];
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const int sp = sp0 + u * parts;
-        lv[u] = -INFINITY;
-        po[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (sp < splits) {
-          lv[u] = __ldcg(a.partial_lse + (p0 + sp) * R + r);
-          po[u] = __ldcg(reinterpret_cast<const float4*>(a.partial_out + ((p0 + sp) * R + r) * D) + c4);
-        }
-      }
-      float bm = acc.m;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) bm = fmaxf(bm, lv[u]);
-      if (bm == -INFINITY) continue;  // nothing attended so far
-      const float scale = acc.m == -INFINITY ? 0.f : exp2f(acc.m - bm);
-      acc.l *= scale;
-      acc.o.x *= scale;
-      acc.o.y *= scale;
-      acc.o.z *= scale;
-      acc.o.w *= scale;
-#pragma unroll
-      for (int u = 0; u < kBatch; ++u) {
-        const float f = lv[u] == -INFINITY ? 0.f : exp2f(lv[u] - bm);
-        acc.l += f;
-        acc.o.x = fmaf(f, po[u].x, acc.o.x);
-        acc.o.y = fmaf(f, po[u].y, acc.o.y);
-        acc.o.z = fmaf(f, po[u].z, acc.o.z);
-        acc.o.w = fmaf(f, po[u].w, acc.o.w);
-      }
-      acc.m = bm;
-    }
-    return acc;
-  };
-  auto finish = [&](int r, int c4, const Merged& acc) {
-    const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
-    store_row(r, c4, make_float4(acc.o.x * inv, acc.o.y * inv, acc.o.z * inv, acc.o.w * inv));
-    if (c4 == 0) store_lse(r, acc.l > 0.f ? acc.m + log2f(acc.l) : -INFINITY);
-  };
-  if (parts == 1) {
-    for (int item = threadIdx.x; item < items; item += blockDim.x) {
-      const int r = item / kVec, c4 = item % kVec;
-      finish(r, c4, merge_part(r, c4, 0));
-    }
-  } else {
-    // The parts of an item meet in shared memory (the warp states in s.o are dead by now).
-    Merged* red = reinterpret_cast<Merged*>(&s.o[0][0][0]);
-    static_assert(sizeof(SplitSmem<D, R>) >= kDecodeThreads * sizeof(Merged), "the merge scratch fits the warp states");
-    const int i = threadIdx.x;
-    if (i < items * parts) red[i] = merge_part((i % items) / kVec, (i % items) % kVec, i / items);
-    __syncthreads();
-    for (int item = threadIdx.x; item < items; item += blockDim.x) {
-      Merged acc = red[item];
-      for (int part = 1; part < parts; ++part) {
-        const Merged q = red[part * items + item];
-        const float m = fmaxf(acc.m, q.m);
-        if (m == -INFINITY) continue;
-        const float fa = acc.m == -INFINITY ? 0.f : exp2f(acc.m - m), fq = q.m == -INFINITY ? 0.f : exp2f(q.m - m);
-        acc.l = acc.l * fa + q.l * fq;
-        acc.o = make_float4(acc.o.x * fa + q.o.x * fq, acc.o.y * fa + q.o.y * fq, acc.o.z * fa + q.o.z * fq,
-                            acc.o.w * fa + q.o.w * fq);
-        acc.m = m;
-      }
-      finish(item / kVec, item % kVec, acc);
-    }
-  }
 }
 
 }  // namespace detail
