@@ -214,17 +214,13 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
   }
 }
 
-// Blocks per SM column_sums_mma_kernel is compiled for. The block-table guard's masks took the paged
-// head_dim 128 kernel to 156 registers, one 256-thread block per SM instead of two, which cost 22-33%
-// (measured with the masks on a contiguous cache, H200); capped at 128 it has no spills. Views without
-// the guard keep ptxas's own choice (0: no minimum), so their code stays that of the unguarded kernel.
-template <int D, class View>
-inline constexpr int kColumnSumsMinBlocks = !kv_rows_always_in_pool<View> && D <= 128 ? 2 : 0;
-
 // Pass 2 on tensor cores: per (256 keys, b * Hkv) the column sums of exp(logit - lse) over every row.
+// A key off the page pool is staged as zeros, and its logits only ever reach its own column: so the
+// inner loop needs no mask, and that column's score is set to 0 when it is written. (Masking each
+// logit in the loop took the paged head_dim 128 kernel from 126 to 156 registers, one 256-thread block
+// per SM instead of two: 22-33% slower on the H200; capped at 128 registers it still cost 7-10%.)
 template <int D, class View, class QT>
-__global__ void __launch_bounds__(kMmaThreads, kColumnSumsMinBlocks<D, View>) column_sums_mma_kernel(View kv, QueryRows<QT> q,
-                                                                      WindowScoresLaunch launch) {
+__global__ void __launch_bounds__(kMmaThreads) column_sums_mma_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const WindowScoreParams& p = launch.params;
   const float scale = launch.plan.scale;
   const float* lse_rows = launch.scratch.lse_rows;
@@ -250,7 +246,6 @@ __global__ void __launch_bounds__(kMmaThreads, kColumnSumsMinBlocks<D, View>) co
   for (int key0 = block_key0; key0 < block_key0 + kMmaKeysPerBlock && key0 < sp.prefix; key0 += kMmaKeyTile) {
     load_key_tile<D>(kv, launch, b, hk, sp.len, key0, tile);  // the previous tile's last reader passed a barrier
     __syncthreads();
-    const std::uint32_t staged = kv_rows_always_in_pool<View> ? ~0u : staged_key_mask<D>(tile);
     // The first row that can see key0 sits at query position key0 - (len - nq).
     const int first_row = max(0, key0 - (sp.len - sp.nq)) * sp.group;
     for (int pass = 0; pass < passes; ++pass) {
@@ -268,8 +263,7 @@ __global__ void __launch_bounds__(kMmaThreads, kColumnSumsMinBlocks<D, View>) co
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
             const int r = my_rows[e / 2], key = key0 + 8 * n + 2 * t + (e % 2);
-            bool use = r < sp.rows() && key < sp.prefix && key <= sp.last_key(r) && (!per_head || r % sp.group == pass);
-            if constexpr (!kv_rows_always_in_pool<View>) use = use && ((staged >> (2 * n + e % 2)) & 1u);
+            const bool use = r < sp.rows() && key < sp.prefix && key <= sp.last_key(r) && (!per_head || r % sp.group == pass);
             if (use) sum[n][e % 2] += expf(acc[n][e] * scale - lse[e / 2]);
           }
       }
@@ -289,6 +283,8 @@ __global__ void __launch_bounds__(kMmaThreads, kColumnSumsMinBlocks<D, View>) co
         const int key = key0 + threadIdx.x;
         float total = 0.f;
         for (int w = 0; w < kMmaThreads / 32; ++w) total += col[w][threadIdx.x];
+        if constexpr (!kv_rows_always_in_pool<View>)
+          if (!tile.ok[threadIdx.x]) total = 0.f;  // a skipped key: no attention
         if (key < sp.prefix) {
           if (per_head) out(std::int64_t(b) * q.num_heads + hk * sp.group + pass, key) = total;
           else out(std::int64_t(b) * kv.num_kv_heads + hk, key) = total / float(sp.group);
