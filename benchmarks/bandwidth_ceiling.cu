@@ -48,7 +48,10 @@ void BM_HarnessFloor(benchmark::State& state) {
 
 }  // namespace
 
-// Sizes in MiB: 64 MiB is near the L2 (60 MB), 1-4 GiB are pure HBM.
+// Sizes in MiB: 64 MiB is near the L2 (60 MB), 1-4 GiB are pure HBM. The harness floor's sizes in KiB
+// are the K/V bytes of decode-attention rows (benchmarks/decode_attention.cu, 8 KV heads, d 128, bf16):
+// 4 MiB = 1024 tokens, 16 MiB = a 4096-token gather, 128 MiB = 32K tokens, 512 MiB = 128K tokens, at
+// batch 1; so a row's protocol floor is the streaming read of its bytes under the same protocol.
 BENCHMARK(BM_DeviceCopy)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StreamingRead)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_HarnessFloor)->ArgsProduct({{0, 64, 1024, 16384}, {1, 0}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HarnessFloor)->ArgsProduct({{0, 64, 1024, 4096, 16384, 131072, 524288}, {1, 0}})->UseManualTime()->Unit(benchmark::kMicrosecond);
