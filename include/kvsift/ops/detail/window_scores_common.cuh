@@ -63,19 +63,31 @@ __device__ ScoreProblem score_problem(const View& kv, const QueryRows<QT>& q, co
 
 // Whether key row `key` of (b, hk) can be read: inside the sequence and, for a paged view, on a page of
 // the pool (kv_row_in_pool). A key outside the pool is treated like a key past the sequence: never read,
-// masked out of every softmax, scored 0; the first one met is recorded (DataErrorKind::kPageOutOfPool).
-// The tile loaders call it once per staged key row; the record is on the cold path. For views whose rows
-// all have an address (kv_rows_always_in_pool: contiguous caches) the kernels compile the masking out
-// and run the unguarded code exactly (the masks cost compress_prompt 22-33% on tensor cores until the
-// column sums were held to 128 registers: kColumnSumsMinBlocks, window_scores_mma.cuh).
+// masked out of every softmax, scored 0; the first one met is recorded (DataErrorKind::kPageOutOfPool,
+// record_bad_score_key). For views whose rows all have an address (kv_rows_always_in_pool: contiguous
+// caches) the kernels compile the masking out and run the unguarded code exactly.
+template <class View>
+__device__ __forceinline__ bool score_key_staged(const View& kv, int b, int len, int key) {
+  if (key >= len) return false;
+  if constexpr (kv_rows_always_in_pool<View>) return true;
+  else return bool(kv_row_in_pool(kv, b, key));
+}
+
+// The record of a key whose page is outside the pool (the cold path).
+template <class View>
+__device__ void record_bad_score_key(const View& kv, const WindowScoresLaunch& launch, int b, int hk, int key) {
+  record_data_error(launch.data_error, DataErrorOp::kWindowScores, DataErrorKind::kPageOutOfPool, b, hk, key,
+                    kv_page_of(kv, b, key));
+}
+
+// score_key_staged, recording a bad key on the spot: for loaders that test one key per thread. Loaders
+// that stage several rows per thread note the bad key and record it after their loads, so the loads of
+// consecutive rows still overlap (a call between them would order them).
 template <class View>
 __device__ __forceinline__ bool score_key_readable(const View& kv, const WindowScoresLaunch& launch, int b, int hk,
                                                    int len, int key) {
-  if (key >= len) return false;
-  if constexpr (kv_rows_always_in_pool<View>) return true;
-  if (kv_row_in_pool(kv, b, key)) return true;
-  record_data_error(launch.data_error, DataErrorOp::kWindowScores, DataErrorKind::kPageOutOfPool, b, hk, key,
-                      kv_page_of(kv, b, key));
+  if (score_key_staged(kv, b, len, key)) return true;
+  if (key < len) record_bad_score_key(kv, launch, b, hk, key);
   return false;
 }
 
