@@ -222,7 +222,7 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
     c.num_sms = exec.device.num_sms;
     const std::int32_t pattern[] = {ch - 1, ch, ch + 1, 2 * ch + 1, 2 * ch, QL, 0, cache.S};
     for (int b = 0; b < B; ++b) c.lengths[std::size_t(b)] = pattern[(b + c.boundary_shift) % 8];
-    const int cu = ch / gblock;  // entries per split of a sparse head
+    const int cu = plan.sparse_chunk / gblock;  // entries per split of a sparse head
     const int cpat[] = {cu - 1, cu, cu + 1, 2 * cu + 1, 0, idx_cap};
     for (int r = 0; r < B * H; ++r) force_counts.push_back(std::max(0, cpat[(r + c.boundary_shift) % 6]));
     c.label += " chunk=" + std::to_string(ch);

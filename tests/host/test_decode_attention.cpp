@@ -545,7 +545,7 @@ TEST_CASE("decode_attention workspace: the query for a batch covers every smalle
     }
 }
 
-TEST_CASE("decode_attention plan: the merge grid covers every split and every output of the merged heads") {
+TEST_CASE("decode_attention plan: one wave, and a merge grid that covers every split and output of the merged heads") {
   // The merge kernel gives each output float4 merge_parts threads that read at most kDecodeMergeBatch
   // splits each, and cuts a head's row_tile x head_dim / 4 float4s into merge_blocks_per_head blocks;
   // a head with one split is not merged (its split block writes the output).
@@ -573,6 +573,18 @@ TEST_CASE("decode_attention plan: the merge grid covers every split and every ou
           CAPTURE(S);
           CAPTURE(hd);
           CAPTURE(mixed);
+          // One wave: the grid fits the blocks the plan sizes for, unless every head is down to one split
+          // or to chunks of kDecodeMaxChunk (the cap of the block-max scratch).
+          const std::int64_t blocks = std::int64_t(b) * plan.row_tiles * plan.ctas_per_tile;
+          const std::int64_t wave = 132 * d::decode_ctas_per_sm(true, hd, hd * 2);
+          const bool floor_r = plan.retrieval_splits == 1 || plan.chunk >= d::kDecodeMaxChunk;
+          const bool floor_s = plan.sparse_splits == 1 || plan.sparse_chunk >= d::kDecodeMaxChunk;
+          const bool one_wave = blocks <= wave || (floor_r && floor_s);
+          CHECK(one_wave);
+          CHECK(plan.chunk % d::kDecodeCtaTokens == 0);
+          CHECK(plan.sparse_chunk % d::kDecodeCtaTokens == 0);
+          CHECK(plan.retrieval_splits * plan.chunk >= plan.max_len);
+          if (mixed) CHECK(plan.sparse_splits * plan.sparse_chunk >= plan.sparse_tokens);
           const bool merge_r = plan.num_retrieval > 0 && plan.retrieval_splits > 1;
           const bool merge_s = plan.num_sparse > 0 && plan.sparse_splits > 1;
           CHECK(plan.merged_heads == (merge_r ? plan.num_retrieval : 0) + (merge_s ? plan.num_sparse : 0));

@@ -31,6 +31,11 @@ inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch
 /// the H200, 1 retrieval + 7 sparse heads, B = 1, 128K (with an earlier merge done by the head's last
 /// block): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us.
 inline constexpr int kDecodeMaxSplits = 128;
+/// What one position of a token-gathered sparse head costs a split, against one of a retrieval head's
+/// contiguous tokens: each gathered row is its own random 256-byte read, and a stage of them takes
+/// ~1.5x as long (H200, batch 8: 4.5 us per 64-row stage of a 4096-token gather against 3.0 us per stage
+/// of dense 32K streaming). Block-gathered heads (block size > 1) stream runs and count 1.
+inline constexpr double kDecodeTokenGatherCost = 1.5;
 /// Splits one merge thread reads with all its loads in flight (the merge is a chain of L2 round trips).
 inline constexpr int kDecodeMergeBatch = 16;
 /// Threads of a merge block.
@@ -71,7 +76,8 @@ struct DecodePlan {
   int row_tile = 0;       ///< rows per block (8 or 16)
   int row_tiles = 0;
   int num_retrieval = 0, num_sparse = 0;
-  int chunk = 0;          ///< tokens per split (a multiple of kDecodeCtaTokens and of every block size)
+  int chunk = 0;          ///< tokens per split of a retrieval head (a multiple of kDecodeCtaTokens and of the score block)
+  int sparse_chunk = 0;   ///< positions per split of a sparse head (a multiple of kDecodeCtaTokens and of the index block)
   int retrieval_splits = 0, sparse_splits = 0;
   int ctas_per_tile = 0;  ///< grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
   int score_cols = 0;     ///< entries per score row (0 without scores)
@@ -137,25 +143,45 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   // entries past the sequence can hold in-range keys beyond its first max_len positions.
   if (pl.num_sparse > 0) pl.sparse_tokens = int(std::int64_t(p.index_set.capacity) * p.index_set.block_size);
 
-  int quantum = kDecodeCtaTokens;
-  if (pl.num_sparse > 0) quantum = std::max(quantum, p.index_set.block_size);
-  if (p.scores) quantum = std::max(quantum, p.score_block_size);
+  // A retrieval head's splits are multiples of the score blocks, a sparse head's of its index blocks.
+  const int quantum_r = std::max(kDecodeCtaTokens, p.scores ? p.score_block_size : 1);
+  const int quantum_s = std::max(kDecodeCtaTokens, pl.num_sparse > 0 ? p.index_set.block_size : 1);
   const int row_bytes = p.head_dim * int(sizeof(typename View::value_type));
   const std::int64_t target = std::int64_t(device.num_sms) * decode_ctas_per_sm(mma, p.head_dim, row_bytes);
-  const std::int64_t work = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles *
-                            (std::int64_t(pl.num_retrieval) * pl.max_len + std::int64_t(pl.num_sparse) * pl.sparse_tokens);
-  const double per_cta = std::max(1.0, double(work) / double(target));
-  // Splits per head rounded down so the grid never spills into a second, mostly idle wave.
-  const int sd = std::max(1, int(double(pl.max_len) / per_cta));
-  const int sg = std::max(1, int(double(pl.sparse_tokens) / per_cta));
-  int chunk = std::max(pl.num_retrieval ? ceil_div(pl.max_len, sd) : 1, pl.num_sparse ? ceil_div(pl.sparse_tokens, sg) : 1);
-  // Past kDecodeMaxSplits the partials' round trip costs more than the streaming it saves.
-  const int longest = std::max(pl.num_retrieval ? pl.max_len : 0, pl.num_sparse ? pl.sparse_tokens : 0);
-  chunk = std::max(chunk, ceil_div(longest, kDecodeMaxSplits));
-  chunk = std::min(round_up(chunk, quantum), std::max(kDecodeMaxChunk, quantum));
-  pl.chunk = chunk;
-  pl.retrieval_splits = std::max(1, ceil_div(pl.max_len, chunk));
-  pl.sparse_splits = std::max(1, ceil_div(pl.sparse_tokens, chunk));
+  const std::int64_t tiles = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles;
+  // Split counts (d per retrieval head, s per sparse head) for one wave of `target` blocks that all
+  // finish together: the sparse heads' s is searched, the retrieval heads share the blocks left, and the
+  // pair whose slowest block has the least (cost-weighted) positions wins; fewer blocks break ties.
+  // Both counts are rounded down, so the grid never spills into a second, mostly idle wave (a plan that
+  // sized one chunk for both roles could: 8 retrieval + 56 sparse heads took 432 blocks of 396 and
+  // doubled the layer's time).
+  const double sparse_cost = pl.num_sparse > 0 && p.index_set.block_size == 1 ? kDecodeTokenGatherCost : 1.0;
+  const int most_d = pl.num_retrieval ? std::max(1, std::min(kDecodeMaxSplits, ceil_div(pl.max_len, quantum_r))) : 1;
+  const int most_s = pl.num_sparse ? std::max(1, std::min(kDecodeMaxSplits, ceil_div(pl.sparse_tokens, quantum_s))) : 1;
+  int best_d = 1, best_s = 1;
+  double best = -1;
+  for (int sg = 1; sg <= most_s; ++sg) {
+    const std::int64_t sparse_blocks = tiles * pl.num_sparse * sg;
+    const std::int64_t room = target - sparse_blocks;
+    if (sg > 1 && room < tiles * pl.num_retrieval) break;  // no room left for one block per retrieval head
+    int sd = 1;
+    if (pl.num_retrieval > 0 && room > 0) sd = int(std::min<std::int64_t>(most_d, std::max<std::int64_t>(1, room / (tiles * pl.num_retrieval))));
+    if (pl.num_retrieval == 0 && sg > 1 && sparse_blocks > target) break;
+    const double slowest = std::max(pl.num_retrieval ? double(ceil_div(pl.max_len, sd)) : 0.0,
+                                    pl.num_sparse ? double(ceil_div(pl.sparse_tokens, sg)) * sparse_cost : 0.0);
+    if (best < 0 || slowest < best) {
+      best = slowest;
+      best_d = sd;
+      best_s = sg;
+    }
+  }
+  // The chunks, rounded up to their quanta (so the split counts can only fall) and bounded by the
+  // block-max scratch.
+  pl.chunk = std::min(round_up(std::max(1, ceil_div(pl.max_len, best_d)), quantum_r), std::max(kDecodeMaxChunk, quantum_r));
+  pl.sparse_chunk =
+      std::min(round_up(std::max(1, ceil_div(pl.sparse_tokens, best_s)), quantum_s), std::max(kDecodeMaxChunk, quantum_s));
+  pl.retrieval_splits = std::max(1, ceil_div(pl.max_len, pl.chunk));
+  pl.sparse_splits = std::max(1, ceil_div(pl.sparse_tokens, pl.sparse_chunk));
   pl.ctas_per_tile = pl.num_retrieval * pl.retrieval_splits + pl.num_sparse * pl.sparse_splits;
   if (pl.splits_any()) {
     const bool merge_r = pl.num_retrieval > 0 && pl.retrieval_splits > 1;

@@ -110,7 +110,7 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
   } else {
     const int row = w.b * a.kv.num_kv_heads + w.h;
     w.block_shift = __ffs(a.p.index_set.block_size) - 1;
-    const int per_split = a.plan.chunk >> w.block_shift;
+    const int per_split = a.plan.sparse_chunk >> w.block_shift;
     const int first = w.split * per_split;
     const int left = a.p.index_set.count(row) - first;
     const int entries = left <= 0 ? 0 : (left < per_split ? left : per_split);
