@@ -213,10 +213,12 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
                                 dzero.get(), dzero.get());
       const auto st = kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan);
       REQUIRE_MESSAGE(st.ok(), st.to_string());
-      if (2 * plan.chunk + 1 <= std::min(cache.S, M)) break;
+      // The lengths probe the retrieval heads' splits; with none, the sparse heads' (whose chunk
+      // is then the only one the kernel uses).
+      if (2 * (plan.num_retrieval > 0 ? plan.chunk : plan.sparse_chunk) + 1 <= std::min(cache.S, M)) break;
       exec.device.num_sms *= 2;
     }
-    const int ch = plan.chunk;
+    const int ch = plan.num_retrieval > 0 ? plan.chunk : plan.sparse_chunk;
     INFO(c.describe());
     REQUIRE_MESSAGE(2 * ch + 1 <= std::min(cache.S, M), "chunk " << ch << " too long for the case");
     c.num_sms = exec.device.num_sms;

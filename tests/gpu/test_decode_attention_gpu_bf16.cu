@@ -192,7 +192,10 @@ TEST_CASE("decode_attention replays from a CUDA graph with new lengths") {
 
 TEST_CASE("decode_attention CUDA launcher: a call with one split per head needs no workspace") {
   std::vector<std::int32_t> lh = {4};
-  kvsift_test::DeviceBuffer<bfloat16_t> k(4 * 128), q(4 * 128), out(4 * 128);
+  // Written inputs: the kernel runs, and initcheck tracks what it reads.
+  auto rng = kvsift_test::make_rng(31);
+  kvsift_test::DeviceBuffer<bfloat16_t> k(kvsift_test::random_values<bfloat16_t>(rng, 4 * 128)),
+      q(kvsift_test::random_values<bfloat16_t>(rng, 4 * 128)), out(4 * 128);
   kvsift_test::DeviceBuffer<std::int32_t> len(lh);
   const auto kv = kvsift::make_bhsd(k.get(), k.get(), 1, 1, 4, 128, len.get());
   const auto p = kvsift::make_decode_attention_params(q.get(), out.get(), 1, 4, 128);

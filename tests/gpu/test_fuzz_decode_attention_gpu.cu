@@ -198,7 +198,7 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   // own split plan (computed from the same view, params and device facts the launch uses).
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(B));
   const bool boundary = chance(rng, 30);
-  int chunk = 0;
+  int chunk = 0, sparse_chunk = 0;  // the plan's splits of a retrieval head (tokens) and a sparse head (positions)
   if (boundary) {
     DeviceBuffer<std::int32_t> dzero(std::vector<std::int32_t>(std::size_t(B) * H * std::max(1, idx_stride) + 1, 0));
     kvsift::detail::DecodePlan plan;
@@ -209,7 +209,8 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
       return kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan);
     });
     REQUIRE_MESSAGE(st.ok(), st.to_string());
-    chunk = plan.chunk;
+    chunk = plan.num_retrieval > 0 ? plan.chunk : plan.sparse_chunk;
+    sparse_chunk = plan.sparse_chunk;
     const int pattern[] = {chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk, 2 * chunk + 1, 0, 1, S};
     for (auto& l : lengths) l = std::clamp(fz::one_of(rng, pattern), 0, S + 1);
   } else {
@@ -225,7 +226,8 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   std::vector<std::int32_t> idx, counts;
   if (any_sparse)
     for (int r = 0; r < B * H; ++r) {
-      const int force = boundary && chunk >= gblock ? std::max(0, chunk / gblock + pick(rng, -1, 1)) : -1;
+      const int force =
+          boundary && sparse_chunk >= gblock ? std::max(0, sparse_chunk / gblock + pick(rng, -1, 1)) : -1;
       const auto row = kvsift_test::make_index_row(rng, kvsift_test::draw_row_kind(rng), visible(r / H), S, gblock,
                                                    idx_cap, idx_stride, force);
       idx.insert(idx.end(), row.slots.begin(), row.slots.end());
