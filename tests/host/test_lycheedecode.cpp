@@ -814,3 +814,36 @@ TEST_CASE("LycheeDecode fidelity on planted needles: output error against dense 
   CHECK(recall >= 0.99);
   CHECK(rel_err < 0.05);
 }
+
+TEST_CASE("shard_head_roles: a rank's roles are its heads' roles, renumbered from 0") {
+  using kvsift::HeadRoles;
+  const int layers = 6, kv_heads = 8;
+  std::vector<std::uint8_t> bytes(std::size_t(layers) * kv_heads);
+  auto rng = kvsift_test::make_rng(77);
+  for (auto& b : bytes) b = std::uint8_t(kvsift_test::uniform_int(rng, 0, 1));
+  HeadRoles roles;
+  REQUIRE(kvsift::make_head_roles(layers, kv_heads, bytes.data(), &roles).ok());
+  for (int ranks : {1, 2, 4, 8}) {
+    const int per = kv_heads / ranks;
+    int retrieval = 0;
+    for (int r = 0; r < ranks; ++r) {
+      HeadRoles shard;
+      REQUIRE(kvsift::shard_head_roles(roles, r * per, per, &shard).ok());
+      CHECK(shard.layers == layers);
+      CHECK(shard.kv_heads == per);
+      for (int l = 0; l < layers; ++l)
+        for (int h = 0; h < per; ++h) CHECK(shard.is_retrieval(l, h) == (bytes[std::size_t(l) * kv_heads + r * per + h] != 0));
+      retrieval += shard.retrieval_count();
+    }
+    CHECK(retrieval == roles.retrieval_count());
+  }
+  HeadRoles whole;
+  REQUIRE(kvsift::shard_head_roles(roles, 0, kv_heads, &whole).ok());
+  CHECK(whole == roles);
+  HeadRoles out;
+  CHECK(kvsift::shard_head_roles(roles, 6, 4, &out).message().find("KV heads [6, 10) are not inside the roles' [0, 8)") !=
+        std::string::npos);
+  CHECK(kvsift::shard_head_roles(roles, 0, 0, &out).code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(kvsift::shard_head_roles(roles, -1, 2, &out).code() == kvsift::StatusCode::kInvalidArgument);
+  CHECK(kvsift::shard_head_roles(HeadRoles(), 0, 1, &out).code() == kvsift::StatusCode::kInvalidArgument);
+}

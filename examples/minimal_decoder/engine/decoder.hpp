@@ -66,7 +66,8 @@ struct BackendWeights {
       return out;
     };
     embed = be.make_matrix(w.embed, c.vocab_size, H);
-    lm_head = be.make_matrix(w.lm_head, c.vocab_size, H);
+    // All vocab_size rows, or a tensor-parallel rank's slice of them (shard_weights).
+    lm_head = be.make_matrix(w.lm_head, int(w.lm_head.size() / std::size_t(H)), H);
     final_norm = vec(w.final_norm);
     for (const LayerWeights& lw : w.layers) {
       Layer l;
@@ -100,6 +101,16 @@ struct DecoderLimits {
   KvDtype kv_dtype = KvDtype::kNative;
 };
 
+// Tensor parallelism (engine/tensor_parallel.hpp, tensor_parallel_decoder.hpp): a decoder that is one
+// rank of several runs its shard's ModelConfig and weights, and sums the partial outputs of the
+// row-parallel projections (o and down) over the ranks with `all_reduce`, which every rank calls at
+// the same points of the same step, in order, on its backend's stream. Its logits are those of its
+// LM-head rows (BackendWeights::lm_head.rows of them); the driver concatenates the ranks'.
+struct DecoderRank {
+  int rank = 0, ranks = 1;
+  std::function<void(float* data, std::int64_t n)> all_reduce;  // required when ranks > 1
+};
+
 // Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
 struct StepTiming {
   double total_ms = 0, attention_ms = 0;
@@ -119,8 +130,9 @@ class Decoder {
   using QueryTap = std::function<void(int layer, const float* q, int rows)>;
 
   Decoder(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights, const PolicyOptions& policy,
-          const DecoderLimits& limits)
-      : be_(be), c_(config), w_(weights), policy_(policy), lim_(limits) {
+          const DecoderLimits& limits, DecoderRank rank = {})
+      : be_(be), c_(config), w_(weights), policy_(policy), lim_(limits), rank_(std::move(rank)), lm_rows_(weights.lm_head.rows) {
+    if (rank_.ranks > 1 && !rank_.all_reduce) throw DecoderError("a tensor-parallel rank needs an all-reduce");
     const long long context = (long long)lim_.max_prompt_len + lim_.max_new_tokens;
     if (context > c_.max_positions)
       throw DecoderError("context of " + std::to_string(context) + " tokens (prompt " + std::to_string(lim_.max_prompt_len) +
@@ -168,7 +180,7 @@ class Decoder {
     attn_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
     gate_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
     up_ = be_.template alloc<float>(std::size_t(rows) * c_.intermediate_size);
-    logits_ = be_.template alloc<float>(std::size_t(B) * c_.vocab_size);
+    logits_ = be_.template alloc<float>(std::size_t(B) * lm_rows_);
     tokens_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     positions_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     seq_ = be_.template alloc<std::int32_t>(std::size_t(rows));
@@ -219,7 +231,7 @@ class Decoder {
     std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
     std::vector<LayerCache>& target = compress ? prompt_caches : decode_caches_;
 
-    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    std::vector<float> logits(std::size_t(B) * lm_rows_);
     const int C = lim_.prefill_chunk;
     long long done = 0;
     for (int start = 0; start < longest; start += C) {
@@ -249,7 +261,7 @@ class Decoder {
       for (int b = 0; b < B; ++b)
         if (plan.last_row[std::size_t(b)] >= 0)
           lm_head(x_.data() + std::int64_t(plan.last_row[std::size_t(b)]) * c_.hidden_size, 1,
-                  logits.data() + std::int64_t(b) * c_.vocab_size);
+                  logits.data() + std::int64_t(b) * lm_rows_);
       done += n;
       if (progress) progress(done, total);
     }
@@ -288,7 +300,7 @@ class Decoder {
     history_.assign(std::size_t(B), {});
     for (int b = 0; b < B; ++b) history_[std::size_t(b)].assign(std::size_t(lengths[std::size_t(b)]), 0);  // token 0 stands in
     finish_prefill(prompt_caches, compress, t0);
-    return std::vector<float>(std::size_t(B) * c_.vocab_size, 0.f);
+    return std::vector<float>(std::size_t(B) * lm_rows_, 0.f);
   }
 
   // One decode step for every sequence of the batch; returns logits [B, vocab].
@@ -460,7 +472,7 @@ class Decoder {
   std::int64_t weight_bytes() const {
     const std::int64_t H = c_.hidden_size, I = c_.intermediate_size;
     const std::int64_t weights = c_.num_layers * (H * (c_.q_dim() + 2 * c_.kv_dim()) + c_.q_dim() * H + 3 * H * I) +
-                                 std::int64_t(c_.vocab_size) * H;
+                                 std::int64_t(lm_rows_) * H;
     return weights * std::int64_t(sizeof(*w_.lm_head.data.data()));
   }
   // The second part: the K/V the policy attends to.
@@ -503,7 +515,7 @@ class Decoder {
       be_.replay(step_graph_, [&] { single_token_forward(); });
     else
       single_token_forward();
-    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    std::vector<float> logits(std::size_t(B) * lm_rows_);
     be_.download(logits.data(), logits_.data(), logits.size());
     return logits;
   }
@@ -511,6 +523,10 @@ class Decoder {
   // A step can take `next`: one token per sequence, and a free cache slot for each.
   void check_step_room(const std::vector<std::int32_t>& next) const {
     if (int(next.size()) != batch_) throw DecoderError("decode needs one token per sequence");
+    for (int b = 0; b < batch_; ++b)
+      if (next[std::size_t(b)] < 0 || next[std::size_t(b)] >= c_.vocab_size)
+        throw DecoderError("sequence " + std::to_string(b) + ": token id " + std::to_string(next[std::size_t(b)]) +
+                           " outside the vocabulary [0, " + std::to_string(c_.vocab_size) + ")");
     for (int b = 0; b < batch_; ++b)
       if (cache_len_[std::size_t(b)] >= decode_capacity_)
         throw DecoderError("sequence " + std::to_string(b) + " would exceed the KV cache of " + std::to_string(decode_capacity_) + " tokens");
@@ -627,9 +643,9 @@ class Decoder {
         });
       });
     }
-    std::vector<float> logits(std::size_t(B) * c_.vocab_size);
+    std::vector<float> logits(std::size_t(B) * lm_rows_);
     for (int b = 0; b < B; ++b)
-      lm_head(x_.data() + (std::int64_t(b) * N + N - 1) * c_.hidden_size, 1, logits.data() + std::int64_t(b) * c_.vocab_size);
+      lm_head(x_.data() + (std::int64_t(b) * N + N - 1) * c_.hidden_size, 1, logits.data() + std::int64_t(b) * lm_rows_);
     return logits;
   }
 
@@ -793,9 +809,11 @@ class Decoder {
     });
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
+    if (rank_.ranks > 1) rank_.all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
     be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
     be_.linear_shared_input(h_.data(), n, {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
     be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
+    if (rank_.ranks > 1) rank_.all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel down
     if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
   }
 
@@ -820,7 +838,7 @@ class Decoder {
   // ... and on to host logits [n, vocab]
   void lm_head(const float* x, int n, float* host_logits) {
     lm_head_to_device(x, n);
-    be_.download(host_logits, logits_.data(), std::size_t(n) * c_.vocab_size);
+    be_.download(host_logits, logits_.data(), std::size_t(n) * lm_rows_);
   }
 
   // The end of every prefill: the cache now holds the prompt; a compressing policy shrinks it (kvsift's
@@ -885,6 +903,8 @@ class Decoder {
   const BackendWeights<Backend>& w_;
   PolicyOptions policy_;
   DecoderLimits lim_;
+  DecoderRank rank_;
+  int lm_rows_ = 0;  // LM-head rows: vocab_size, or this tensor-parallel rank's slice
   int decode_capacity_ = 0;
   int batch_ = 0;
   const std::vector<std::vector<std::int32_t>>* prompts_ = nullptr;

@@ -115,4 +115,24 @@ inline Status make_head_roles(int layers, int kv_heads, const std::uint8_t* retr
   return Status();
 }
 
+/// The roles of KV heads [first, first + count) of every layer, renumbered from 0: what one rank of a
+/// tensor-parallel engine passes to LycheeDecodeConfig::roles when it owns those heads. A sparse head
+/// reuses the selection of the same head index from an earlier layer, so a rank that owns a head in
+/// every layer owns its whole chain and the policy needs nothing from other ranks.
+inline Status shard_head_roles(const HeadRoles& roles, int first, int count, HeadRoles* out) {
+  KVSIFT_REQUIRE_NOT_NULL(out, "out");
+  KVSIFT_REQUIRE(roles.layers > 0 && int(roles.masks.size()) == roles.layers, kInvalidArgument,
+                 "roles: layers = ", roles.layers, " with ", roles.masks.size(), " masks");
+  KVSIFT_REQUIRE(count > 0 && first >= 0 && first + count <= roles.kv_heads, kInvalidArgument, "KV heads [", first, ", ",
+                 first + count, ") are not inside the roles' [0, ", roles.kv_heads, ")");
+  HeadRoles r;
+  r.layers = roles.layers;
+  r.kv_heads = count;
+  r.masks.assign(std::size_t(roles.layers), HeadRoleMask());
+  for (int l = 0; l < roles.layers; ++l)
+    for (int h = 0; h < count; ++h) r.masks[std::size_t(l)].set_sparse(h, roles.layer(l).is_sparse(first + h));
+  *out = std::move(r);
+  return Status();
+}
+
 }  // namespace kvsift

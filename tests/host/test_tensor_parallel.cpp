@@ -1,0 +1,235 @@
+// examples/minimal_decoder sharded over N CPU ranks (engine/tensor_parallel.hpp): the shard
+// arithmetic on the llama3-8b shape and its errors; sharded weights reassemble into the model's; and
+// a TensorParallelDecoder over 2 and 4 ranks (4: each KV head replicated on two ranks) against the
+// unsharded decoder on the same prompts, for dense, ClusterAttn and LycheeDecode, a ragged batch:
+// logits within fp32 summation-order tolerance and the same greedy tokens over 32 steps.
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "engine/checkpoint.hpp"
+#include "engine/host_all_reduce.hpp"
+#include "engine/host_engine.hpp"
+#include "engine/tensor_parallel.hpp"
+#include "engine/tensor_parallel_decoder.hpp"
+#include "support/decoder_test_helpers.hpp"
+
+namespace md = minimal_decoder;
+
+namespace {
+
+md::ModelConfig small_config() {
+  md::ModelConfig c;
+  c.vocab_size = 50;  // not a multiple of 4: the vocabulary slices are uneven
+  c.hidden_size = 96;
+  c.intermediate_size = 80;
+  c.num_layers = 3;
+  c.num_q_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 64;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 10000.f;
+  c.max_positions = 4096;
+  return c;
+}
+
+std::vector<std::vector<std::int32_t>> random_prompts(const std::vector<int>& lengths, int vocab, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> tok(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> out;
+  for (int n : lengths) {
+    std::vector<std::int32_t> p(static_cast<std::size_t>(n));
+    for (auto& t : p) t = tok(rng);
+    out.push_back(p);
+  }
+  return out;
+}
+
+int argmax(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
+
+// The gap between the two largest values: below it, a different summation order may pick the other.
+float top2_gap(const float* x, int n) {
+  std::vector<float> v(x, x + n);
+  std::partial_sort(v.begin(), v.begin() + 2, v.end(), std::greater<float>());
+  return v[0] - v[1];
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: the shard arithmetic of llama3-8b over 1, 2, 4, 8 and 16 ranks") {
+  const md::ModelConfig c = md::named_model_config("llama3-8b");
+  for (int n : {1, 2, 4, 8, 16}) {
+    CAPTURE(n);
+    int q = 0, vocab = 0, inter = 0;
+    std::vector<int> kv_owners(std::size_t(c.num_kv_heads), 0);
+    for (int r = 0; r < n; ++r) {
+      const md::TensorParallelShard s = md::tensor_parallel_shard(c, n, r);
+      CHECK(s.first_q_head == q);
+      q += s.q_heads;
+      CHECK(s.first_vocab == vocab);
+      vocab += s.vocab;
+      CHECK(s.first_intermediate == inter);
+      inter += s.intermediate;
+      for (int h = s.first_kv_head; h < s.first_kv_head + s.kv_heads; ++h) ++kv_owners[std::size_t(h)];
+      // A rank's query heads all belong to its KV heads (GQA groups of num_q / num_kv).
+      const int group = c.num_q_heads / c.num_kv_heads;
+      CHECK(s.first_q_head / group >= s.first_kv_head);
+      CHECK((s.first_q_head + s.q_heads - 1) / group < s.first_kv_head + s.kv_heads);
+      const md::ModelConfig local = s.config(c);
+      CHECK(local.num_q_heads % local.num_kv_heads == 0);
+      CHECK(local.hidden_size == c.hidden_size);
+      CHECK(local.vocab_size == c.vocab_size);  // the embedding stays whole
+    }
+    CHECK(q == c.num_q_heads);
+    CHECK(vocab == c.vocab_size);
+    CHECK(inter == c.intermediate_size);
+    for (int owners : kv_owners) CHECK(owners == std::max(1, n / c.num_kv_heads));
+  }
+  md::ModelConfig odd = small_config();
+  odd.num_q_heads = 6;
+  CHECK_ERROR_CONTAINS(md::tensor_parallel_shard(odd, 4, 0), "--tp 4: num_attention_heads = 6 is not a multiple of the ranks");
+  odd.num_q_heads = 6;  // 6 q heads, 2 KV heads over 3 ranks: the KV heads cannot be split or replicated
+  CHECK_ERROR_CONTAINS(md::tensor_parallel_shard(odd, 3, 0), "num_key_value_heads = 2 must be a multiple of the ranks");
+  odd = small_config();
+  odd.intermediate_size = 90;
+  CHECK_ERROR_CONTAINS(md::tensor_parallel_shard(odd, 4, 1), "intermediate_size = 90 is not a multiple of the ranks");
+  CHECK_ERROR_CONTAINS(md::tensor_parallel_shard(small_config(), 0, 0), "the number of ranks must be >= 1");
+}
+
+TEST_CASE("tensor parallel: the ranks' weights reassemble into the model's") {
+  const md::ModelConfig c = small_config();
+  const md::HostWeights w = md::random_weights(c, 3);
+  const int n = 2, H = c.hidden_size, D = c.head_dim;
+  std::vector<md::HostWeights> parts;
+  std::vector<md::TensorParallelShard> shards;
+  for (int r = 0; r < n; ++r) {
+    shards.push_back(md::tensor_parallel_shard(c, n, r));
+    parts.push_back(md::shard_weights(w, c, shards.back()));
+  }
+  std::vector<float> lm, wq, wk, gate;
+  for (int r = 0; r < n; ++r) {
+    lm.insert(lm.end(), parts[std::size_t(r)].lm_head.begin(), parts[std::size_t(r)].lm_head.end());
+    wq.insert(wq.end(), parts[std::size_t(r)].layers[1].wq.begin(), parts[std::size_t(r)].layers[1].wq.end());
+    wk.insert(wk.end(), parts[std::size_t(r)].layers[1].wk.begin(), parts[std::size_t(r)].layers[1].wk.end());
+    gate.insert(gate.end(), parts[std::size_t(r)].layers[1].w_gate.begin(), parts[std::size_t(r)].layers[1].w_gate.end());
+    CHECK(parts[std::size_t(r)].embed == w.embed);
+  }
+  CHECK(lm == w.lm_head);
+  CHECK(wq == w.layers[1].wq);
+  CHECK(wk == w.layers[1].wk);
+  CHECK(gate == w.layers[1].w_gate);
+  // Row-parallel matrices: rank r holds columns [first, first + count) of every row.
+  const int Q = c.num_q_heads * D, I = c.intermediate_size;
+  for (int row = 0; row < H; ++row)
+    for (int r = 0; r < n; ++r) {
+      const auto& s = shards[std::size_t(r)];
+      for (int j = 0; j < s.q_heads * D; ++j)
+        REQUIRE(parts[std::size_t(r)].layers[2].wo[std::size_t(row) * s.q_heads * D + j] ==
+                w.layers[2].wo[std::size_t(row) * Q + s.first_q_head * D + j]);
+      for (int j = 0; j < s.intermediate; ++j)
+        REQUIRE(parts[std::size_t(r)].layers[2].w_down[std::size_t(row) * s.intermediate + j] ==
+                w.layers[2].w_down[std::size_t(row) * I + s.first_intermediate + j]);
+    }
+}
+
+TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAttn, LycheeDecode; 4 ranks dense)") {
+  const md::ModelConfig c = small_config();
+  const md::HostWeights hw = md::random_weights(c, 21);
+  md::HostBackend be;
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  const auto prompts = random_prompts({57, 40, 23}, c.vocab_size, 22);  // ragged
+  md::DecoderLimits lim;
+  lim.max_batch = 3;
+  lim.max_prompt_len = 57;
+  lim.max_new_tokens = 33;
+  lim.prefill_chunk = 16;
+  // LycheeDecode with learned-like roles: a retrieval head in layer 0 (both heads) and in layer 2
+  // (head 1 only), so each rank of 2 has its own chain of retrieval and sparse heads.
+  md::PolicyOptions lychee = decoder_test::test_policy(md::PolicyKind::kLycheeDecode, 0, 24, 2, 4);
+  lychee.lycheedecode.roles = {1, 1, 0, 0, 0, 1};
+  lychee.lycheedecode.roles_name = "test roles";
+  const md::PolicyOptions policies[] = {decoder_test::test_policy(md::PolicyKind::kDense, 0, 0, 0, 0),
+                                        decoder_test::test_policy(md::PolicyKind::kClusterAttn, 24, 0, 0, 0), lychee};
+  const int V = c.vocab_size, steps = 32;
+  for (const md::PolicyOptions& policy : policies) {
+    md::Decoder<md::HostBackend> one(be, c, weights, policy, lim);
+    std::vector<float> ref = one.prefill(prompts);
+    for (int ranks : {1, 2, 4}) {
+      INFO("policy ", policy.describe(), ", ranks ", ranks);
+      if (ranks == 4 && policy.kind != md::PolicyKind::kDense) {
+        // 4 ranks replicate the 2 KV heads, which splits their query groups: refused for the
+        // policies that score a KV head with its group.
+        std::vector<md::HostBackend> four(4);
+        std::vector<md::HostBackend*> p4 = {&four[0], &four[1], &four[2], &four[3]};
+        CHECK_ERROR_CONTAINS((md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce>(p4, c, hw, policy, lim)),
+                             "replicates each of the 2 KV heads on 2 ranks");
+        continue;
+      }
+      md::Decoder<md::HostBackend> again(be, c, weights, policy, lim);
+      std::vector<float> want = again.prefill(prompts);
+      std::vector<md::HostBackend> backends(static_cast<std::size_t>(ranks));
+      std::vector<md::HostBackend*> bp;
+      for (auto& b : backends) bp.push_back(&b);
+      md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, c, hw, policy, lim);
+      std::vector<float> got = tp.prefill(prompts);
+      int compared = 0, agreed = 0;
+      for (int step = 0; step <= steps; ++step) {
+        REQUIRE(got.size() == want.size());
+        double max_diff = 0, max_ref = 0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          max_diff = std::max(max_diff, double(std::abs(got[i] - want[i])));
+          max_ref = std::max(max_ref, double(std::abs(want[i])));
+        }
+        INFO("step ", step);
+        // With one rank the path is the unsharded decoder's, bit for bit; with several, the o and
+        // down projections add their parts in another order (fp32).
+        if (ranks == 1)
+          CHECK(got == want);
+        else
+          CHECK(max_diff <= 1e-4 * (1 + max_ref));
+        if (step == steps) break;
+        // Teacher forcing with the unsharded decoder's greedy tokens; both must pick them wherever
+        // the choice is not a near tie.
+        std::vector<std::int32_t> next;
+        for (int b = 0; b < 3; ++b) {
+          const float* w = want.data() + std::int64_t(b) * V;
+          next.push_back(argmax(w, V));
+          if (top2_gap(w, V) > 1e-3f) {
+            ++compared;
+            agreed += argmax(got.data() + std::int64_t(b) * V, V) == next.back();
+          }
+        }
+        want = again.decode(next);
+        got = tp.decode(next);
+      }
+      CHECK(agreed == compared);
+      CHECK(compared >= 3 * steps * 9 / 10);
+    }
+    (void)ref;
+  }
+}
+
+TEST_CASE("tensor parallel: a rank's error reaches the caller, and no rank waits for it") {
+  const md::ModelConfig c = small_config();
+  const md::HostWeights hw = md::random_weights(c, 5);
+  md::DecoderLimits lim;
+  lim.max_batch = 2;
+  lim.max_prompt_len = 20;
+  lim.max_new_tokens = 4;
+  std::vector<md::HostBackend> backends(2);
+  std::vector<md::HostBackend*> bp = {&backends[0], &backends[1]};
+  md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, c, hw, decoder_test::test_policy(md::PolicyKind::kDense, 0, 0, 0, 0),
+                                                                   lim);
+  (void)tp.prefill(random_prompts({20, 11}, c.vocab_size, 6));
+  CHECK_ERROR_CONTAINS(tp.decode({3, c.vocab_size}), "outside the vocabulary");
+  // An all-reduce whose other rank gave up throws instead of waiting.
+  md::HostAllReduce comm(2);
+  comm.abort();
+  float x = 1.f;
+  CHECK_ERROR_CONTAINS(comm.all_reduce(0, &x, 1), "another rank failed");
+}
