@@ -69,17 +69,7 @@ md::ModelConfig small_config() {
   return c;
 }
 
-std::vector<std::vector<std::int32_t>> random_prompts(const std::vector<int>& lengths, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<std::int32_t> id(0, vocab - 1);
-  std::vector<std::vector<std::int32_t>> prompts;
-  for (int n : lengths) {
-    std::vector<std::int32_t> p(static_cast<std::size_t>(n));
-    for (auto& t : p) t = id(rng);
-    prompts.push_back(p);
-  }
-  return prompts;
-}
+using decoder_test::random_prompts;
 
 // Logits of the prefill and of every decode step ([step][batch * vocab]). With `tokens` empty the
 // decoder feeds itself its greedy tokens and records them there; otherwise it is fed `tokens`.

@@ -234,17 +234,7 @@ double max_abs_diff(const float* a, const std::vector<double>& b) {
   return m;
 }
 
-std::vector<std::vector<std::int32_t>> random_prompts(std::vector<int> lengths, int vocab, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int> id(0, vocab - 1);
-  std::vector<std::vector<std::int32_t>> out;
-  for (int L : lengths) {
-    std::vector<std::int32_t> p;
-    for (int i = 0; i < L; ++i) p.push_back(id(rng));
-    out.push_back(p);
-  }
-  return out;
-}
+using decoder_test::random_prompts;
 
 
 }  // namespace
@@ -687,4 +677,14 @@ TEST_CASE("minimal decoder: --soak scans every logits vector, measures memory wh
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--soak", "--profile"}), "drop --profile and --compare");
   CHECK_ERROR_CONTAINS(parse({"--random", "tiny", "--random-prompts", "40", "--soak-warmup", "0"}),
                        "--soak-warmup: 0 is not an integer >= 1");
+}
+
+TEST_CASE("minimal decoder: --tp parses, and says what it cannot run with") {
+  CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--device", "cpu", "--tp", "2"}).tp == 2);
+  CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40"}).tp == 1);
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--tp", "2"}),
+                       "--tp 2 runs CPU ranks in this version: add --device cpu");
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--device", "cpu", "--tp", "2", "--profile"}),
+                       "--profile and --compare run one rank");
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--tp", "0"}), "--tp");
 }

@@ -38,17 +38,7 @@ md::ModelConfig small_config() {
   return c;
 }
 
-std::vector<std::vector<std::int32_t>> random_prompts(const std::vector<int>& lengths, int vocab, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> tok(0, vocab - 1);
-  std::vector<std::vector<std::int32_t>> out;
-  for (int n : lengths) {
-    std::vector<std::int32_t> p(static_cast<std::size_t>(n));
-    for (auto& t : p) t = tok(rng);
-    out.push_back(p);
-  }
-  return out;
-}
+using decoder_test::random_prompts;
 
 int argmax(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
 
@@ -166,7 +156,8 @@ TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAtt
         // policies that score a KV head with its group.
         std::vector<md::HostBackend> four(4);
         std::vector<md::HostBackend*> p4 = {&four[0], &four[1], &four[2], &four[3]};
-        CHECK_ERROR_CONTAINS((md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce>(p4, c, hw, policy, lim)),
+        md::HostAllReduce comm4(4);
+        CHECK_ERROR_CONTAINS((md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce>(p4, comm4, c, hw, policy, lim)),
                              "replicates each of the 2 KV heads on 2 ranks");
         continue;
       }
@@ -175,7 +166,8 @@ TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAtt
       std::vector<md::HostBackend> backends(static_cast<std::size_t>(ranks));
       std::vector<md::HostBackend*> bp;
       for (auto& b : backends) bp.push_back(&b);
-      md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, c, hw, policy, lim);
+      md::HostAllReduce comm(ranks);
+      md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, comm, c, hw, policy, lim);
       std::vector<float> got = tp.prefill(prompts);
       int compared = 0, agreed = 0;
       for (int step = 0; step <= steps; ++step) {
@@ -223,13 +215,43 @@ TEST_CASE("tensor parallel: a rank's error reaches the caller, and no rank waits
   lim.max_new_tokens = 4;
   std::vector<md::HostBackend> backends(2);
   std::vector<md::HostBackend*> bp = {&backends[0], &backends[1]};
-  md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, c, hw, decoder_test::test_policy(md::PolicyKind::kDense, 0, 0, 0, 0),
-                                                                   lim);
+  md::HostAllReduce two(2);
+  md::TensorParallelDecoder<md::HostBackend, md::HostAllReduce> tp(bp, two, c, hw,
+                                                                   decoder_test::test_policy(md::PolicyKind::kDense, 0, 0, 0, 0), lim);
   (void)tp.prefill(random_prompts({20, 11}, c.vocab_size, 6));
-  CHECK_ERROR_CONTAINS(tp.decode({3, c.vocab_size}), "outside the vocabulary");
+  CHECK_ERROR_CONTAINS(tp.decode({3, c.vocab_size}), "sequence 1: token id 50 outside the vocabulary [0, 50)");
+  CHECK_ERROR_CONTAINS(tp.decode({3}), "decode needs one token per sequence");
+  CHECK(tp.decode({3, 4}).size() == std::size_t(2) * c.vocab_size);  // still usable: the checks come first
   // An all-reduce whose other rank gave up throws instead of waiting.
   md::HostAllReduce comm(2);
   comm.abort();
   float x = 1.f;
   CHECK_ERROR_CONTAINS(comm.all_reduce(0, &x, 1), "another rank failed");
+}
+
+TEST_CASE("tensor parallel: generate over 2 CPU ranks gives generate's tokens, --check included") {
+  const md::ModelConfig c = small_config();
+  const md::HostWeights hw = md::random_weights(c, 31);
+  md::HostBackend be;
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kLycheeDecode}) {
+    md::GenerationRequest req;
+    req.prompts = random_prompts({33, 18}, c.vocab_size, 32);
+    req.new_tokens = 10;
+    req.prefill_chunk = 8;
+    req.check = true;
+    req.policy = decoder_test::test_policy(kind, 0, 12, 2, 4);
+    INFO("policy ", req.policy.describe());
+    const md::GenerationReport one = md::generate(be, c, weights, req);
+    std::vector<md::HostBackend> backends(2);
+    std::vector<md::HostBackend*> ranks = {&backends[0], &backends[1]};
+    md::HostAllReduce comm(2);
+    const md::GenerationReport two = md::generate_tensor_parallel(ranks, comm, c, hw, req);
+    CHECK(two.generated == one.generated);
+    CHECK(two.compared == one.compared);
+    CHECK(two.top1_agree == one.top1_agree);
+    CHECK(std::abs(two.kl_max - one.kl_max) <= 1e-5);
+    CHECK(two.kv_bytes_used == one.kv_bytes_used);  // the ranks' caches add up to the whole
+    CHECK(two.step_bytes.size() == one.step_bytes.size());
+  }
 }

@@ -2,7 +2,10 @@
 // Helpers of the minimal decoder's tests (host, GPU, role training): policy options at test sizes and
 // the message of a DecoderError. Include after doctest.
 
+#include <cstdint>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "engine/errors.hpp"
 #include "engine/policy.hpp"
@@ -25,6 +28,19 @@ inline minimal_decoder::PolicyOptions test_policy(minimal_decoder::PolicyKind ki
   p.lycheedecode.recent = recent;
   p.lycheedecode.correction_interval = kind == minimal_decoder::PolicyKind::kLycheeDecode ? correction : 0;
   return p;
+}
+
+// Prompts of the given lengths, token ids uniform in [0, vocab), the same for the same seed.
+inline std::vector<std::vector<std::int32_t>> random_prompts(const std::vector<int>& lengths, int vocab, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> id(0, vocab - 1);
+  std::vector<std::vector<std::int32_t>> out;
+  for (int n : lengths) {
+    std::vector<std::int32_t> p;
+    for (int i = 0; i < n; ++i) p.push_back(id(rng));
+    out.push_back(p);
+  }
+  return out;
 }
 
 // The message of the DecoderError `f` throws ("" if none).

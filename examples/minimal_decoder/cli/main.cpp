@@ -14,8 +14,10 @@
 
 #include "cli/options.hpp"
 #include "engine/checkpoint.hpp"
+#include "engine/host_all_reduce.hpp"
 #include "engine/host_engine.hpp"
 #include "engine/median.hpp"
+#include "engine/tensor_parallel_decoder.hpp"
 #include "tools/output_file.hpp"
 #include "tools/passkey_tools.hpp"
 #include "tools/progress.hpp"
@@ -172,16 +174,35 @@ void run_profile(Backend& be, const md::Options& o, const md::ModelConfig& confi
   if (!o.json.empty()) md::write_file_replacing(o.json, md::step_profile_json(p, tbps), "--json");
 }
 
+// The request the options describe: the prompts loaded, --soak-bad-request's prompt inserted at bad_at.
+md::GenerationRequest make_request(const md::Options& o, const md::ModelConfig& config, std::size_t* bad_at) {
+  md::GenerationRequest req = o.generation;
+  req.prompts = load_prompts(o, config.vocab_size);
+  *bad_at = req.prompts.size() / 2;  // --soak-bad-request's prompt
+  if (o.soak_bad_request) {
+    req.prompts.insert(req.prompts.begin() + std::ptrdiff_t(*bad_at), std::vector<std::int32_t>{1, config.vocab_size, 2});
+    req.reject_bad_prompts = true;
+  }
+  return req;
+}
+
+// Prints a generation's report; the exit status (1: a --soak failure).
+int finish_generation(const md::Options& o, const md::GenerationRequest& req, const md::GenerationReport& r, std::size_t bad_at) {
+  print_report(req, r, o.quiet, o.roofline_tbps);
+  if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
+  bool rejected_alone = true;  // --soak-bad-request: exactly the injected prompt was rejected
+  if (o.soak_bad_request) {
+    for (std::size_t b = 0; b < r.rejected.size(); ++b) rejected_alone &= r.rejected[b].empty() == (b != bad_at);
+    if (!rejected_alone) std::printf("soak: FAILED: the malformed prompt %zu was not rejected alone\n", bad_at);
+  }
+  return req.soak && (md::soak_failed(r) || !rejected_alone) ? 1 : 0;
+}
+
 template <class Backend>
 int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::BackendWeights<Backend>& weights) {
   if (o.passkey_tool()) return md::run_passkey_tool(be, o.passkey, config, weights);  // --eval-passkey and friends
-  md::GenerationRequest req = o.generation;
-  req.prompts = load_prompts(o, config.vocab_size);
-  const std::size_t bad_at = req.prompts.size() / 2;  // --soak-bad-request's prompt
-  if (o.soak_bad_request) {
-    req.prompts.insert(req.prompts.begin() + std::ptrdiff_t(bad_at), std::vector<std::int32_t>{1, config.vocab_size, 2});
-    req.reject_bad_prompts = true;
-  }
+  std::size_t bad_at = 0;
+  md::GenerationRequest req = make_request(o, config, &bad_at);
   if (o.compare) {
     run_compare(be, o, config, weights, req);
     return 0;
@@ -195,14 +216,27 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
   const md::GenerationReport r = md::generate(be, config, weights, req);
   bar.finish();
-  print_report(req, r, o.quiet, o.roofline_tbps);
-  if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
-  bool rejected_alone = true;  // --soak-bad-request: exactly the injected prompt was rejected
-  if (o.soak_bad_request) {
-    for (std::size_t b = 0; b < r.rejected.size(); ++b) rejected_alone &= r.rejected[b].empty() == (b != bad_at);
-    if (!rejected_alone) std::printf("soak: FAILED: the malformed prompt %zu was not rejected alone\n", bad_at);
-  }
-  return req.soak && (md::soak_failed(r) || !rejected_alone) ? 1 : 0;
+  return finish_generation(o, req, r, bad_at);
+}
+
+// --tp N: the same generation over N CPU ranks, one thread each (engine/tensor_parallel_decoder.hpp).
+int run_tensor_parallel(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  if (o.passkey_tool()) throw md::DecoderError("--tp " + std::to_string(o.tp) + ": the passkey tools run one rank; drop --tp");
+  std::size_t bad_at = 0;
+  md::GenerationRequest req = make_request(o, config, &bad_at);
+  std::vector<md::HostBackend> backends(static_cast<std::size_t>(o.tp));
+  std::vector<md::HostBackend*> ranks;
+  for (auto& be : backends) ranks.push_back(&be);
+  md::HostAllReduce comm(o.tp);
+  const md::TensorParallelShard s0 = md::tensor_parallel_shard(config, o.tp, 0);
+  std::printf("tensor parallel: %d CPU ranks, %d q / %d KV heads and %d MLP columns each%s\n", o.tp, s0.q_heads, s0.kv_heads,
+              s0.intermediate, s0.kv_replicas > 1 ? (", each KV head on " + std::to_string(s0.kv_replicas) + " ranks").c_str() : "");
+  std::printf("policy: %s\n", req.policy.describe().c_str());
+  md::ProgressBar bar(!o.quiet);
+  req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
+  const md::GenerationReport r = md::generate_tensor_parallel(ranks, comm, config, host_weights, req);
+  bar.finish();
+  return finish_generation(o, req, r, bad_at);
 }
 
 template <class Backend>
@@ -263,6 +297,7 @@ int main(int argc, char** argv) {
     }
 #endif
     (void)device_random;
+    if (o.tp > 1) return run_tensor_parallel(o, c, ck.weights);
     md::HostBackend be;
     std::printf("backend: %s\n", be.name());
     std::fflush(stdout);

@@ -149,6 +149,9 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->group(g);
   app.add_option("--device", p.device, "backend (auto: the GPU when this build has CUDA and a device is present)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))->capture_default_str()->group(g);
+  app.add_option("--tp", o.tp, "tensor parallelism over N ranks (Megatron-style: heads and MLP columns split, two "
+                 "all-reduces per layer, vocabulary-parallel LM head); CPU ranks, one thread each (--device cpu)")
+      ->check(at_least(1))->capture_default_str()->group(g);
   app.add_flag("--quiet", o.quiet, "no progress bar, no per-sequence output")->group(g);
   app.add_flag("--profile", o.profile, "after the prefill, time the parts of the next decode step alone (weights, "
                "attention, LycheeDecode's selection, the rest, the whole step; each the median of --profile-reps "
@@ -254,6 +257,11 @@ void check_combinations(const Options& o) {
   if (o.soak_bad_request && !o.generation.soak) throw DecoderError("--soak-bad-request is part of --soak: add --soak");
   if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
+  if (o.tp > 1 && (o.profile || o.compare))
+    throw DecoderError("--tp " + std::to_string(o.tp) + " generates; --profile and --compare run one rank: drop them or --tp");
+  if (o.tp > 1 && o.device != DeviceChoice::kCpu)
+    throw DecoderError("--tp " + std::to_string(o.tp) + " runs CPU ranks in this version: add --device cpu (the GPU ranks, "
+                       "one thread per GPU over NCCL, are not built yet)");
 }
 
 }  // namespace

@@ -37,6 +37,9 @@ struct Options {
   std::string json;      // --json: --eval-passkey's results or --profile's table as JSON
   std::string output_ids;
   DeviceChoice device = DeviceChoice::kAuto;
+  // --tp N: tensor parallelism over N ranks (engine/tensor_parallel_decoder.hpp); CPU ranks, one
+  // thread each, in this version.
+  int tp = 1;
   bool quiet = false;
   bool help = false;
   std::string help_text;  // what --help prints

@@ -143,8 +143,10 @@ inline DecoderLimits request_limits(const GenerationRequest& req) {
 }
 
 // The prefill of req's prompts, run (progress told) or synthetic; returns its logits [batch, vocab].
-template <class Backend>
-std::vector<float> prefill_request(Decoder<Backend>& model, const GenerationRequest& req) {
+// Model: Decoder<Backend>, or TensorParallelDecoder (engine/tensor_parallel_decoder.hpp), which has
+// the members this loop uses.
+template <class Model>
+std::vector<float> prefill_request(Model& model, const GenerationRequest& req) {
   if (!req.synthetic_prefill)
     return model.prefill(req.prompts, [&](long long d, long long t) {
       if (req.progress) req.progress("prefill", d, t);
@@ -156,18 +158,21 @@ std::vector<float> prefill_request(Decoder<Backend>& model, const GenerationRequ
 
 namespace detail {
 
-// generate() over prompts that all run; origin[b] is prompt b's index in the caller's batch (its
+// The decode loop over prompts that all run; origin[b] is prompt b's index in the caller's batch (its
 // sampling stream's seed, so a rejection elsewhere in the batch does not change what it samples).
-template <class Backend>
-GenerationReport generate_batch(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
+// make_model(policy, limits) returns a std::unique_ptr to a new model; memory_in_use() is the
+// backend's device memory in use (--soak; -1 where it has no such count).
+template <class MakeModel, class MemoryInUse>
+GenerationReport generate_batch(MakeModel&& make_model, MemoryInUse&& memory_in_use, const ModelConfig& config,
                                 const GenerationRequest& req, const std::vector<int>& origin) {
   const int B = int(req.prompts.size()), V = config.vocab_size;
   const DecoderLimits limits = request_limits(req);
-  Decoder<Backend> model(be, config, weights, req.policy, limits);
+  auto model_ptr = make_model(req.policy, limits);
+  auto& model = *model_ptr;
   model.set_attention_timing(req.time_attention);
   model.set_graph_steps(req.graph_steps);
-  std::unique_ptr<Decoder<Backend>> dense;  // the --check reference
-  if (req.check) dense = std::make_unique<Decoder<Backend>>(be, config, weights, PolicyOptions(), limits);
+  decltype(model_ptr) dense;  // the --check reference
+  if (req.check) dense = make_model(PolicyOptions(), limits);
 
   GenerationReport r;
   r.generated.assign(std::size_t(B), {});
@@ -202,7 +207,7 @@ GenerationReport generate_batch(Backend& be, const ModelConfig& config, const Ba
     if (step + 1 == req.new_tokens) break;  // the last token needs no further forward pass
     logits = model.decode(next);
     soak_check(logits, step + 1);
-    if (req.soak && step + 1 == r.memory_warmup_steps) r.memory_after_warmup = be.device_memory_in_use();
+    if (req.soak && step + 1 == r.memory_warmup_steps) r.memory_after_warmup = memory_in_use();
     r.step_ms.push_back(model.timing().total_ms);
     r.step_attention_ms.push_back(model.timing().attention_ms);
     r.step_bytes.push_back(double(model.step_bytes()));
@@ -222,7 +227,7 @@ GenerationReport generate_batch(Backend& be, const ModelConfig& config, const Ba
     if (req.progress) req.progress("decode", step + 2, req.new_tokens);
   }
   if (req.soak && r.memory_after_warmup >= 0 && int(r.step_ms.size()) > r.memory_warmup_steps)
-    r.memory_at_end = be.device_memory_in_use();
+    r.memory_at_end = memory_in_use();
   else
     r.memory_after_warmup = -1;
   r.kv_bytes_used = model.kv_bytes_used();
@@ -230,17 +235,15 @@ GenerationReport generate_batch(Backend& be, const ModelConfig& config, const Ba
   return r;
 }
 
-}  // namespace detail
-
-// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
-template <class Backend>
-GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
-                          const GenerationRequest& req) {
+// The request's prompts through run_batch(admitted request, origin): all of them, or with
+// reject_bad_prompts the well-formed ones, the malformed named in GenerationReport::rejected.
+template <class RunBatch>
+GenerationReport generate_admitted(const ModelConfig& config, const GenerationRequest& req, RunBatch&& run_batch) {
   const int B = int(req.prompts.size());
   std::vector<int> origin;
   if (!req.reject_bad_prompts) {  // a bad prompt fails the whole request (Decoder::prefill)
     for (int b = 0; b < B; ++b) origin.push_back(b);
-    GenerationReport r = detail::generate_batch(be, config, weights, req, origin);
+    GenerationReport r = run_batch(req, origin);
     r.rejected.assign(static_cast<std::size_t>(B), std::string());
     return r;
   }
@@ -254,7 +257,7 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
     admitted.prompts.push_back(req.prompts[std::size_t(b)]);
   }
   if (origin.empty()) throw DecoderError("every prompt of the batch was rejected; the first: " + rejected[0]);
-  GenerationReport r = detail::generate_batch(be, config, weights, admitted, origin);
+  GenerationReport r = run_batch(admitted, origin);
   r.rejected = std::move(rejected);
   if (int(origin.size()) == B) return r;
   // Back to the caller's batch: rejected prompts get no tokens.
@@ -262,6 +265,21 @@ GenerationReport generate(Backend& be, const ModelConfig& config, const BackendW
   for (std::size_t i = 0; i < origin.size(); ++i) generated[std::size_t(origin[i])] = std::move(r.generated[i]);
   r.generated = std::move(generated);
   return r;
+}
+
+}  // namespace detail
+
+// Compiled once per backend (host_engine.cpp, cuda/cuda_engine.cu).
+template <class Backend>
+GenerationReport generate(Backend& be, const ModelConfig& config, const BackendWeights<Backend>& weights,
+                          const GenerationRequest& req) {
+  return detail::generate_admitted(config, req, [&](const GenerationRequest& admitted, const std::vector<int>& origin) {
+    return detail::generate_batch(
+        [&](const PolicyOptions& policy, const DecoderLimits& limits) {
+          return std::make_unique<Decoder<Backend>>(be, config, weights, policy, limits);
+        },
+        [&] { return be.device_memory_in_use(); }, config, admitted, origin);
+  });
 }
 
 }  // namespace minimal_decoder

@@ -46,6 +46,12 @@ void HostAllReduce::all_reduce(int rank, float* data, std::int64_t n) {
   std::copy(sum.begin(), sum.end(), data);
 }
 
+void HostAllReduce::reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  aborted_ = false;
+  arrived_ = 0;
+}
+
 void HostAllReduce::abort() {
   std::lock_guard<std::mutex> lock(mutex_);
   aborted_ = true;

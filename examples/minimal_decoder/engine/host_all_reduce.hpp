@@ -3,7 +3,7 @@
 // backend): every rank calls all_reduce with its buffer of the same length at the same point of the
 // same step, and each gets the sum over the ranks, added in rank order, so every rank holds the
 // same bits. A rank that fails calls abort(): the others' pending and later calls throw instead of
-// waiting for it forever.
+// waiting for it forever; once every rank has returned, reset() makes the communicator usable again.
 
 #include <condition_variable>
 #include <cstdint>
@@ -17,6 +17,7 @@ class HostAllReduce {
   explicit HostAllReduce(int ranks);
   void all_reduce(int rank, float* data, std::int64_t n);
   void abort();
+  void reset();  // only while no rank is inside all_reduce
 
  private:
   // Blocks until every rank has arrived (a reusable barrier); throws once aborted.

@@ -2,7 +2,9 @@
 // A decoder sharded over N ranks (engine/tensor_parallel.hpp): one Decoder per rank, each on its own
 // backend with its shard's config, weights and policy options, run by one thread per rank in
 // lockstep; the ranks' all-reduces go through `Comm` (HostAllReduce for CPU ranks). prefill and
-// decode return the full logits, [B, vocab_size]: the ranks' LM-head slices side by side.
+// decode return the full logits, [B, vocab_size]: the ranks' LM-head slices side by side. It has the
+// members of Decoder that the decode loop (generate.hpp) uses, so generate_tensor_parallel below
+// runs the same loop over it.
 //
 // One thread per rank, not one process: the ranks share the host weights they are sliced from and
 // the prompts, and a test compares them with an unsharded decoder in the same process. With N = 1 the
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "engine/decoder.hpp"
+#include "engine/generate.hpp"
 #include "engine/tensor_parallel.hpp"
 
 namespace minimal_decoder {
@@ -22,10 +25,12 @@ namespace minimal_decoder {
 template <class Backend, class Comm>
 class TensorParallelDecoder {
  public:
-  // One backend per rank (they outlive this object); `weights` are the full model's.
-  TensorParallelDecoder(const std::vector<Backend*>& backends, const ModelConfig& full, const HostWeights& weights,
+  // One backend per rank and a communicator of as many ranks (both outlive this object); `weights` are
+  // the full model's.
+  TensorParallelDecoder(const std::vector<Backend*>& backends, Comm& comm, const ModelConfig& full, const HostWeights& weights,
                         const PolicyOptions& policy, const DecoderLimits& limits)
-      : full_(full), ranks_(int(backends.size())), comm_(ranks_) {
+      : full_(full), ranks_(int(backends.size())), comm_(comm) {
+    if (ranks_ < 1) throw DecoderError("tensor parallelism needs at least one rank");
     for (int r = 0; r < ranks_; ++r) {
       shards_.push_back(tensor_parallel_shard(full, ranks_, r));
       configs_.push_back(std::make_unique<ModelConfig>(shards_.back().config(full)));
@@ -45,16 +50,39 @@ class TensorParallelDecoder {
   const TensorParallelShard& shard(int r) const { return shards_[std::size_t(r)]; }
   Decoder<Backend>& rank_decoder(int r) { return *decoders_[std::size_t(r)]; }
 
-  std::vector<float> prefill(const std::vector<std::vector<std::int32_t>>& prompts) {
-    return gather(int(prompts.size()), on_every_rank([&](Decoder<Backend>& d) { return d.prefill(prompts); }));
+  // Decoder's calls, on every rank; the progress of a prefill is rank 0's.
+  std::vector<float> prefill(const std::vector<std::vector<std::int32_t>>& prompts,
+                             const typename Decoder<Backend>::Progress& progress = {}) {
+    return gather(int(prompts.size()), on_every_rank([&](Decoder<Backend>& d) {
+                    return d.prefill(prompts, &d == decoders_[0].get() ? progress : typename Decoder<Backend>::Progress());
+                  }));
+  }
+  std::vector<float> synthetic_prefill(const std::vector<int>& lengths, std::uint64_t seed) {
+    return gather(int(lengths.size()), on_every_rank([&](Decoder<Backend>& d) { return d.synthetic_prefill(lengths, seed); }));
   }
   std::vector<float> decode(const std::vector<std::int32_t>& next) {
     return gather(int(next.size()), on_every_rank([&](Decoder<Backend>& d) { return d.decode(next); }));
   }
+  void set_attention_timing(bool on) {
+    for (auto& d : decoders_) d->set_attention_timing(on);
+  }
+  void set_graph_steps(bool on) {
+    for (auto& d : decoders_) d->set_graph_steps(on);
+  }
+  // Rank 0's wall clock: the ranks run each call together, and each waits for the others at its
+  // all-reduces.
+  const StepTiming& timing() const { return decoders_[0]->timing(); }
+  // Summed over the ranks: what all of them read (a replicated KV head counts once per replica).
+  std::int64_t step_bytes() const { return sum([](const Decoder<Backend>& d) { return d.step_bytes(); }); }
+  std::int64_t kv_bytes_used() const { return sum([](const Decoder<Backend>& d) { return d.kv_bytes_used(); }); }
+  std::int64_t kv_bytes_allocated() const { return sum([](const Decoder<Backend>& d) { return d.kv_bytes_allocated(); }); }
 
  private:
   // f(rank's decoder) on every rank at once, one thread each; the first failure is rethrown once the
-  // other ranks have given up (the all-reduce is aborted, so none waits for the failed rank).
+  // other ranks have given up (the all-reduce is aborted, so none waits for the failed rank, and
+  // reset once they all have returned). A call that fails before any rank changed its state (every
+  // check of a step comes first) leaves the decoder usable; one that fails inside a step leaves the
+  // ranks at different points: prefill again.
   template <class F>
   std::vector<std::vector<float>> on_every_rank(F&& f) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(ranks_));
@@ -75,8 +103,18 @@ class TensorParallelDecoder {
       });
     for (auto& t : threads) t.join();
     for (const auto& e : errors)
-      if (e) std::rethrow_exception(e);
+      if (e) {
+        comm_.reset();
+        std::rethrow_exception(e);
+      }
     return out;
+  }
+
+  template <class F>
+  std::int64_t sum(F&& f) const {
+    std::int64_t s = 0;
+    for (const auto& d : decoders_) s += f(*d);
+    return s;
   }
 
   // Row b of the result is the ranks' rows b side by side (rank r's slice starts at first_vocab).
@@ -95,12 +133,35 @@ class TensorParallelDecoder {
 
   ModelConfig full_;
   int ranks_;
-  Comm comm_;
+  Comm& comm_;
   std::vector<TensorParallelShard> shards_;
   // Decoders keep references to their config and weights: each lives at a fixed address.
   std::vector<std::unique_ptr<ModelConfig>> configs_;
   std::vector<std::unique_ptr<BackendWeights<Backend>>> weights_;
   std::vector<std::unique_ptr<Decoder<Backend>>> decoders_;
 };
+
+// generate() (generate.hpp) over `backends.size()` ranks: the same decode loop, sampling, --check and
+// --soak, with a TensorParallelDecoder as the model; `comm` has one rank per backend.
+template <class Backend, class Comm>
+GenerationReport generate_tensor_parallel(const std::vector<Backend*>& backends, Comm& comm, const ModelConfig& config,
+                                          const HostWeights& weights, const GenerationRequest& req) {
+  return detail::generate_admitted(config, req, [&](const GenerationRequest& admitted, const std::vector<int>& origin) {
+    return detail::generate_batch(
+        [&](const PolicyOptions& policy, const DecoderLimits& limits) {
+          return std::make_unique<TensorParallelDecoder<Backend, Comm>>(backends, comm, config, weights, policy, limits);
+        },
+        [&] {
+          std::int64_t total = 0;
+          for (Backend* be : backends) {
+            const std::int64_t m = be->device_memory_in_use();
+            if (m < 0) return std::int64_t(-1);
+            total += m;
+          }
+          return total;
+        },
+        config, admitted, origin);
+  });
+}
 
 }  // namespace minimal_decoder

@@ -43,12 +43,11 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
-/// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the launch before
-/// it on `stream` when the device has PDL (compute capability 9.0 and later), a plain launch
-/// otherwise. `what` names the op in an error.
+/// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when
+/// `pdl` (the device must have PDL: compute capability 9.0 or later); the launch's error.
 template <class... Params, class... Args>
-Status launch_dependent(const DeviceFacts& device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
-                        cudaStream_t stream, const char* what, Args&&... args) {
+cudaError_t launch_with_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                            Args&&... args) {
   cudaLaunchAttribute attr{};
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
@@ -57,10 +56,18 @@ Status launch_dependent(const DeviceFacts& device, void (*kernel)(Params...), di
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  const bool pdl = device.cc_major >= 9;
   config.attrs = pdl ? &attr : nullptr;
   config.numAttrs = pdl ? 1 : 0;
-  return from_cuda(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...), what);
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the launch before
+/// it on `stream` when the device has PDL (compute capability 9.0 and later), a plain launch
+/// otherwise. `what` names the op in an error.
+template <class... Params, class... Args>
+Status launch_dependent(const DeviceFacts& device, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem,
+                        cudaStream_t stream, const char* what, Args&&... args) {
+  return from_cuda(launch_with_pdl(device.cc_major >= 9, kernel, grid, block, smem, stream, std::forward<Args>(args)...), what);
 }
 
 }  // namespace detail

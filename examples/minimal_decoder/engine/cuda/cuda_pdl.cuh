@@ -22,41 +22,25 @@
 
 #include <cuda_runtime_api.h>
 
+#include <kvsift/core/dependent_launch.cuh>
+
 #include <cstddef>
 #include <utility>
 
 namespace minimal_decoder {
 namespace kernels {
 
-// griddepcontrol exists from sm_90 on; older targets serialize launches anyway.
-__device__ inline void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ inline void allow_next_kernel_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
+// kvsift's own PDL primitives (core/dependent_launch.cuh; griddepcontrol exists from sm_90 on, and
+// older targets serialize launches anyway), under the names this backend's rules above use.
+__device__ inline void wait_for_previous_kernel() { kvsift::detail::wait_for_primary_grid(); }
+__device__ inline void allow_next_kernel_launch() { kvsift::detail::allow_dependent_grids(); }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the PDL attribute when `pdl`. Returns the
 // launch's error (a bad configuration; faults show up later).
 template <class... Params, class... Args>
 cudaError_t launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream, bool pdl,
                           Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = block;
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = pdl ? &attr : nullptr;
-  config.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  return kvsift::detail::launch_with_pdl(pdl, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace kernels
