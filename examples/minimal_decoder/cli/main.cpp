@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -25,6 +26,9 @@
 #include "tools/step_profile_report.hpp"
 #ifdef MINIMAL_DECODER_CUDA
 #include "engine/cuda/cuda_engine.hpp"
+#ifdef MINIMAL_DECODER_NCCL
+#include "engine/cuda/cuda_tensor_parallel.hpp"
+#endif
 #endif
 
 namespace md = minimal_decoder;
@@ -219,18 +223,18 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   return finish_generation(o, req, r, bad_at);
 }
 
-// --tp N: the same generation over N CPU ranks, one thread each (engine/tensor_parallel_decoder.hpp).
-int run_tensor_parallel(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+// --tp N: the same generation over N ranks, one thread each (engine/tensor_parallel_decoder.hpp):
+// `ranks` are the ranks' backends (CPU backends, or one CudaBackend per GPU), `comm` their all-reduce.
+template <class Backend, class Comm>
+int run_tensor_parallel(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights,
+                        const std::vector<Backend*>& ranks, Comm& comm) {
   if (o.passkey_tool()) throw md::DecoderError("--tp " + std::to_string(o.tp) + ": the passkey tools run one rank; drop --tp");
   std::size_t bad_at = 0;
   md::GenerationRequest req = make_request(o, config, &bad_at);
-  std::vector<md::HostBackend> backends(static_cast<std::size_t>(o.tp));
-  std::vector<md::HostBackend*> ranks;
-  for (auto& be : backends) ranks.push_back(&be);
-  md::HostAllReduce comm(o.tp);
   const md::TensorParallelShard s0 = md::tensor_parallel_shard(config, o.tp, 0);
-  std::printf("tensor parallel: %d CPU ranks, %d q / %d KV heads and %d MLP columns each%s\n", o.tp, s0.q_heads, s0.kv_heads,
-              s0.intermediate, s0.kv_replicas > 1 ? (", each KV head on " + std::to_string(s0.kv_replicas) + " ranks").c_str() : "");
+  std::printf("tensor parallel: %d ranks (%s), %d q / %d KV heads and %d MLP columns each%s\n", o.tp, ranks[0]->name(),
+              s0.q_heads, s0.kv_heads, s0.intermediate,
+              s0.kv_replicas > 1 ? (", each KV head on " + std::to_string(s0.kv_replicas) + " ranks").c_str() : "");
   std::printf("policy: %s\n", req.policy.describe().c_str());
   md::ProgressBar bar(!o.quiet);
   req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
@@ -238,6 +242,33 @@ int run_tensor_parallel(const md::Options& o, const md::ModelConfig& config, con
   bar.finish();
   return finish_generation(o, req, r, bad_at);
 }
+
+int run_tensor_parallel_cpu(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  std::vector<md::HostBackend> backends(static_cast<std::size_t>(o.tp));
+  std::vector<md::HostBackend*> ranks;
+  for (auto& be : backends) ranks.push_back(&be);
+  md::HostAllReduce comm(o.tp);
+  return run_tensor_parallel(o, config, host_weights, ranks, comm);
+}
+
+#ifdef MINIMAL_DECODER_NCCL
+// GPUs 0 .. N-1, one rank each.
+int run_tensor_parallel_gpu(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+  int count = 0;
+  md::cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+  if (count < o.tp)
+    throw md::DecoderError("--tp " + std::to_string(o.tp) + ": this machine has " + std::to_string(count) +
+                           " GPU(s); one per rank is needed (or --device cpu for CPU ranks)");
+  std::vector<std::unique_ptr<md::CudaBackend>> backends;
+  std::vector<md::CudaBackend*> ranks;
+  for (int r = 0; r < o.tp; ++r) {
+    backends.push_back(std::make_unique<md::CudaBackend>(r));
+    ranks.push_back(backends.back().get());
+  }
+  md::NcclAllReduce comm(ranks);
+  return run_tensor_parallel(o, config, host_weights, ranks, comm);
+}
+#endif
 
 template <class Backend>
 int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
@@ -288,6 +319,15 @@ int main(int argc, char** argv) {
                 c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                 double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
 #ifdef MINIMAL_DECODER_CUDA
+    if (gpu && o.tp > 1) {
+#ifdef MINIMAL_DECODER_NCCL
+      // The ranks slice the host weights; llama3-8b's random weights are made on one GPU only.
+      if (device_random)
+        throw md::DecoderError("--tp " + std::to_string(o.tp) + " slices host weights: --random " + o.random_shape +
+                               " is generated on a GPU instead; use a checkpoint (--model) or a smaller shape");
+      return run_tensor_parallel_gpu(o, c, ck.weights);
+#endif
+    }
     if (gpu) {
       md::CudaBackend be;
       std::printf("backend: %s\n", be.name());
@@ -297,7 +337,7 @@ int main(int argc, char** argv) {
     }
 #endif
     (void)device_random;
-    if (o.tp > 1) return run_tensor_parallel(o, c, ck.weights);
+    if (o.tp > 1) return run_tensor_parallel_cpu(o, c, ck.weights);
     md::HostBackend be;
     std::printf("backend: %s\n", be.name());
     std::fflush(stdout);

@@ -150,7 +150,8 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
   app.add_option("--device", p.device, "backend (auto: the GPU when this build has CUDA and a device is present)")
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))->capture_default_str()->group(g);
   app.add_option("--tp", o.tp, "tensor parallelism over N ranks (Megatron-style: heads and MLP columns split, two "
-                 "all-reduces per layer, vocabulary-parallel LM head); CPU ranks, one thread each (--device cpu)")
+                 "all-reduces per layer, vocabulary-parallel LM head), one thread per rank: GPUs 0 .. N-1 over NCCL, or "
+                 "CPU ranks with --device cpu")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_flag("--quiet", o.quiet, "no progress bar, no per-sequence output")->group(g);
   app.add_flag("--profile", o.profile, "after the prefill, time the parts of the next decode step alone (weights, "
@@ -259,9 +260,11 @@ void check_combinations(const Options& o) {
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
   if (o.tp > 1 && (o.profile || o.compare))
     throw DecoderError("--tp " + std::to_string(o.tp) + " generates; --profile and --compare run one rank: drop them or --tp");
+#ifndef MINIMAL_DECODER_NCCL
   if (o.tp > 1 && o.device != DeviceChoice::kCpu)
-    throw DecoderError("--tp " + std::to_string(o.tp) + " runs CPU ranks in this version: add --device cpu (the GPU ranks, "
-                       "one thread per GPU over NCCL, are not built yet)");
+    throw DecoderError("--tp " + std::to_string(o.tp) + " on GPUs needs NCCL, which this build did not find: add --device cpu "
+                       "for CPU ranks, or install NCCL and configure again");
+#endif
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ struct Options {
   std::string json;      // --json: --eval-passkey's results or --profile's table as JSON
   std::string output_ids;
   DeviceChoice device = DeviceChoice::kAuto;
-  // --tp N: tensor parallelism over N ranks (engine/tensor_parallel_decoder.hpp); CPU ranks, one
-  // thread each, in this version.
+  // --tp N: tensor parallelism over N ranks (engine/tensor_parallel_decoder.hpp), one thread per
+  // rank: GPUs 0 .. N-1 (NCCL), or CPU ranks with --device cpu.
   int tp = 1;
   bool quiet = false;
   bool help = false;

@@ -63,6 +63,9 @@ struct HostBackend {
   };
 
   const char* name() const { return "CPU (kvsift::host reference)"; }
+  // Makes this backend's device the calling thread's (a tensor-parallel rank's thread calls it before
+  // its work); nothing to do on the CPU.
+  void make_current() const {}
   Exec exec() const { return Exec{}; }
 
   template <class T>

@@ -32,6 +32,8 @@ class TensorParallelDecoder {
       : full_(full), ranks_(int(backends.size())), comm_(comm) {
     if (ranks_ < 1) throw DecoderError("tensor parallelism needs at least one rank");
     for (int r = 0; r < ranks_; ++r) {
+      backends[std::size_t(r)]->make_current();  // the rank's buffers go to its device
+      backends_.push_back(backends[std::size_t(r)]);
       shards_.push_back(tensor_parallel_shard(full, ranks_, r));
       configs_.push_back(std::make_unique<ModelConfig>(shards_.back().config(full)));
       weights_.push_back(std::make_unique<BackendWeights<Backend>>(*backends[std::size_t(r)], *configs_.back(),
@@ -45,6 +47,21 @@ class TensorParallelDecoder {
                                                              std::move(rank)));
     }
   }
+
+  // Each rank's decoder and weights are freed on its own device.
+  ~TensorParallelDecoder() {
+    for (int r = ranks_ - 1; r >= 0; --r) {
+      if (std::size_t(r) >= decoders_.size() && std::size_t(r) >= weights_.size()) continue;
+      try {
+        backends_[std::size_t(r)]->make_current();
+      } catch (...) {  // a destructor must not throw; the frees below then run on the current device
+      }
+      if (std::size_t(r) < decoders_.size()) decoders_[std::size_t(r)].reset();
+      if (std::size_t(r) < weights_.size()) weights_[std::size_t(r)].reset();
+    }
+  }
+  TensorParallelDecoder(const TensorParallelDecoder&) = delete;
+  TensorParallelDecoder& operator=(const TensorParallelDecoder&) = delete;
 
   int ranks() const { return ranks_; }
   const TensorParallelShard& shard(int r) const { return shards_[std::size_t(r)]; }
@@ -87,6 +104,7 @@ class TensorParallelDecoder {
   std::vector<std::vector<float>> on_every_rank(F&& f) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(ranks_));
     if (ranks_ == 1) {
+      backends_[0]->make_current();
       out[0] = f(*decoders_[0]);
       return out;
     }
@@ -95,6 +113,7 @@ class TensorParallelDecoder {
     for (int r = 0; r < ranks_; ++r)
       threads.emplace_back([&, r] {
         try {
+          backends_[std::size_t(r)]->make_current();
           out[std::size_t(r)] = f(*decoders_[std::size_t(r)]);
         } catch (...) {
           errors[std::size_t(r)] = std::current_exception();
@@ -134,6 +153,7 @@ class TensorParallelDecoder {
   ModelConfig full_;
   int ranks_;
   Comm& comm_;
+  std::vector<Backend*> backends_;
   std::vector<TensorParallelShard> shards_;
   // Decoders keep references to their config and weights: each lives at a fixed address.
   std::vector<std::unique_ptr<ModelConfig>> configs_;
@@ -154,6 +174,7 @@ GenerationReport generate_tensor_parallel(const std::vector<Backend*>& backends,
         [&] {
           std::int64_t total = 0;
           for (Backend* be : backends) {
+            be->make_current();
             const std::int64_t m = be->device_memory_in_use();
             if (m < 0) return std::int64_t(-1);
             total += m;

@@ -56,7 +56,7 @@ void CudaBackend::launch(const char* what, void (*kernel)(Params...), unsigned g
   cuda_check(kernels::launch_kernel(kernel, grid, block, 0, stream(), pdl_, std::forward<Args>(args)...), what);
 }
 
-CudaBackend::CudaBackend(int device) {
+CudaBackend::CudaBackend(int device) : device_(device) {
   cuda_check(cudaSetDevice(device), "cudaSetDevice");
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");

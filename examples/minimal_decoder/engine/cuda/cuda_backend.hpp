@@ -126,6 +126,10 @@ class CudaBackend {
   bool shape_routing() const { return shape_routing_; }
 
   const char* name() const { return name_.c_str(); }
+  // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
+  // thread's current device (a tensor-parallel rank's thread calls it before any of its work).
+  int device() const { return device_; }
+  void make_current() const { cuda_check(cudaSetDevice(device_), "cudaSetDevice"); }
   // The stream and the device facts kvsift plans its launches with, read once at construction.
   const Exec& exec() const { return exec_; }
   cudaStream_t stream() const { return stream_.get(); }
@@ -273,6 +277,7 @@ class CudaBackend {
   template <class... Params, class... Args>
   void launch(const char* what, void (*kernel)(Params...), unsigned grid, unsigned block, Args&&... args) const;
 
+  int device_ = 0;
   std::string name_;
   Exec exec_;
   GemvKernel gemv_kernel_ = GemvKernel::kPipelined;
