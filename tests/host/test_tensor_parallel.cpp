@@ -147,8 +147,6 @@ TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAtt
                                         decoder_test::test_policy(md::PolicyKind::kClusterAttn, 24, 0, 0, 0), lychee};
   const int V = c.vocab_size, steps = 32;
   for (const md::PolicyOptions& policy : policies) {
-    md::Decoder<md::HostBackend> one(be, c, weights, policy, lim);
-    std::vector<float> ref = one.prefill(prompts);
     for (int ranks : {1, 2, 4}) {
       INFO("policy ", policy.describe(), ", ranks ", ranks);
       if (ranks == 4 && policy.kind != md::PolicyKind::kDense) {
@@ -202,7 +200,6 @@ TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAtt
       CHECK(agreed == compared);
       CHECK(compared >= 3 * steps * 9 / 10);
     }
-    (void)ref;
   }
 }
 
