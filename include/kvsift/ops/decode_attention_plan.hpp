@@ -163,10 +163,10 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   for (int sg = 1; sg <= most_s; ++sg) {
     const std::int64_t sparse_blocks = tiles * pl.num_sparse * sg;
     const std::int64_t room = target - sparse_blocks;
-    if (sg > 1 && room < tiles * pl.num_retrieval) break;  // no room left for one block per retrieval head
-    int sd = 1;
-    if (pl.num_retrieval > 0 && room > 0) sd = int(std::min<std::int64_t>(most_d, std::max<std::int64_t>(1, room / (tiles * pl.num_retrieval))));
-    if (pl.num_retrieval == 0 && sg > 1 && sparse_blocks > target) break;
+    // More sparse splits only while one block per retrieval head still fits (with none: while the
+    // sparse blocks fit).
+    if (sg > 1 && room < tiles * pl.num_retrieval) break;
+    const int sd = pl.num_retrieval ? int(std::clamp<std::int64_t>(room / (tiles * pl.num_retrieval), 1, most_d)) : 1;
     const double slowest = std::max(pl.num_retrieval ? double(ceil_div(pl.max_len, sd)) : 0.0,
                                     pl.num_sparse ? double(ceil_div(pl.sparse_tokens, sg)) * sparse_cost : 0.0);
     if (best < 0 || slowest < best) {
