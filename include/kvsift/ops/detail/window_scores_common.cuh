@@ -81,8 +81,8 @@ __device__ void record_bad_score_key(const View& kv, const WindowScoresLaunch& l
 }
 
 // score_key_staged, recording a bad key on the spot: for loaders that test one key per thread. Loaders
-// that stage several rows per thread note the bad key and record it after their loads, so the loads of
-// consecutive rows still overlap (a call between them would order them).
+// that stage several rows per thread note the bad key and record it after their loads (the cold path
+// stays out of the unrolled loads).
 template <class View>
 __device__ __forceinline__ bool score_key_readable(const View& kv, const WindowScoresLaunch& launch, int b, int hk,
                                                    int len, int key) {
