@@ -51,13 +51,12 @@ class TensorParallelDecoder {
   // Each rank's decoder and weights are freed on its own device.
   ~TensorParallelDecoder() {
     for (int r = ranks_ - 1; r >= 0; --r) {
-      if (std::size_t(r) >= decoders_.size() && std::size_t(r) >= weights_.size()) continue;
       try {
         backends_[std::size_t(r)]->make_current();
       } catch (...) {  // a destructor must not throw; the frees below then run on the current device
       }
-      if (std::size_t(r) < decoders_.size()) decoders_[std::size_t(r)].reset();
-      if (std::size_t(r) < weights_.size()) weights_[std::size_t(r)].reset();
+      decoders_[std::size_t(r)].reset();
+      weights_[std::size_t(r)].reset();
     }
   }
   TensorParallelDecoder(const TensorParallelDecoder&) = delete;
