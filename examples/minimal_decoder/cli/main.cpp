@@ -319,15 +319,15 @@ int main(int argc, char** argv) {
                 c.num_layers, c.hidden_size, c.num_q_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
                 double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
 #ifdef MINIMAL_DECODER_CUDA
-    if (gpu && o.tp > 1) {
 #ifdef MINIMAL_DECODER_NCCL
+    if (gpu && o.tp > 1) {  // without NCCL, parse_options refused --tp on a GPU
       // The ranks slice the host weights; llama3-8b's random weights are made on one GPU only.
       if (device_random)
         throw md::DecoderError("--tp " + std::to_string(o.tp) + " slices host weights: --random " + o.random_shape +
                                " is generated on a GPU instead; use a checkpoint (--model) or a smaller shape");
       return run_tensor_parallel_gpu(o, c, ck.weights);
-#endif
     }
+#endif
     if (gpu) {
       md::CudaBackend be;
       std::printf("backend: %s\n", be.name());

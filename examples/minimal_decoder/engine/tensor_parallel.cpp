@@ -3,7 +3,6 @@
 #include <string>
 #include <vector>
 
-#include <kvsift/gates/roles_file.hpp>
 #include <kvsift/kv/head_roles.hpp>
 
 #include "engine/errors.hpp"
