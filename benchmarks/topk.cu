@@ -3,8 +3,9 @@
 // plus the positions and counts written, so `of_ceiling` is the fraction of the one-pass read floor
 // reached, `floor_us` that floor in microseconds, and `target_us` issue 15's target for the shape
 // (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
-// its CTAs per row and `threads` its CTA size; BM_TopKStreamSelect runs the stream select on the same
-// shapes whatever the plan picks. The torch.topk baseline for the same shapes is
+// its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
+// runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
+// without the bracket. The torch.topk baseline for the same shapes is
 // benchmarks/torch_topk.py; FlashInfer's through ../shared/peer (issue 15).
 #include <benchmark/benchmark.h>
 
@@ -76,6 +77,7 @@ void BM_TopK(benchmark::State& state) {
   state.counters["path"] = int(plan.kernel);
   state.counters["group"] = plan.ctas_per_row;
   state.counters["threads"] = plan.threads;
+  state.counters["bracket"] = plan.bracket_capacity;
 }
 
 // The stream select forced on every shape (detail::launch_topk with plan_topk_stream), beside the
@@ -92,6 +94,21 @@ void BM_TopKStreamSelect(benchmark::State& state) {
   if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); }))
     return;
   state.counters["list"] = plan.list_capacity;
+}
+
+// The plan's kernel with the candidate select's sampled bracket off (the exact digit searches only):
+// the bracket's gain, read off beside BM_TopK in the same run.
+void BM_TopKDigitSearch(benchmark::State& state) {
+  const TopkShape shape(state);
+  auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
+  if (plan.bracket_capacity == 0) {
+    state.SkipWithError("the plan takes no bracket on this shape");
+    return;
+  }
+  plan.bracket_capacity = 0;
+  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
+                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
+  shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
 }
 
 // The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
@@ -131,6 +148,13 @@ BENCHMARK(BM_TopK)
     ->Unit(benchmark::kMicrosecond);
 
 BENCHMARK(BM_TopKStreamSelect)
+    ->Apply(token_shapes)
+    ->Apply(block_and_forced_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKDigitSearch)
     ->Apply(token_shapes)
     ->Apply(block_and_forced_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})

@@ -48,9 +48,10 @@ run_one() {  # binary tool label [doctest filter]
     timeout "$TIMEOUT" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$bin" >"$log" 2>&1
   fi
   local rc=$? dt=$((SECONDS - t0))
-  # "ERROR SUMMARY: N errors" (memcheck, initcheck, synccheck) or "RACECHECK SUMMARY: N hazards displayed".
+  # "ERROR SUMMARY: N errors" (memcheck, initcheck, synccheck) or "RACECHECK SUMMARY: N hazards
+  # displayed (E errors, W warnings)": the first count of the line (racecheck's line has three).
   local n
-  n=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | grep -oE '[0-9]+ (error|hazard)' | grep -oE '^[0-9]+' || true)
+  n=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | grep -oE '[0-9]+ (error|hazard)' | head -1 | grep -oE '^[0-9]+' || true)
   local verdict=ok
   if [ $rc -eq 124 ]; then verdict="TIMEOUT (${TIMEOUT}s)"; status=1
   elif [ $rc -eq 77 ]; then verdict="SKIPPED (no device)"; status=1

@@ -106,6 +106,55 @@ TEST_CASE("topk gpu paths: candidate select, CTA groups of 8") {
   check_all_fills<float>(rng, tail);
 }
 
+TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket and its fallback") {
+  auto rng = kvsift_test::make_rng(508);
+  // The few-row shapes of the benchmark: groups of 8 with 4096- and 16384-position slices.
+  for (const Case& base : {shape(8, 32768, 1024, 1024), shape(32, 32768, 4096, 4096), shape(8, 131072, 4096, 4096),
+                          shape(2, 65536, 8, 7)}) {
+    CAPTURE(base.rows);
+    CAPTURE(base.cols);
+    require_path<float>(base, kCand, 8, 512);
+    require_bracket<float>(base, 8192);
+    Case c = base;
+    check_all_fills<float>(rng, c);
+    // Fills the stride sample misreads (the bracket misses and the digit searches run), and the same
+    // rows with the bracket off.
+    for (Fill f : {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant}) {
+      c.fill = f;
+      CAPTURE(int(f));
+      c.bracket = true;
+      check_case<float>(rng, c);
+      c.bracket = false;
+      check_case<float>(rng, c);
+    }
+    // LycheeDecode's forced ranges and ragged rows, and the row edges.
+    c = base;
+    c.params.sink = 128 < base.capacity / 4 ? 128 : base.capacity / 4;
+    c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
+    for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+    check_all_fills<float>(rng, c);
+    check_edges<float>(rng, edge_rows(rng, base.rows, base.cols, base.capacity));
+  }
+  // Budgets at both ends of the region (a bracket of one rank; one not there at all).
+  for (int k : {1, 2, 32767, 32766, 16384}) {
+    Case c = shape(8, 32768, 32768, k);
+    CAPTURE(k);
+    require_bracket<float>(c, 1);
+    check_case<float>(rng, c);
+    c.fill = Fill::kFewValues;
+    check_case<float>(rng, c);
+  }
+  // 16- and 19-bit keys, flag-first 33-bit keys in uint64 (a list of 4096 keys).
+  Case half_rows = shape(8, 32768, 1024, 1000);
+  require_bracket<half_t>(half_rows, 8192);
+  check_all_fills<half_t>(rng, half_rows);
+  check_all_fills<bfloat16_t>(rng, half_rows);
+  Case flagged = shape(8, 131072, 4096, 4096);
+  flagged.flagged = true;
+  require_bracket<float>(flagged, 4096);
+  check_all_fills<float>(rng, flagged);
+}
+
 TEST_CASE("topk gpu paths: fp16 and bf16 inputs on every candidate-select shape") {
   auto rng = kvsift_test::make_rng(505);
   struct Shape { int rows, cols, capacity, k, group, threads; };

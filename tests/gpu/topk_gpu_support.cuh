@@ -26,7 +26,8 @@ using kvsift_test::DeviceBuffer;
 // kSignedZeros: +0 and -0 must tie; kSampledHigh: the highest scores sit only in the positions the
 // stream select samples (its threshold then passes fewer than budget keys: the exact fallback).
 enum class Fill {
-  kRandom, kFewValues, kLeadingBits, kInfinities, kNaNs, kAscending, kConstant, kAllNaN, kSignedZeros, kSampledHigh
+  kRandom, kFewValues, kLeadingBits, kInfinities, kNaNs, kAscending, kConstant, kAllNaN, kSignedZeros, kSampledHigh,
+  kStrideHigh
 };
 
 inline float draw(std::mt19937_64& rng, Fill fill, int position) {
@@ -44,6 +45,8 @@ inline float draw(std::mt19937_64& rng, Fill fill, int position) {
     case Fill::kSignedZeros: return u < 6 ? 0.f : (u < 12 ? -0.f : (u < 14 ? 1.f : -1.f));
     case Fill::kSampledHigh:  // the first 8 of every 64 positions: inside the sampled 32-byte sectors
       return std::uniform_real_distribution<float>(position % 64 < 8 ? 100.f : -8.f, position % 64 < 8 ? 200.f : 8.f)(rng);
+    case Fill::kStrideHigh:  // every 64th position high: on the candidate select's stride sample (period 16-64)
+      return std::uniform_real_distribution<float>(position % 64 == 0 ? 100.f : -8.f, position % 64 == 0 ? 200.f : 8.f)(rng);
   }
   return 0.f;
 }
@@ -62,6 +65,8 @@ struct Case {
   bool stream = false;
   int stream_list = 0;
   int stream_period = 0;  // > 0: the sample's period in sectors (the plan's 4 otherwise)
+  // Candidate select in CTA groups: false runs the exact digit searches only (the plan's bracket off).
+  bool bracket = true;
 };
 
 inline kvsift::cuda::Exec exec_for(const Case& c, cudaStream_t stream) {
@@ -89,6 +94,14 @@ void require_path(const Case& c, kvsift::detail::TopkKernel kernel, int ctas_per
   REQUIRE(int(p.kernel) == int(kernel));
   REQUIRE(p.ctas_per_row == ctas_per_row);
   REQUIRE(p.threads == threads);
+}
+
+// REQUIREs that the case's plan takes the sampled bracket (a bracket list of at least `capacity` keys).
+template <class T>
+void require_bracket(const Case& c, int capacity) {
+  const auto p = plan_of<T>(c);
+  INFO("rows ", c.rows, ", cols ", c.cols, ": bracket capacity ", p.bracket_capacity);
+  REQUIRE(p.bracket_capacity >= capacity);
 }
 
 template <class T>
@@ -177,6 +190,12 @@ struct DeviceCase {
     const auto exec = exec_for(c, stream);
     auto run = [&](auto key) {
       using Key = decltype(key);
+      if (!c.bracket) {
+        KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
+        auto plan = kvsift::detail::plan_topk<typename Key::key_type>(c.rows, c.cols, exec.device);
+        plan.bracket_capacity = 0;
+        return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
+      }
       if (!c.stream) return kvsift::cuda::topk(exec, view, p, out, values.get(), key);
       KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
       auto plan = kvsift::detail::plan_topk_stream<typename Key::key_type>(c.cols, exec.device);

@@ -31,6 +31,10 @@ inline constexpr int kTopkCandMaxSlice = 65536;
 /// Static shared memory of the candidate select: two 2048-bin histograms plus the scan storage and
 /// counters (under 1 KiB; ptxas reports the exact figure), counted when checking the opt-in limit.
 inline constexpr std::size_t kTopkCandStaticSmem = 2 * 2048 * 4 + 1024;
+/// Shared memory of the candidate select's bracket list (keys of the whole CTA group that lie inside
+/// the sampled bracket, ops/detail/topk_bracket.cuh): about 2-6% of a 32K or 128K row for budgets of
+/// 1-12% of it.
+inline constexpr std::size_t kTopkBracketListBytes = std::size_t(32) << 10;
 /// One-CTA rows up to this many positions get 256-thread CTAs: 8 keys per thread either way, and the
 /// barriers of a smaller CTA are cheaper (the block-score case, 2048 positions).
 inline constexpr int kTopkCandShortSlice = 4096;
@@ -53,6 +57,9 @@ struct TopkPlan {
   int bitmap_words = 0;   ///< stream select: 32-bit words per position bitmap (even; covers cols)
   int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
   int sample_period = 16;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
+  /// Candidate select in CTA groups: keys of the whole group's bracket list that fit shared memory
+  /// (ops/detail/topk_bracket.cuh); 0 runs the exact digit searches only.
+  int bracket_capacity = 0;
 };
 
 /// Static shared memory of the stream select: its 8192-bin histogram plus scan storage and counters.
@@ -136,6 +143,19 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     s.cached = true;
     s.smem_bytes = candidate_bytes;
     s.threads = c == 1 && s.slice <= kTopkCandShortSlice ? 256 : 512;
+    // CTA groups take the sampled bracket where its list fits beside the slice: within the two CTAs
+    // per SM the wave above counts on, or in all of an SM's shared memory when one CTA per SM is
+    // enough for the grid (8 rows of 128K, 64 CTAs of 16384-position slices).
+    if (c > 1) {
+      const std::size_t list_bytes = kTopkBracketListBytes;
+      const std::size_t with_list = candidate_bytes + list_bytes + kTopkCandStaticSmem;
+      const std::size_t per_sm = device.max_smem_optin + 1024;  // each resident CTA reserves 1 KiB
+      const bool fits = rows * c <= one_wave / 2 ? with_list <= device.max_smem_optin : with_list + 1024 <= per_sm / 2;
+      if (fits) {
+        s.bracket_capacity = int(list_bytes / sizeof(KeyT));
+        s.smem_bytes = candidate_bytes + list_bytes;
+      }
+    }
     return s;
   }
   s.cached = std::size_t(s.slice) * sizeof(KeyT) <= kTopkMaxCachedSliceBytes &&

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "kvsift/ops/detail/topk_bracket.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
@@ -85,6 +86,10 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int s_digit, s_above, s_eq_lower, s_cand_count;
   __shared__ int s_warp_gt[kWarps], s_warp_eq[kWarps], s_warp_lower[kWarps];
+  // The sampled bracket (topk_bracket.cuh): its two ends, this CTA's count of keys above it (read by
+  // the peers after the second group barrier and never written again) and the lower ranks' counts.
+  __shared__ K s_bracket_top, s_bracket_bottom, s_warp_min[kWarps], s_warp_max[kWarps];
+  __shared__ int s_bracket_above, s_gt_lower_sum, s_eq_lower_sum;
 
   const TopkCtaGroup group{a.plan.ctas_per_row};
   const int group_size = a.plan.ctas_per_row;
@@ -117,7 +122,12 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
     pre[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
   }
   for (int b = tid; b < 2 * kTopkCandBins; b += Threads) (&hist[0][0])[b] = 0;
-  if (tid == 0) s_cand_count = 0;
+  if (tid == 0) {
+    s_cand_count = 0;
+    s_bracket_above = 0;
+    s_gt_lower_sum = 0;
+    s_eq_lower_sum = 0;
+  }
 
   const TopKRowPlan plan = plan_topk_row(a.plan.cols, len_raw, k_raw, a.out.capacity, a.params.sink, a.params.recent);
   auto emit = [&](int offset, int position) {
@@ -142,26 +152,135 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   }
   __syncthreads();  // the zeroed histograms and list counter, before the first atomics
 
-  // ---- pass 0 histogram while the keys go to shared memory ----
+  // ---- the sampled bracket's first half, while the slice's loads are in flight ----
+  constexpr K kKeyMax = Key::kBits >= int(8 * sizeof(K)) ? ~K(0) : (K(1) << Key::kBits) - 1;
+  // Same decision in every CTA of the group (the plan's, for the whole launch).
+  const bool bracket = kMaxGroup > 1 && group_size > 1 && a.plan.bracket_capacity > 0;
+  // This CTA's sample is published in hist[1], unused until the digit searches (if they run at all).
+  K* const sample_keys = reinterpret_cast<K*>(&hist[1][0]);
+  constexpr int kSampleCapacity = int(sizeof(hist[1]) / sizeof(K));
+  K bracket_top = kKeyMax, bracket_bottom = 0;  // the bracket: keys in [bottom, top] are listed
+  TopkBracketSample sample;
+  if (bracket) {
+    constexpr int kSamplesPerThread = kSampleCapacity / Threads;
+    static_assert(kSamplesPerThread >= 1 && kSampleCapacity % Threads == 0, "whole samples per thread");
+    sample = topk_bracket_sample(plan, kSampleCapacity);
+    const int mine_from = sample.first_at(lo), mine_to = sample.first_at(hi);
+    T sampled[kSamplesPerThread];
+#pragma unroll
+    for (int i = 0; i < kSamplesPerThread; ++i) {
+      const int j = mine_from + i * Threads + tid;
+      sampled[i] = j < mine_to ? row_scores[sample.first + j * sample.stride] : T{};
+    }
+#pragma unroll
+    for (int i = 0; i < kSamplesPerThread; ++i) {
+      const int j = mine_from + i * Threads + tid;
+      const int pos = sample.first + j * sample.stride;
+      if (j < mine_to) sample_keys[j - mine_from] = a.key(sampled[i], row, pos);
+    }
+    group.sync();  // group barrier 1: every CTA's sample is published
+
+    // Every CTA reads the whole sample (the same keys in the same order) and finds the same ends.
+    K mine[kSamplesPerThread];
+    K lowest = kKeyMax, highest = 0;
+#pragma unroll
+    for (int i = 0; i < kSamplesPerThread; ++i) {
+      const int g = i * Threads + tid;
+      int owner = 0, from = 0;
+#pragma unroll
+      for (int r = 1; r < kMaxGroup; ++r) {
+        const int first = sample.first_at(r * a.plan.slice);
+        if (r < group_size && first <= g) {
+          owner = r;
+          from = first;
+        }
+      }
+      mine[i] = g < sample.count ? group.peer(sample_keys, owner)[g - from] : K(0);
+    }
+#pragma unroll
+    for (int i = 0; i < kSamplesPerThread; ++i)
+      if (i * Threads + tid < sample.count) {
+        lowest = mine[i] < lowest ? mine[i] : lowest;
+        highest = mine[i] > highest ? mine[i] : highest;
+      }
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) {
+      const K l = __shfl_xor_sync(0xffffffffu, lowest, d), h = __shfl_xor_sync(0xffffffffu, highest, d);
+      lowest = l < lowest ? l : lowest;
+      highest = h > highest ? h : highest;
+    }
+    if (lane == 0) {
+      s_warp_min[warp] = lowest;
+      s_warp_max[warp] = highest;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      lowest = s_warp_min[w] < lowest ? s_warp_min[w] : lowest;
+      highest = s_warp_max[w] > highest ? s_warp_max[w] : highest;
+    }
+    // Bins of width 2^shift from the lowest sampled key: 1025-2048 of them cover the sample's range.
+    const int shift = topk_bit_width(K(highest - lowest)) > kTopkCandDigitBits
+                          ? topk_bit_width(K(highest - lowest)) - kTopkCandDigitBits
+                          : 0;
+#pragma unroll
+    for (int i = 0; i < kSamplesPerThread; ++i)
+      if (i * Threads + tid < sample.count) atomicAdd(&hist[0][int((mine[i] - lowest) >> shift)], 1);
+    __syncthreads();
+    const TopkBracketRanks ranks = topk_bracket_ranks(plan.budget, plan.region(), sample.count);
+    const int q = Threads - 1 - tid;  // bins [kBinsPerThread * q, ...): descending bin order by thread
+    int counts[kBinsPerThread], thread_total = 0;
+#pragma unroll
+    for (int j = 0; j < kBinsPerThread; ++j) thread_total += counts[j] = hist[0][kBinsPerThread * q + j];
+    int above = 0;
+    BlockScan(scan_storage).ExclusiveSum(thread_total, above);
+#pragma unroll
+    for (int j = kBinsPerThread - 1; j >= 0; --j) {
+      const int bin = kBinsPerThread * q + j;
+      if (above < ranks.above && above + counts[j] >= ranks.above)
+        s_bracket_top = topk_bin_top(lowest, bin, shift, kKeyMax);
+      if (above < ranks.below && above + counts[j] >= ranks.below) s_bracket_bottom = lowest + (K(bin) << shift);
+      above += counts[j];
+    }
+    __syncthreads();
+    if (ranks.above >= 1) bracket_top = s_bracket_top;
+    if (ranks.below <= sample.count) bracket_bottom = s_bracket_bottom;
+  }
+
+  // ---- the keys go to shared memory, with the pass-0 histogram or (bracket) the list ----
   constexpr int kShift0 = Key::kBits > kTopkCandDigitBits ? Key::kBits - kTopkCandDigitBits : 0;
   constexpr K kMask0 = (K(1) << (Key::kBits - kShift0)) - 1;  // keys have no bits above kBits; be safe
-  auto store_key = [&](int pos, K k) {
-    keys[pos - slice_lo] = k;
-    atomicAdd(&hist[0][int((k >> kShift0) & kMask0)], 1);
+  K* const list = reinterpret_cast<K*>(cand);  // the bracket's list lives where the offsets would
+  const int list_capacity = int(std::size_t(a.plan.slice) * sizeof(std::uint16_t) / sizeof(K));
+  int above_bracket = 0;
+  // Called with warp-uniform trip counts: the list append is warp-aggregated.
+  auto store_key = [&](bool valid, int pos, K k) {
+    if (valid) keys[pos - slice_lo] = k;
+    if (!bracket) {
+      if (valid) atomicAdd(&hist[0][int((k >> kShift0) & kMask0)], 1);
+      return;
+    }
+    above_bracket += valid && k > bracket_top;
+    const bool listed = valid && k <= bracket_top && k >= bracket_bottom;
+    const unsigned m = __ballot_sync(0xffffffffu, listed);
+    if (m == 0u) return;
+    const int leader = __ffs(int(m)) - 1;
+    int slot = 0;
+    if (lane == leader) slot = atomicAdd(&s_cand_count, __popc(m));
+    slot = __shfl_sync(0xffffffffu, slot, leader) + __popc(m & lanes_below);
+    if (listed && slot < list_capacity) list[slot] = k;
   };
   auto store_vector = [&](int v, const uint4& loaded) {
     const T* elems = reinterpret_cast<const T*>(&loaded);
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) {
       const int pos = v * kPerVector + e;
-      if (pos >= lo && pos < hi) store_key(pos, a.key(elems[e], row, pos));
+      const bool valid = v < end_vector && pos >= lo && pos < hi;
+      store_key(valid, pos, valid ? a.key(elems[e], row, pos) : K(0));
     }
   };
 #pragma unroll
-  for (int u = 0; u < kPreloads; ++u) {
-    const int v = first_vector + u * Threads + tid;
-    if (v < end_vector) store_vector(v, pre[u]);
-  }
+  for (int u = 0; u < kPreloads; ++u) store_vector(first_vector + u * Threads + tid, pre[u]);
   // Slices longer than the preloads (fp32 slices over 16K positions): the rest, in the same order.
   for (int base = first_vector + kPreloads * Threads; base < end_vector; base += kPreloads * Threads) {
     uint4 more[kPreloads];
@@ -171,10 +290,7 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
       more[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
     }
 #pragma unroll
-    for (int u = 0; u < kPreloads; ++u) {
-      const int v = base + u * Threads + tid;
-      if (v < end_vector) store_vector(v, more[u]);
-    }
+    for (int u = 0; u < kPreloads; ++u) store_vector(base + u * Threads + tid, more[u]);
   }
   // Scalar tail: the whole slice when rows are not 16-byte aligned, else the part of the last vector
   // past the view's columns.
@@ -190,20 +306,138 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
 #pragma unroll
       for (int j = 0; j < kTopkCandBatch; ++j) {
         const int pos = base + j * Threads + tid;
-        if (pos < hi) store_key(pos, a.key(loaded[j], row, pos));
+        store_key(pos < hi, pos, pos < hi ? a.key(loaded[j], row, pos) : K(0));
       }
     }
   }
 
-  // ---- digit passes ----
+  const int q = Threads - 1 - tid;  // this thread owns bins [kBinsPerThread * q, ... + kBinsPerThread)
+  int need = plan.budget;  // keys still to take from the bucket `prefix` (below: equal to kth)
+  int gt_lower = 0;        // this thread's share of "keys > kth in lower-ranked CTAs"
+  K kth = 0;
+  int eq_lower = 0;        // keys == kth in lower-ranked CTAs
+  bool searched = false;   // kth found through the bracket
+  if (bracket) {
+    // ---- the bracket's second half ----
+    const int warp_above = topk_warp_sum(above_bracket);
+    if (lane == 0 && warp_above != 0) atomicAdd(&s_bracket_above, warp_above);
+    group.sync();  // group barrier 2: every CTA's list and counts are complete
+    int list_from[kMaxGroup], above_total = 0, listed_total = 0, above_lower = 0, listed_lower = 0;
+    bool fits = true;
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r) {
+      const int n_above = r < group_size ? *group.peer(&s_bracket_above, r) : 0;
+      const int n_listed = r < group_size ? *group.peer(&s_cand_count, r) : 0;
+      fits = fits && n_listed <= list_capacity;
+      list_from[r] = listed_total;
+      if (r < rank) {
+        above_lower += n_above;
+        listed_lower += n_listed;
+      }
+      above_total += n_above;
+      listed_total += n_listed;
+    }
+    // Exact, and the same in every CTA: the budget-th key is inside the bracket and the lists fit.
+    searched = fits && listed_total <= a.plan.bracket_capacity && above_total < need &&
+               need <= above_total + listed_total;
+    if (searched) {
+      K* const gathered = reinterpret_cast<K*>(topk_dynamic_smem + std::size_t(a.plan.slice) *
+                                                                         (sizeof(K) + sizeof(std::uint16_t)));
+      for (int base = 0; base < listed_total; base += Threads * kTopkCandBatch) {
+        K batch[kTopkCandBatch];
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j) {
+          const int g = base + j * Threads + tid;
+          int owner = 0, from = 0;  // selects, not an indexed array: list_from stays in registers
+#pragma unroll
+          for (int r = 1; r < kMaxGroup; ++r)
+            if (r < group_size && list_from[r] <= g) {
+              owner = r;
+              from = list_from[r];
+            }
+          batch[j] = g < listed_total ? group.peer(list, owner)[g - from] : K(0);
+        }
+#pragma unroll
+        for (int j = 0; j < kTopkCandBatch; ++j)
+          if (base + j * Threads + tid < listed_total) gathered[base + j * Threads + tid] = batch[j];
+      }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+      // The last reads of a peer's shared memory: peers may leave once everyone has arrived (the
+      // matching wait is at the end of the kernel).
+      __cluster_barrier_arrive();
+#endif
+      for (int b = tid; b < 2 * kTopkCandBins; b += Threads) (&hist[0][0])[b] = 0;
+      __syncthreads();  // the copied list and the zeroed histograms
+      // Digit passes over the copied list alone, on keys relative to the bracket's bottom.
+      const K span = (bracket_top < kKeyMax ? bracket_top : kKeyMax) - bracket_bottom;
+      int prev_shift = topk_bit_width(span);
+      K prefix = 0;
+      need -= above_total;
+#pragma unroll 1
+      for (int pass = 0; prev_shift > 0; ++pass) {
+        const int shift = prev_shift > kTopkCandDigitBits ? prev_shift - kTopkCandDigitBits : 0;
+        const K digit_mask = (K(1) << (prev_shift - shift)) - 1;
+        int* h = hist[pass & 1];
+        for (int g = tid; g < listed_total; g += Threads) {
+          const K rel = K(gathered[g] - bracket_bottom);
+          // The first pass takes every entry (rel >> prev_shift is 0; a shift by the key width is not defined).
+          if (pass == 0 || (rel >> prev_shift) == prefix) atomicAdd(h + int((rel >> shift) & digit_mask), 1);
+        }
+        __syncthreads();
+        int total[kBinsPerThread], thread_total = 0;
+#pragma unroll
+        for (int j = 0; j < kBinsPerThread; ++j) thread_total += total[j] = h[kBinsPerThread * q + j];
+        int above = 0;
+        BlockScan(scan_storage).ExclusiveSum(thread_total, above);
+#pragma unroll
+        for (int j = kBinsPerThread - 1; j >= 0; --j) {
+          if (above < need && above + total[j] >= need) {
+            s_digit = kBinsPerThread * q + j;
+            s_above = above;
+          }
+          above += total[j];
+        }
+        // The other buffer was last read in the previous pass's scan, which every thread finished
+        // before the barrier above.
+        for (int b = tid; b < kTopkCandBins; b += Threads) hist[(pass + 1) & 1][b] = 0;
+        __syncthreads();
+        need -= s_above;
+        prefix = (prefix << (prev_shift - shift)) | K(s_digit);
+        prev_shift = shift;
+      }
+      kth = bracket_bottom + prefix;
+      // The lower ranks' keys above kth and equal to it: their listed keys, plus all their keys above
+      // the bracket. The list is in rank order.
+      int gt = 0, eq = 0;
+      for (int g = tid; g < listed_lower; g += Threads) {
+        gt += gathered[g] > kth;
+        eq += gathered[g] == kth;
+      }
+      gt = topk_warp_sum(gt);
+      eq = topk_warp_sum(eq);
+      if (lane == 0 && (gt | eq) != 0) {
+        atomicAdd(&s_gt_lower_sum, gt);
+        atomicAdd(&s_eq_lower_sum, eq);
+      }
+      __syncthreads();
+      gt_lower = tid == 0 ? above_lower + s_gt_lower_sum : 0;
+      eq_lower = s_eq_lower_sum;
+    } else {
+      // The bracket missed: the exact digit searches below, from a pass-0 histogram of the stored keys.
+      // The peers read this CTA's sample and counts before they arrived at barrier 2, and its list is
+      // nobody's now; s_cand_count is reset once every peer is past pass 0's group barrier.
+      for (int b = tid; b < 2 * kTopkCandBins; b += Threads) (&hist[0][0])[b] = 0;
+      __syncthreads();
+      for (int i = lo + tid; i < hi; i += Threads) atomicAdd(&hist[0][int((keys[i - slice_lo] >> kShift0) & kMask0)], 1);
+    }
+  }
+
+  // ---- digit passes (none when the bracket found kth) ----
   K prefix = 0;  // the known top bits of kth
   int prev_shift = Key::kBits;
-  int need = plan.budget;  // keys still to take from the bucket `prefix`
-  int gt_lower = 0;        // this thread's share of "keys > kth in lower-ranked CTAs"
-  const int q = Threads - 1 - tid;  // this thread owns bins [kBinsPerThread * q, ... + kBinsPerThread)
 
 #pragma unroll 1
-  for (int pass = 0; pass < kPasses; ++pass) {
+  for (int pass = 0; pass < (searched ? 0 : kPasses); ++pass) {
     const int shift = Key::kBits - kTopkCandDigitBits * (pass + 1) > 0 ? Key::kBits - kTopkCandDigitBits * (pass + 1) : 0;
     const K digit_mask = (K(1) << (prev_shift - shift)) - 1;
     int* h = hist[pass & 1];
@@ -249,6 +483,7 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
       }
     }
     group.sync();  // every CTA's histogram of this pass is complete
+    if (pass == 0 && bracket && tid == 0) s_cand_count = 0;  // the peers have read it (see above)
     // The other buffer was last read in the previous pass's search, by this CTA and by every peer
     // before it arrived at the barrier above; pass + 1 fills it after the broadcast barrier below.
     if (pass >= 1 && pass + 1 < kPasses)
@@ -305,8 +540,10 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
     prefix = (prefix << (prev_shift - shift)) | K(digit);
     prev_shift = shift;
   }
-  const K kth = prefix;          // all kBits known
-  const int eq_lower = s_eq_lower;  // keys == kth in lower-ranked CTAs (the last search's)
+  if (!searched) {
+    kth = prefix;            // all kBits known
+    eq_lower = s_eq_lower;   // the last search's
+  }
 
   // ---- ordered output: warp w owns a contiguous run of [lo, hi) ----
   const int per_warp = ((hi - lo + kWarps - 1) / kWarps + 31) / 32 * 32;
