@@ -219,32 +219,60 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
       lowest = s_warp_min[w] < lowest ? s_warp_min[w] : lowest;
       highest = s_warp_max[w] > highest ? s_warp_max[w] : highest;
     }
-    // Bins of width 2^shift from the lowest sampled key: 1025-2048 of them cover the sample's range.
-    const int shift = topk_bit_width(K(highest - lowest)) > kTopkCandDigitBits
-                          ? topk_bit_width(K(highest - lowest)) - kTopkCandDigitBits
-                          : 0;
-#pragma unroll
-    for (int i = 0; i < kSamplesPerThread; ++i)
-      if (i * Threads + tid < sample.count) atomicAdd(&hist[0][int((mine[i] - lowest) >> shift)], 1);
-    __syncthreads();
     const TopkBracketRanks ranks = topk_bracket_ranks(plan.budget, plan.region(), sample.count);
-    const int q = Threads - 1 - tid;  // bins [kBinsPerThread * q, ...): descending bin order by thread
-    int counts[kBinsPerThread], thread_total = 0;
+    // Two rounds over the sample: bins of width 2^shift from the lowest sampled key (1025-2048 of them
+    // cover the sample's range), then the same over the range between the two ends' bins alone. One
+    // round is too coarse when the range spans many binades: a uniform [-1, 1) sample puts the top
+    // eighth of its positive binade in one bin, 6% of the row, which overflows the list at 128K.
+    int skipped = 0;  // samples above the range of this round
+    int round_above = ranks.above, round_below = ranks.below;
+#pragma unroll 1
+    for (int round = 0; round < 2; ++round) {
+      int* const h = hist[0];  // hist[1] holds the published sample
+      const int shift = topk_bit_width(K(highest - lowest)) > kTopkCandDigitBits
+                            ? topk_bit_width(K(highest - lowest)) - kTopkCandDigitBits
+                            : 0;
+      if (round == 1) {
+        for (int b = tid; b < kTopkCandBins; b += Threads) h[b] = 0;
+        __syncthreads();
+      }
 #pragma unroll
-    for (int j = 0; j < kBinsPerThread; ++j) thread_total += counts[j] = hist[0][kBinsPerThread * q + j];
-    int above = 0;
-    BlockScan(scan_storage).ExclusiveSum(thread_total, above);
+      for (int i = 0; i < kSamplesPerThread; ++i)
+        if (i * Threads + tid < sample.count && mine[i] >= lowest && mine[i] <= highest)
+          atomicAdd(&h[int((mine[i] - lowest) >> shift)], 1);
+      __syncthreads();
+      const int q = Threads - 1 - tid;  // bins [kBinsPerThread * q, ...): descending bin order by thread
+      int counts[kBinsPerThread], thread_total = 0;
 #pragma unroll
-    for (int j = kBinsPerThread - 1; j >= 0; --j) {
-      const int bin = kBinsPerThread * q + j;
-      if (above < ranks.above && above + counts[j] >= ranks.above)
-        s_bracket_top = topk_bin_top(lowest, bin, shift, kKeyMax);
-      if (above < ranks.below && above + counts[j] >= ranks.below) s_bracket_bottom = lowest + (K(bin) << shift);
-      above += counts[j];
+      for (int j = 0; j < kBinsPerThread; ++j) thread_total += counts[j] = h[kBinsPerThread * q + j];
+      int above = 0;
+      BlockScan(scan_storage).ExclusiveSum(thread_total, above);
+      above += skipped;
+      // Without an upper end the top bin's top stands in (and is not used); likewise the bottom.
+      if (tid == 0) {
+        s_bracket_top = highest;
+        s_bracket_bottom = lowest;
+        s_above = skipped;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int j = kBinsPerThread - 1; j >= 0; --j) {
+        const int bin = kBinsPerThread * q + j;
+        if (above < round_above && above + counts[j] >= round_above) {
+          s_bracket_top = topk_bin_top(lowest, bin, shift, highest);
+          s_above = above;
+        }
+        if (above < round_below && above + counts[j] >= round_below) s_bracket_bottom = lowest + (K(bin) << shift);
+        above += counts[j];
+      }
+      __syncthreads();
+      highest = s_bracket_top;
+      lowest = s_bracket_bottom;
+      skipped = s_above;
+      __syncthreads();  // s_above and the ends are rewritten in the next round
     }
-    __syncthreads();
-    if (ranks.above >= 1) bracket_top = s_bracket_top;
-    if (ranks.below <= sample.count) bracket_bottom = s_bracket_bottom;
+    if (ranks.above >= 1) bracket_top = highest;
+    if (ranks.below <= sample.count) bracket_bottom = lowest;
   }
 
   // ---- the keys go to shared memory, with the pass-0 histogram or (bracket) the list ----
