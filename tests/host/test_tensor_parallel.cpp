@@ -347,6 +347,10 @@ TEST_CASE("tensor parallel: generate over 2 CPU ranks gives generate's tokens, -
     std::vector<md::HostBackend*> ranks = {&backends[0], &backends[1]};
     md::HostAllReduce comm(2);
     const md::GenerationReport two = md::generate_tensor_parallel(ranks, comm, c, hw, req);
+    CHECK(one.ranks == 1);
+    CHECK(two.ranks == 2);
+    CHECK(one.all_reduce_ms() == 0);  // one rank: no all-reduce; two: timed with the attention (on)
+    CHECK(two.all_reduce_ms() > 0);
     CHECK(two.generated == one.generated);
     CHECK(two.compared == one.compared);
     CHECK(two.top1_agree == one.top1_agree);
