@@ -1,16 +1,19 @@
 // examples/minimal_decoder's tensor parallelism on GPU ranks (one thread per GPU, NCCL all-reduces;
 // engine/tensor_parallel_decoder.hpp, engine/cuda/nccl_all_reduce.hpp): one rank through the
 // tensor-parallel path (NCCL set up over one GPU) gives the unsharded decoder's logits bit for bit,
-// graph-replayed steps included; with two GPUs, two ranks follow one for dense, ClusterAttn and
-// LycheeDecode on a ragged batch (logits within fp32 summation-order tolerance, the same greedy
-// tokens). Without two GPUs the second case says so and checks nothing; without NCCL in the build the
-// file says so.
+// graph-replayed steps included, on host weights and on device-random weights generated per rank;
+// with two GPUs, two ranks follow one for dense, ClusterAttn and LycheeDecode on a ragged batch
+// (logits within fp32 summation-order tolerance, the same greedy tokens). Without two GPUs the
+// second case says so and checks nothing. The device-random shards of 2 and 4 ranks (generated on
+// one GPU, rank by rank) are the slices of the unsharded random weights, bit for bit; that case needs
+// no NCCL, the others say so without it.
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -20,13 +23,100 @@
 
 #include "engine/checkpoint.hpp"
 #include "engine/cuda/cuda_engine.hpp"
+#include "engine/tensor_parallel.hpp"
 #include "support/decoder_test_helpers.hpp"
 
 #ifdef MINIMAL_DECODER_NCCL
 #include "engine/cuda/nccl_all_reduce.hpp"
 #include "engine/tensor_parallel_decoder.hpp"
+#include "engine/tensor_parallel_weights.hpp"
+#endif
 
 namespace md = minimal_decoder;
+
+namespace {
+
+// A device matrix's bf16 values as floats, exactly (a bf16 is the top half of its float's bits).
+std::vector<float> host_matrix(const md::CudaBackend::Matrix& m) {
+  std::vector<std::uint16_t> bits(std::size_t(m.rows) * std::size_t(m.cols));
+  REQUIRE(bits.size() == m.data.size());
+  REQUIRE(cudaMemcpy(bits.data(), m.data.data(), bits.size() * sizeof(std::uint16_t), cudaMemcpyDeviceToHost) == cudaSuccess);
+  std::vector<float> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) {
+    const std::uint32_t f = std::uint32_t(bits[i]) << 16;
+    std::memcpy(&out[i], &f, sizeof f);
+  }
+  return out;
+}
+
+std::vector<float> host_vector(const md::DeviceBuffer<float>& v) {
+  std::vector<float> out(v.size());
+  REQUIRE(cudaMemcpy(out.data(), v.data(), out.size() * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return out;
+}
+
+// Device weights back on the host, in HostWeights' layout (norms included), for shard_weights.
+md::HostWeights host_copy(const md::BackendWeights<md::CudaBackend>& w, bool qk_norm) {
+  md::HostWeights h;
+  h.embed = host_matrix(w.embed);
+  h.lm_head = host_matrix(w.lm_head);
+  h.final_norm = host_vector(w.final_norm);
+  for (const auto& l : w.layers) {
+    md::LayerWeights o;
+    o.attn_norm = host_vector(l.attn_norm);
+    o.mlp_norm = host_vector(l.mlp_norm);
+    if (qk_norm) o.q_norm = host_vector(l.q_norm), o.k_norm = host_vector(l.k_norm);
+    o.wq = host_matrix(l.wq);
+    o.wk = host_matrix(l.wk);
+    o.wv = host_matrix(l.wv);
+    o.wo = host_matrix(l.wo);
+    o.w_gate = host_matrix(l.w_gate);
+    o.w_up = host_matrix(l.w_up);
+    o.w_down = host_matrix(l.w_down);
+    h.layers.push_back(std::move(o));
+  }
+  return h;
+}
+
+// The same bits (not only equal values: a -0 against a +0 fails).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel on GPUs: device-random shards of 2 and 4 ranks are slices of the unsharded weights, bit for bit") {
+  const md::ModelConfig c = md::named_model_config("tiny");  // 2 KV heads: over 4 ranks each on two
+  md::CudaBackend be(0);
+  const md::HostWeights whole = host_copy(md::random_device_weights(be, c, 11), c.qk_norm);
+  for (int n : {2, 4}) {
+    for (int r = 0; r < n; ++r) {
+      INFO("rank ", r, " of ", n);
+      const md::TensorParallelShard s = md::tensor_parallel_shard(c, n, r);
+      const md::HostWeights want = md::shard_weights(whole, c, s);
+      const md::HostWeights got = host_copy(md::random_device_weights(be, c, 11, s), c.qk_norm);
+      CHECK(same_bits(got.embed, want.embed));
+      CHECK(same_bits(got.lm_head, want.lm_head));
+      CHECK(same_bits(got.final_norm, want.final_norm));
+      REQUIRE(got.layers.size() == want.layers.size());
+      for (std::size_t l = 0; l < got.layers.size(); ++l) {
+        INFO("layer ", l);
+        const md::LayerWeights &g = got.layers[l], &w = want.layers[l];
+        CHECK(same_bits(g.attn_norm, w.attn_norm));
+        CHECK(same_bits(g.mlp_norm, w.mlp_norm));
+        CHECK(same_bits(g.wq, w.wq));
+        CHECK(same_bits(g.wk, w.wk));
+        CHECK(same_bits(g.wv, w.wv));
+        CHECK(same_bits(g.wo, w.wo));
+        CHECK(same_bits(g.w_gate, w.w_gate));
+        CHECK(same_bits(g.w_up, w.w_up));
+        CHECK(same_bits(g.w_down, w.w_down));
+      }
+    }
+  }
+}
+
+#ifdef MINIMAL_DECODER_NCCL
 
 namespace {
 
@@ -84,6 +174,55 @@ TEST_CASE("tensor parallel on GPUs: one rank through the tensor-parallel path is
     }
     CHECK(got == want);
   }
+}
+
+TEST_CASE("tensor parallel on GPUs: one rank on device-random weights generated for its shard is the decoder, bit for bit") {
+  // The weights --tp N --random llama3-8b runs on (each rank generates its shard on its GPU), at the
+  // tiny shape: one rank's "shard" is the whole model, generated the unsharded way.
+  const md::ModelConfig c = md::named_model_config("tiny");
+  const auto prompts = decoder_test::random_prompts({70, 41, 9}, c.vocab_size, 46);
+  md::CudaBackend plain_be(0);
+  const md::BackendWeights<md::CudaBackend> weights = md::random_device_weights(plain_be, c, 45);
+  md::CudaBackend rank_be(0);
+  std::vector<md::CudaBackend*> ranks = {&rank_be};
+  md::NcclAllReduce comm(ranks);
+  const md::TensorParallelWeights<md::CudaBackend> shards(
+      ranks, c, [&](const md::CudaBackend& be, const md::TensorParallelShard& s) { return md::random_device_weights(be, c, 45, s); });
+  for (bool graph : {true, false}) {
+    INFO("graph steps ", graph);
+    plain_be.make_current();
+    md::Decoder<md::CudaBackend> plain(plain_be, c, weights, md::PolicyOptions(), tp_limits());
+    plain.set_graph_steps(graph);
+    plain.set_attention_timing(false);
+    md::TensorParallelDecoder<md::CudaBackend, md::NcclAllReduce> tp(comm, shards, md::PolicyOptions(), tp_limits());
+    tp.set_graph_steps(graph);
+    tp.set_attention_timing(false);
+    std::vector<float> want = plain.prefill(prompts), got = tp.prefill(prompts);
+    for (int step = 0; step < 16; ++step) {
+      REQUIRE(got == want);
+      std::vector<std::int32_t> next;
+      for (int b = 0; b < 3; ++b) next.push_back(argmax(want.data() + std::int64_t(b) * c.vocab_size, c.vocab_size));
+      want = plain.decode(next);
+      got = tp.decode(next);
+    }
+    CHECK(got == want);
+  }
+  // And through the decode loop the command line runs (generate_tensor_parallel over the shards, the
+  // --check reference sharing them): generate's tokens and logits.
+  md::GenerationRequest req;
+  req.prompts = prompts;
+  req.new_tokens = 12;
+  req.prefill_chunk = 16;
+  req.keep_logits = true;
+  req.check = true;
+  req.time_attention = false;
+  const md::GenerationReport one = md::generate(plain_be, c, weights, req);
+  const md::GenerationReport tp = md::generate_tensor_parallel(comm, shards, req);
+  CHECK(tp.ranks == 1);
+  CHECK(tp.generated == one.generated);
+  CHECK(tp.prefill_logits == one.prefill_logits);
+  CHECK(tp.step_logits == one.step_logits);
+  CHECK(tp.top1_agree == tp.compared);
 }
 
 TEST_CASE("tensor parallel on GPUs: two ranks decode like one (dense, ClusterAttn, LycheeDecode)") {

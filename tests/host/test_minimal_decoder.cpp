@@ -682,6 +682,13 @@ TEST_CASE("minimal decoder: --soak scans every logits vector, measures memory wh
 TEST_CASE("minimal decoder: --tp parses, and says what it cannot run with") {
   CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--device", "cpu", "--tp", "2"}).tp == 2);
   CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40"}).tp == 1);
+  // --tp given, even --tp 1, takes the tensor-parallel path; without it the unsharded decoder runs.
+  CHECK_FALSE(md::parse_options({"--random", "tiny", "--random-prompts", "40"}).tensor_parallel);
+  CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--device", "cpu", "--tp", "1"}).tensor_parallel);
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--device", "cpu", "--tp", "1", "--compare"}),
+                       "--tp 1 generates; --profile and --compare run one rank");
+  CHECK_ERROR_CONTAINS(md::parse_options({"--random", "tiny", "--eval-passkey", "p.txt", "--device", "cpu", "--tp", "2"}),
+                       "--tp 2: the passkey tools run one rank; drop --tp");
 #ifdef MINIMAL_DECODER_NCCL
   // GPU ranks exist in this build: the device is chosen at run time (--device auto or gpu).
   CHECK(md::parse_options({"--random", "tiny", "--random-prompts", "40", "--tp", "2"}).tp == 2);

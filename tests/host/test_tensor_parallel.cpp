@@ -2,7 +2,9 @@
 // arithmetic on the llama3-8b shape and its errors; sharded weights reassemble into the model's; and
 // a TensorParallelDecoder over 2 and 4 ranks (4: each KV head replicated on two ranks) against the
 // unsharded decoder on the same prompts, for dense, ClusterAttn and LycheeDecode, a ragged batch:
-// logits within fp32 summation-order tolerance and the same greedy tokens over 32 steps.
+// logits within fp32 summation-order tolerance and the same greedy tokens over 32 steps. The device
+// random weights' layout (random_device_layout.hpp): a rank's blocks are the slices shard_weights
+// takes, at the unsharded streams and scales, and one rank's layout is the unsharded generator's.
 
 #include <doctest/doctest.h>
 
@@ -15,6 +17,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/host_all_reduce.hpp"
 #include "engine/host_engine.hpp"
+#include "engine/random_device_layout.hpp"
 #include "engine/tensor_parallel.hpp"
 #include "engine/tensor_parallel_decoder.hpp"
 #include "support/decoder_test_helpers.hpp"
@@ -125,6 +128,106 @@ TEST_CASE("tensor parallel: the ranks' weights reassemble into the model's") {
         REQUIRE(parts[std::size_t(r)].layers[2].w_down[std::size_t(row) * s.intermediate + j] ==
                 w.layers[2].w_down[std::size_t(row) * I + s.first_intermediate + j]);
     }
+}
+
+namespace {
+
+// Host weights of `c` whose every element is its own flat index in its tensor (exact in float for
+// tensors below 2^24 elements), the norms ones: what shard_weights keeps of them names the positions.
+md::HostWeights index_weights(const md::ModelConfig& c) {
+  auto indices = [](std::int64_t n) {
+    REQUIRE(n < (std::int64_t(1) << 24));
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[std::size_t(i)] = float(i);
+    return v;
+  };
+  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  md::HostWeights w;
+  w.embed = indices(V * H);
+  w.lm_head = w.embed;  // tied or not, the same positions
+  w.final_norm.assign(std::size_t(H), 1.f);
+  w.layers.resize(std::size_t(c.num_layers));
+  for (md::LayerWeights& l : w.layers) {
+    l.attn_norm = l.mlp_norm = w.final_norm;
+    l.wq = indices(c.q_dim() * H);
+    l.wk = l.wv = indices(c.kv_dim() * H);
+    l.wo = indices(H * c.q_dim());
+    l.w_gate = l.w_up = indices(I * H);
+    l.w_down = indices(H * I);
+  }
+  return w;
+}
+
+// A rank's random tensor against the unsharded one and the slice shard_weights took of the index
+// weights: the same stream and scale, and element i drawn at the full tensor's index slice[i]. The
+// kernel's draw is a function of (stream, index) alone (cuda_kernels.cuh, hashed_normal), so equal
+// streams and indices are equal values.
+void check_block(const char* name, const md::RandomTensor& mine, const md::RandomTensor& whole,
+                 const std::vector<float>& slice, std::int64_t rows, std::int64_t cols) {
+  INFO(name);
+  CHECK(mine.seed == whole.seed);
+  CHECK(mine.scale == whole.scale);
+  CHECK(mine.block.rows == rows);
+  CHECK(mine.block.cols == cols);
+  std::vector<float> drawn_at(static_cast<std::size_t>(mine.block.elements()));
+  for (std::size_t i = 0; i < drawn_at.size(); ++i) drawn_at[i] = float(mine.block.global_index(std::int64_t(i)));
+  CHECK(drawn_at == slice);
+}
+
+}  // namespace
+
+TEST_CASE("tensor parallel: a rank's device-random blocks are its slices of the unsharded tensors") {
+  CHECK(md::TensorBlock::col_range(3, 10, 4, 2).global_index(3) == 1 * 10 + 4 + 1);  // row 1, column 4 + 1
+  CHECK(md::TensorBlock::row_range(2, 3, 7).global_index(8) == (2 + 1) * 7 + 1);
+  md::ModelConfig tied = small_config();
+  tied.tie_word_embeddings = true;
+  for (const md::ModelConfig& c : {md::named_model_config("tiny"), small_config(), tied}) {
+    CAPTURE(c.vocab_size);
+    CAPTURE(c.tie_word_embeddings);
+    const std::uint64_t seed = 7;
+    const md::RandomDeviceLayout whole = md::random_device_layout(c, seed, md::tensor_parallel_shard(c, 1, 0));
+    // One rank is the unsharded generator (the numbers of --random llama3-8b without --tp): one
+    // stream per matrix, in order, from seed * 0x100000001b3; whole matrices (element i at index i);
+    // 1 / sqrt(fan_in) but the embedding.
+    std::uint64_t stream = seed * 0x100000001b3ull;
+    CHECK(whole.embed.seed == ++stream);
+    CHECK(whole.embed.scale == 1.f);
+    CHECK(whole.lm_head.seed == (c.tie_word_embeddings ? stream : ++stream));
+    CHECK(whole.lm_head.scale == (c.tie_word_embeddings ? 1.f : 1.f / std::sqrt(float(c.hidden_size))));
+    for (const auto& l : whole.layers)
+      for (const md::RandomTensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        CHECK(t->seed == ++stream);
+        CHECK(t->scale == 1.f / std::sqrt(float(t->block.cols)));
+        CHECK((t->block.row0 == 0 && t->block.col0 == 0 && t->block.cols == t->block.full_cols));
+      }
+    const md::HostWeights iw = index_weights(c);
+    for (int n : {1, 2, 4}) {
+      for (int r = 0; r < n; ++r) {
+        CAPTURE(n);
+        CAPTURE(r);
+        const md::TensorParallelShard s = md::tensor_parallel_shard(c, n, r);
+        const md::ModelConfig local = s.config(c);
+        const md::RandomDeviceLayout mine = md::random_device_layout(c, seed, s);
+        const md::HostWeights sliced = md::shard_weights(iw, c, s);
+        const std::int64_t H = c.hidden_size, Q = local.q_dim(), K = local.kv_dim(), I = local.intermediate_size;
+        check_block("embed", mine.embed, whole.embed, sliced.embed, c.vocab_size, H);
+        check_block("lm_head", mine.lm_head, whole.lm_head, sliced.lm_head, s.vocab, H);
+        REQUIRE(mine.layers.size() == whole.layers.size());
+        for (std::size_t l = 0; l < mine.layers.size(); ++l) {
+          CAPTURE(l);
+          const auto &m = mine.layers[l], &w = whole.layers[l];
+          const md::LayerWeights& x = sliced.layers[l];
+          check_block("wq", m.wq, w.wq, x.wq, Q, H);
+          check_block("wk", m.wk, w.wk, x.wk, K, H);
+          check_block("wv", m.wv, w.wv, x.wv, K, H);
+          check_block("wo", m.wo, w.wo, x.wo, H, Q);
+          check_block("w_gate", m.w_gate, w.w_gate, x.w_gate, I, H);
+          check_block("w_up", m.w_up, w.w_up, x.w_up, I, H);
+          check_block("w_down", m.w_down, w.w_down, x.w_down, H, I);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("tensor parallel: 2 and 4 CPU ranks decode like one (dense, ClusterAttn, LycheeDecode; 4 ranks dense)") {
@@ -244,6 +347,10 @@ TEST_CASE("tensor parallel: generate over 2 CPU ranks gives generate's tokens, -
     std::vector<md::HostBackend*> ranks = {&backends[0], &backends[1]};
     md::HostAllReduce comm(2);
     const md::GenerationReport two = md::generate_tensor_parallel(ranks, comm, c, hw, req);
+    CHECK(one.ranks == 1);
+    CHECK(two.ranks == 2);
+    CHECK(one.all_reduce_ms() == 0);  // one rank: no all-reduce; two: timed with the attention (on)
+    CHECK(two.all_reduce_ms() > 0);
     CHECK(two.generated == one.generated);
     CHECK(two.compared == one.compared);
     CHECK(two.top1_agree == one.top1_agree);

@@ -19,6 +19,7 @@
 #include "engine/host_engine.hpp"
 #include "engine/median.hpp"
 #include "engine/tensor_parallel_decoder.hpp"
+#include "engine/tensor_parallel_weights.hpp"
 #include "tools/output_file.hpp"
 #include "tools/passkey_tools.hpp"
 #include "tools/progress.hpp"
@@ -87,14 +88,18 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     std::printf("decode: %zu steps x %d sequence(s): %.1f tokens/s, %.2f ms/step", steps, sequences,
                 tokens / (ms / 1e3), ms / double(steps));
     if (req.time_attention) std::printf(" (attention %.0f%%)", 100.0 * r.attention_ms() / ms);
+    // Rank 0's all-reduces, timed like the attention (waits for the slowest rank included).
+    if (req.time_attention && r.ranks > 1) std::printf(" (all-reduce %.0f%%)", 100.0 * r.all_reduce_ms() / ms);
     std::printf("\n");
     // Roofline: the bytes a step must read over the bandwidth, against the median step (the first
-    // step also records the CUDA graph, so the mean would charge that to every step).
+    // step also records the CUDA graph, so the mean would charge that to every step). N ranks read
+    // their shares at once, each at the bandwidth (bytes are the ranks' sum).
     const double step_ms = md::median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
-    const double floor_ms = gb / roofline_tbps;  // GB / (TB/s) = ms
-    std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %.2f TB/s = %.3f ms; median step %.3f ms"
+    const double floor_ms = gb / (roofline_tbps * r.ranks);  // GB / (TB/s) = ms
+    const std::string ranks = r.ranks > 1 ? std::to_string(r.ranks) + " x " : "";
+    std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %s%.2f TB/s = %.3f ms; median step %.3f ms"
                 " = %.1f%% of the roofline\n",
-                gb, roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
+                gb, ranks.c_str(), roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
   }
   std::printf("KV cache (%s, %s", md::kv_layout_name(req.kv_layout), md::kv_dtype_name(req.kv_dtype));
   if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
@@ -224,21 +229,20 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
 }
 
 // --tp N: the same generation over N ranks, one thread each (engine/tensor_parallel_decoder.hpp):
-// `ranks` are the ranks' backends (CPU backends, or one CudaBackend per GPU), `comm` their all-reduce.
+// `weights` are the ranks' shards on their backends (CPU backends, or one CudaBackend per GPU),
+// `comm` their all-reduce.
 template <class Backend, class Comm>
-int run_tensor_parallel(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights,
-                        const std::vector<Backend*>& ranks, Comm& comm) {
-  if (o.passkey_tool()) throw md::DecoderError("--tp " + std::to_string(o.tp) + ": the passkey tools run one rank; drop --tp");
+int run_tensor_parallel(const md::Options& o, const md::TensorParallelWeights<Backend>& weights, Comm& comm) {
   std::size_t bad_at = 0;
-  md::GenerationRequest req = make_request(o, config, &bad_at);
-  const md::TensorParallelShard s0 = md::tensor_parallel_shard(config, o.tp, 0);
-  std::printf("tensor parallel: %d ranks (%s), %d q / %d KV heads and %d MLP columns each%s\n", o.tp, ranks[0]->name(),
-              s0.q_heads, s0.kv_heads, s0.intermediate,
+  md::GenerationRequest req = make_request(o, weights.full_config(), &bad_at);
+  const md::TensorParallelShard& s0 = weights.shard(0);
+  std::printf("tensor parallel: %d rank(s) (%s), %d q / %d KV heads and %d MLP columns each%s\n", o.tp,
+              weights.backend(0).name(), s0.q_heads, s0.kv_heads, s0.intermediate,
               s0.kv_replicas > 1 ? (", each KV head on " + std::to_string(s0.kv_replicas) + " ranks").c_str() : "");
   std::printf("policy: %s\n", req.policy.describe().c_str());
   md::ProgressBar bar(!o.quiet);
   req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
-  const md::GenerationReport r = md::generate_tensor_parallel(ranks, comm, config, host_weights, req);
+  const md::GenerationReport r = md::generate_tensor_parallel(comm, weights, req);
   bar.finish();
   return finish_generation(o, req, r, bad_at);
 }
@@ -248,12 +252,16 @@ int run_tensor_parallel_cpu(const md::Options& o, const md::ModelConfig& config,
   std::vector<md::HostBackend*> ranks;
   for (auto& be : backends) ranks.push_back(&be);
   md::HostAllReduce comm(o.tp);
-  return run_tensor_parallel(o, config, host_weights, ranks, comm);
+  const md::TensorParallelWeights<md::HostBackend> weights(ranks, config, host_weights);
+  return run_tensor_parallel(o, weights, comm);
 }
 
 #ifdef MINIMAL_DECODER_NCCL
-// GPUs 0 .. N-1, one rank each.
-int run_tensor_parallel_gpu(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {
+// GPUs 0 .. N-1, one rank each. Without host weights (device_random: --random llama3-8b) each rank
+// generates its own shard of the random model on its GPU (random_device_weights with the shard), the
+// values the unsharded model has there; with them, each rank's slice is uploaded.
+int run_tensor_parallel_gpu(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights,
+                            bool device_random) {
   int count = 0;
   md::cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
   if (count < o.tp)
@@ -266,7 +274,14 @@ int run_tensor_parallel_gpu(const md::Options& o, const md::ModelConfig& config,
     ranks.push_back(backends.back().get());
   }
   md::NcclAllReduce comm(ranks);
-  return run_tensor_parallel(o, config, host_weights, ranks, comm);
+  using Weights = md::TensorParallelWeights<md::CudaBackend>;
+  const Weights weights =
+      device_random ? Weights(ranks, config,
+                              [&](const md::CudaBackend& be, const md::TensorParallelShard& s) {
+                                return md::random_device_weights(be, config, o.seed, s);
+                              })
+                    : Weights(ranks, config, host_weights);
+  return run_tensor_parallel(o, weights, comm);
 }
 #endif
 
@@ -320,13 +335,8 @@ int main(int argc, char** argv) {
                 double(c.parameter_count()) / 1e6, c.qk_norm ? ", q/k norm" : "");
 #ifdef MINIMAL_DECODER_CUDA
 #ifdef MINIMAL_DECODER_NCCL
-    if (gpu && o.tp > 1) {  // without NCCL, parse_options refused --tp on a GPU
-      // The ranks slice the host weights; llama3-8b's random weights are made on one GPU only.
-      if (device_random)
-        throw md::DecoderError("--tp " + std::to_string(o.tp) + " slices host weights: --random " + o.random_shape +
-                               " is generated on a GPU instead; use a checkpoint (--model) or a smaller shape");
-      return run_tensor_parallel_gpu(o, c, ck.weights);
-    }
+    // Without NCCL, parse_options refused --tp on a GPU.
+    if (gpu && o.tensor_parallel) return run_tensor_parallel_gpu(o, c, ck.weights, device_random);
 #endif
     if (gpu) {
       md::CudaBackend be;
@@ -337,7 +347,7 @@ int main(int argc, char** argv) {
     }
 #endif
     (void)device_random;
-    if (o.tp > 1) return run_tensor_parallel_cpu(o, c, ck.weights);
+    if (o.tensor_parallel) return run_tensor_parallel_cpu(o, c, ck.weights);
     md::HostBackend be;
     std::printf("backend: %s\n", be.name());
     std::fflush(stdout);

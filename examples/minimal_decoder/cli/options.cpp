@@ -103,8 +103,8 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_flag("--no-graph", p.no_graph, "with --no-attention-timing: launch every kernel of every step (no CUDA graph)")
       ->group(g);
-  app.add_option("--roofline-tbps", o.roofline_tbps, "memory bandwidth for the roofline line of the report, TB/s (4.45: "
-                 "the H200's measured streaming-read ceiling, docs/performance.md)")
+  app.add_option("--roofline-tbps", o.roofline_tbps, "memory bandwidth for the roofline line of the report, TB/s per GPU "
+                 "(4.45: the H200's measured streaming-read ceiling, docs/performance.md; --tp N: N times it)")
       ->check(in_range(1e-3, 1e3))->capture_default_str()->group(g);
 
   g = "policy";
@@ -151,7 +151,8 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->check(CLI::IsMember({"auto", "cpu", "gpu"}))->capture_default_str()->group(g);
   app.add_option("--tp", o.tp, "tensor parallelism over N ranks (Megatron-style: heads and MLP columns split, two "
                  "all-reduces per layer, vocabulary-parallel LM head), one thread per rank: GPUs 0 .. N-1 over NCCL, or "
-                 "CPU ranks with --device cpu")
+                 "CPU ranks with --device cpu; --random llama3-8b: each GPU generates its own shard. --tp 1 runs the "
+                 "tensor-parallel path with one rank (without --tp: the unsharded decoder)")
       ->check(at_least(1))->capture_default_str()->group(g);
   app.add_flag("--quiet", o.quiet, "no progress bar, no per-sequence output")->group(g);
   app.add_flag("--profile", o.profile, "after the prefill, time the parts of the next decode step alone (weights, "
@@ -234,6 +235,7 @@ void check_combinations(const Options& o) {
   const int sources = int(!o.prompts.empty()) + int(!o.prompt_file.empty()) + int(!o.random_prompt_lengths.empty());
   if (o.passkey_tool()) {
     const PasskeyToolOptions& pk = o.passkey;
+    if (o.tensor_parallel) throw DecoderError("--tp " + std::to_string(o.tp) + ": the passkey tools run one rank; drop --tp");
     if (o.profile) throw DecoderError("--profile times a decode step of the prompts given; drop the passkey tool");
     if (sources != 0 || o.compare || o.generation.check)
       throw DecoderError("the passkey tools read their own prompt file; drop the prompt source, --check and --compare");
@@ -258,10 +260,10 @@ void check_combinations(const Options& o) {
   if (o.soak_bad_request && !o.generation.soak) throw DecoderError("--soak-bad-request is part of --soak: add --soak");
   if (o.generation.synthetic_prefill && (o.generation.check || o.compare))
     throw DecoderError("--synthetic-prefill fills the caches with noise: --check/--compare have nothing to compare");
-  if (o.tp > 1 && (o.profile || o.compare))
+  if (o.tensor_parallel && (o.profile || o.compare))
     throw DecoderError("--tp " + std::to_string(o.tp) + " generates; --profile and --compare run one rank: drop them or --tp");
 #ifndef MINIMAL_DECODER_NCCL
-  if (o.tp > 1 && o.device != DeviceChoice::kCpu)
+  if (o.tensor_parallel && o.device != DeviceChoice::kCpu)
     throw DecoderError("--tp " + std::to_string(o.tp) + " on GPUs needs NCCL, which this build did not find: add --device cpu "
                        "for CPU ranks, or install NCCL and configure again");
 #endif
@@ -294,6 +296,7 @@ Options parse_options(const std::vector<std::string>& args) {
   o.generation.kv_layout = p.kv_layout == "paged" ? KvLayout::kPaged : KvLayout::kContiguous;
   o.generation.kv_dtype = p.kv_dtype == "fp8" ? KvDtype::kFp8 : KvDtype::kNative;
   o.device = p.device == "cpu" ? DeviceChoice::kCpu : p.device == "gpu" ? DeviceChoice::kGpu : DeviceChoice::kAuto;
+  o.tensor_parallel = app.count("--tp") > 0;
   o.generation.policy.kind = parse_policy(p.policy);
   o.generation.policy.compression.pool.kind = p.pool == "avg" ? kvsift::PoolKind::kAvg : kvsift::PoolKind::kMax;
   for (const std::string& word : p.eval_clusterattn) o.passkey.eval_clusterattn.push_back(theta_num_block(word));

@@ -38,8 +38,11 @@ struct Options {
   std::string output_ids;
   DeviceChoice device = DeviceChoice::kAuto;
   // --tp N: tensor parallelism over N ranks (engine/tensor_parallel_decoder.hpp), one thread per
-  // rank: GPUs 0 .. N-1 (NCCL), or CPU ranks with --device cpu.
+  // rank: GPUs 0 .. N-1 (NCCL), or CPU ranks with --device cpu. tensor_parallel: --tp was given (--tp
+  // 1 included: one rank through the tensor-parallel path, the unsharded decoder's numbers, for
+  // measuring the path itself); without it the unsharded decoder runs.
   int tp = 1;
+  bool tensor_parallel = false;
   bool quiet = false;
   bool help = false;
   std::string help_text;  // what --help prints

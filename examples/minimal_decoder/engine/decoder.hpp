@@ -112,8 +112,9 @@ struct DecoderRank {
 };
 
 // Where the time of the last call went (wall clock; a GPU backend must synchronise in synchronize() for this to be right).
+// all_reduce_ms: a tensor-parallel rank's all-reduces, timed like the attention (with it, and 0 without).
 struct StepTiming {
-  double total_ms = 0, attention_ms = 0;
+  double total_ms = 0, attention_ms = 0, all_reduce_ms = 0;
 };
 
 template <class Backend>
@@ -392,7 +393,8 @@ class Decoder {
   // On: with the attention timing off and no query tap, decode steps (not LycheeDecode's correction
   // steps) are recorded into a CUDA graph once per prefill and replayed (CUDA backend; no effect on the host).
   void set_graph_steps(bool on) { graph_steps_ = on; }
-  // Off: no synchronisation around kvsift's calls and an attention share of 0 (speed benchmarks).
+  // Off: no synchronisation around kvsift's calls (or a rank's all-reduces) and an attention share of
+  // 0 (speed benchmarks).
   void set_attention_timing(bool on) { time_attention_ = on; }
   const std::vector<int>& cache_lengths() const { return cache_len_; }
   int batch() const { return batch_; }
@@ -649,10 +651,11 @@ class Decoder {
     return logits;
   }
 
-  // Runs `f` and adds its wall time to the step's attention share. The synchronisations around it
-  // keep a GPU from running ahead of the host, so speed runs turn the measurement off.
+  // Runs `f` and adds its wall time to the step's attention share (or to `*into`). The
+  // synchronisations around it keep a GPU from running ahead of the host, so speed runs turn the
+  // measurement off.
   template <class F>
-  void timed(F&& f) {
+  void timed(F&& f, double* into = nullptr) {
     if (!time_attention_) {
       f();
       return;
@@ -661,7 +664,13 @@ class Decoder {
     const double t0 = be_.now_ms();
     f();
     be_.synchronize();
-    timing_.attention_ms += be_.now_ms() - t0;
+    *(into ? into : &timing_.attention_ms) += be_.now_ms() - t0;
+  }
+
+  // A tensor-parallel rank's sum of the ranks' partial outputs, timed with the attention (the time
+  // includes the wait for the slowest rank).
+  void all_reduce(float* data, std::int64_t n) {
+    if (rank_.ranks > 1) timed([&] { rank_.all_reduce(data, n); }, &timing_.all_reduce_ms);
   }
 
   // One token of one KV head, K or V: head_dim elements, and for fp8 its float scale.
@@ -809,11 +818,11 @@ class Decoder {
     });
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
-    if (rank_.ranks > 1) rank_.all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
+    all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
     be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
     be_.linear_shared_input(h_.data(), n, {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
     be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
-    if (rank_.ranks > 1) rank_.all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel down
+    all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel down
     if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
   }
 

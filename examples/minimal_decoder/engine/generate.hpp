@@ -23,7 +23,7 @@ struct GenerationReport {
   std::vector<std::vector<float>> step_logits;       // [step][batch, vocab] when keep_logits
   double prefill_ms = 0;
   long long prompt_tokens = 0;
-  std::vector<double> step_ms, step_attention_ms;
+  std::vector<double> step_ms, step_attention_ms, step_all_reduce_ms;
   std::vector<double> step_bytes;  // Decoder::step_bytes of each step: the roofline's bytes
   std::int64_t kv_bytes_used = 0, kv_bytes_allocated = 0;
   // --check: over every (step, sequence) of the decode steps
@@ -38,6 +38,7 @@ struct GenerationReport {
   int first_nonfinite_step = -1;
   int memory_warmup_steps = 0;
   std::int64_t memory_after_warmup = -1, memory_at_end = -1;
+  int ranks = 1;  // tensor-parallel ranks that ran the model (generate_tensor_parallel), 1 for generate
 
   // Sequences that ran: the batch less the rejected prompts.
   int sequences_run() const {
@@ -58,6 +59,11 @@ struct GenerationReport {
   double attention_ms() const {
     double s = 0;
     for (double x : step_attention_ms) s += x;
+    return s;
+  }
+  double all_reduce_ms() const {  // rank 0's all-reduces (timed with the attention; 0 for one rank)
+    double s = 0;
+    for (double x : step_all_reduce_ms) s += x;
     return s;
   }
 };
@@ -210,6 +216,7 @@ GenerationReport generate_batch(MakeModel&& make_model, MemoryInUse&& memory_in_
     if (req.soak && step + 1 == r.memory_warmup_steps) r.memory_after_warmup = memory_in_use();
     r.step_ms.push_back(model.timing().total_ms);
     r.step_attention_ms.push_back(model.timing().attention_ms);
+    r.step_all_reduce_ms.push_back(model.timing().all_reduce_ms);
     r.step_bytes.push_back(double(model.step_bytes()));
     if (req.keep_logits) r.step_logits.push_back(logits);
     if (dense) {

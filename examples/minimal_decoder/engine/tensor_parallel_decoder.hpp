@@ -1,14 +1,14 @@
 #pragma once
 // A decoder sharded over N ranks (engine/tensor_parallel.hpp): one Decoder per rank, each on its own
-// backend with its shard's config, weights and policy options, run by one thread per rank in
-// lockstep; the ranks' all-reduces go through `Comm` (HostAllReduce for CPU ranks). prefill and
-// decode return the full logits, [B, vocab_size]: the ranks' LM-head slices side by side. It has the
-// members of Decoder that the decode loop (generate.hpp) uses, so generate_tensor_parallel below
-// runs the same loop over it.
+// backend with its shard's config, weights (TensorParallelWeights) and policy options, run by one
+// thread per rank in lockstep; the ranks' all-reduces go through `Comm` (HostAllReduce for CPU ranks).
+// prefill and decode return the full logits, [B, vocab_size]: the ranks' LM-head slices side by
+// side. It has the members of Decoder that the decode loop (generate.hpp) uses, so
+// generate_tensor_parallel below runs the same loop over it.
 //
-// One thread per rank, not one process: the ranks share the host weights they are sliced from and
-// the prompts, and a test compares them with an unsharded decoder in the same process. With N = 1 the
-// same path runs one Decoder and no all-reduce.
+// One thread per rank, not one process: the ranks share the host weights they are sliced from (or
+// each generates its own shard on its device) and the prompts, and a test compares them with an
+// unsharded decoder in the same process. With N = 1 the same path runs one Decoder and no all-reduce.
 
 #include <cstdint>
 #include <exception>
@@ -19,51 +19,39 @@
 #include "engine/decoder.hpp"
 #include "engine/generate.hpp"
 #include "engine/tensor_parallel.hpp"
+#include "engine/tensor_parallel_weights.hpp"
 
 namespace minimal_decoder {
 
 template <class Backend, class Comm>
 class TensorParallelDecoder {
  public:
+  // Over `weights`' ranks and backends (the weights and `comm`, of as many ranks, outlive this object).
+  TensorParallelDecoder(Comm& comm, const TensorParallelWeights<Backend>& weights, const PolicyOptions& policy,
+                        const DecoderLimits& limits)
+      : TensorParallelDecoder(comm, nullptr, &weights, policy, limits) {}
   // One backend per rank and a communicator of as many ranks (both outlive this object); `weights` are
-  // the full model's.
+  // the full model's, sliced and uploaded here for this decoder alone.
   TensorParallelDecoder(const std::vector<Backend*>& backends, Comm& comm, const ModelConfig& full, const HostWeights& weights,
                         const PolicyOptions& policy, const DecoderLimits& limits)
-      : full_(full), ranks_(int(backends.size())), comm_(comm) {
-    if (ranks_ < 1) throw DecoderError("tensor parallelism needs at least one rank");
-    for (int r = 0; r < ranks_; ++r) {
-      backends[std::size_t(r)]->make_current();  // the rank's buffers go to its device
-      backends_.push_back(backends[std::size_t(r)]);
-      shards_.push_back(tensor_parallel_shard(full, ranks_, r));
-      configs_.push_back(std::make_unique<ModelConfig>(shards_.back().config(full)));
-      weights_.push_back(std::make_unique<BackendWeights<Backend>>(*backends[std::size_t(r)], *configs_.back(),
-                                                                   shard_weights(weights, full, shards_.back())));
-      DecoderRank rank;
-      rank.rank = r;
-      rank.ranks = ranks_;
-      if (ranks_ > 1) rank.all_reduce = [this, r](float* data, std::int64_t n) { comm_.all_reduce(r, data, n); };
-      decoders_.push_back(std::make_unique<Decoder<Backend>>(*backends[std::size_t(r)], *configs_.back(), *weights_.back(),
-                                                             shard_policy(policy, full, shards_.back()), limits,
-                                                             std::move(rank)));
-    }
-  }
+      : TensorParallelDecoder(comm, std::make_unique<TensorParallelWeights<Backend>>(backends, full, weights), nullptr, policy,
+                              limits) {}
 
-  // Each rank's decoder and weights are freed on its own device.
+  // Each rank's decoder is freed on its own device (then owned weights, likewise).
   ~TensorParallelDecoder() {
     for (int r = ranks_ - 1; r >= 0; --r) {
       try {
-        backends_[std::size_t(r)]->make_current();
+        weights_.backend(r).make_current();
       } catch (...) {  // a destructor must not throw; the frees below then run on the current device
       }
       decoders_[std::size_t(r)].reset();
-      weights_[std::size_t(r)].reset();
     }
   }
   TensorParallelDecoder(const TensorParallelDecoder&) = delete;
   TensorParallelDecoder& operator=(const TensorParallelDecoder&) = delete;
 
   int ranks() const { return ranks_; }
-  const TensorParallelShard& shard(int r) const { return shards_[std::size_t(r)]; }
+  const TensorParallelShard& shard(int r) const { return weights_.shard(r); }
   Decoder<Backend>& rank_decoder(int r) { return *decoders_[std::size_t(r)]; }
 
   // Decoder's calls, on every rank; the progress of a prefill is rank 0's.
@@ -103,7 +91,7 @@ class TensorParallelDecoder {
   std::vector<std::vector<float>> on_every_rank(F&& f) {
     std::vector<std::vector<float>> out(static_cast<std::size_t>(ranks_));
     if (ranks_ == 1) {
-      backends_[0]->make_current();
+      weights_.backend(0).make_current();
       out[0] = f(*decoders_[0]);
       return out;
     }
@@ -112,7 +100,7 @@ class TensorParallelDecoder {
     for (int r = 0; r < ranks_; ++r)
       threads.emplace_back([&, r] {
         try {
-          backends_[std::size_t(r)]->make_current();
+          weights_.backend(r).make_current();
           out[std::size_t(r)] = f(*decoders_[std::size_t(r)]);
         } catch (...) {
           errors[std::size_t(r)] = std::current_exception();
@@ -140,7 +128,7 @@ class TensorParallelDecoder {
     const int V = full_.vocab_size;
     std::vector<float> logits(std::size_t(rows) * V);
     for (int r = 0; r < ranks_; ++r) {
-      const TensorParallelShard& s = shards_[std::size_t(r)];
+      const TensorParallelShard& s = weights_.shard(r);
       for (int b = 0; b < rows; ++b)
         std::copy(parts[std::size_t(r)].begin() + std::int64_t(b) * s.vocab,
                   parts[std::size_t(r)].begin() + std::int64_t(b + 1) * s.vocab,
@@ -149,30 +137,49 @@ class TensorParallelDecoder {
     return logits;
   }
 
+  // Over `shared`, or with shared null over `owned` (the host-weights constructor's own copy).
+  TensorParallelDecoder(Comm& comm, std::unique_ptr<TensorParallelWeights<Backend>> owned,
+                        const TensorParallelWeights<Backend>* shared, const PolicyOptions& policy, const DecoderLimits& limits)
+      : owned_(std::move(owned)),
+        weights_(shared ? *shared : *owned_),
+        full_(weights_.full_config()),
+        ranks_(weights_.ranks()),
+        comm_(comm) {
+    for (int r = 0; r < ranks_; ++r) {
+      weights_.backend(r).make_current();  // the rank's buffers go to its device
+      DecoderRank rank;
+      rank.rank = r;
+      rank.ranks = ranks_;
+      if (ranks_ > 1) rank.all_reduce = [this, r](float* data, std::int64_t n) { comm_.all_reduce(r, data, n); };
+      decoders_.push_back(std::make_unique<Decoder<Backend>>(weights_.backend(r), weights_.config(r), weights_.weights(r),
+                                                             shard_policy(policy, full_, weights_.shard(r)), limits,
+                                                             std::move(rank)));
+    }
+  }
+  // Declared first, destroyed last: the decoders keep references into the weights.
+  std::unique_ptr<TensorParallelWeights<Backend>> owned_;
+  const TensorParallelWeights<Backend>& weights_;
   ModelConfig full_;
   int ranks_;
   Comm& comm_;
-  std::vector<Backend*> backends_;
-  std::vector<TensorParallelShard> shards_;
-  // Decoders keep references to their config and weights: each lives at a fixed address.
-  std::vector<std::unique_ptr<ModelConfig>> configs_;
-  std::vector<std::unique_ptr<BackendWeights<Backend>>> weights_;
   std::vector<std::unique_ptr<Decoder<Backend>>> decoders_;
 };
 
-// generate() (generate.hpp) over `backends.size()` ranks: the same decode loop, sampling, --check and
-// --soak, with a TensorParallelDecoder as the model; `comm` has one rank per backend.
+// generate() (generate.hpp) over `weights`' ranks: the same decode loop, sampling, --check and
+// --soak, with a TensorParallelDecoder over those weights as the model (the policy's and --check's
+// dense one share them); `comm` has one rank per backend.
 template <class Backend, class Comm>
-GenerationReport generate_tensor_parallel(const std::vector<Backend*>& backends, Comm& comm, const ModelConfig& config,
-                                          const HostWeights& weights, const GenerationRequest& req) {
-  return detail::generate_admitted(config, req, [&](const GenerationRequest& admitted, const std::vector<int>& origin) {
+GenerationReport generate_tensor_parallel(Comm& comm, const TensorParallelWeights<Backend>& weights,
+                                          const GenerationRequest& req) {
+  const ModelConfig& config = weights.full_config();
+  GenerationReport report = detail::generate_admitted(config, req, [&](const GenerationRequest& admitted, const std::vector<int>& origin) {
     return detail::generate_batch(
         [&](const PolicyOptions& policy, const DecoderLimits& limits) {
-          return std::make_unique<TensorParallelDecoder<Backend, Comm>>(backends, comm, config, weights, policy, limits);
+          return std::make_unique<TensorParallelDecoder<Backend, Comm>>(comm, weights, policy, limits);
         },
         [&] {
           std::int64_t total = 0;
-          for (Backend* be : backends) {
+          for (Backend* be : weights.backends()) {
             be->make_current();
             const std::int64_t m = be->device_memory_in_use();
             if (m < 0) return std::int64_t(-1);
@@ -182,6 +189,16 @@ GenerationReport generate_tensor_parallel(const std::vector<Backend*>& backends,
         },
         config, admitted, origin);
   });
+  report.ranks = weights.ranks();
+  return report;
+}
+
+// The same over the full model's host weights, sliced onto `backends` (one rank each) once.
+template <class Backend, class Comm>
+GenerationReport generate_tensor_parallel(const std::vector<Backend*>& backends, Comm& comm, const ModelConfig& config,
+                                          const HostWeights& weights, const GenerationRequest& req) {
+  const TensorParallelWeights<Backend> shards(backends, config, weights);
+  return generate_tensor_parallel<Backend, Comm>(comm, shards, req);
 }
 
 }  // namespace minimal_decoder

@@ -93,9 +93,11 @@ CudaBackend::Matrix CudaBackend::make_matrix(const std::vector<float>& w, int ro
   return m;
 }
 
-CudaBackend::Matrix CudaBackend::random_matrix(int rows, int cols, float scale, std::uint64_t seed) const {
-  Matrix m{DeviceBuffer<__nv_bfloat16>(std::size_t(rows) * cols), rows, cols};
-  fill_normal(m.data.data(), std::int64_t(rows) * cols, seed, scale);
+CudaBackend::Matrix CudaBackend::random_matrix(const TensorBlock& block, float scale, std::uint64_t seed) const {
+  Matrix m{DeviceBuffer<__nv_bfloat16>(std::size_t(block.elements())), int(block.rows), int(block.cols)};
+  if (block.elements() > 0)
+    launch("fill_normal_block", kernels::fill_normal_block<__nv_bfloat16>, kernels::blocks_for(block.elements()),
+           kernels::kThreads, m.data.data(), block, seed, scale);
   return m;
 }
 

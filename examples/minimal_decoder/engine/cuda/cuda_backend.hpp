@@ -36,6 +36,7 @@
 #include <kvsift/core/dtype.hpp>
 
 #include "engine/errors.hpp"
+#include "engine/tensor_block.hpp"
 
 namespace minimal_decoder {
 
@@ -161,9 +162,11 @@ class CudaBackend {
     cuda_check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
     return std::int64_t(total) - std::int64_t(free);
   }
-  // A [rows, cols] matrix of N(0, scale^2) bf16 values generated on the device from `seed`: random
-  // weights of shapes (llama3-8b) whose host generation would take minutes and 32 GB.
-  Matrix random_matrix(int rows, int cols, float scale, std::uint64_t seed) const;
+  // A [block.rows, block.cols] matrix of N(0, scale^2) bf16 values generated on the device from
+  // `seed`, element i drawn at the full matrix's index block.global_index(i) (a whole matrix, or a
+  // tensor-parallel rank's slice of it: the same values as the slice of the whole): random weights
+  // of shapes (llama3-8b) whose host generation would take minutes and 32 GB.
+  Matrix random_matrix(const TensorBlock& block, float scale, std::uint64_t seed) const;
   // out[i] = N(0, scale^2) (T: float, kvsift::bfloat16_t or __nv_bfloat16; cuda_backend.cu).
   template <class T>
   void fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const;

@@ -12,6 +12,7 @@
 #include "engine/cuda/cuda_backend.hpp"
 #include "engine/generate.hpp"
 #include "engine/step_profile.hpp"
+#include "engine/tensor_parallel.hpp"
 
 namespace minimal_decoder {
 
@@ -23,5 +24,10 @@ extern template StepProfile profile_step<CudaBackend>(CudaBackend&, const ModelC
 
 // Random weights generated on the GPU (random_device_weights.cpp), for shapes too large for the host.
 BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const ModelConfig& c, std::uint64_t seed);
+// Tensor-parallel rank `shard`'s weights of the same random model, generated on its own GPU (`be`,
+// the current device): its slice of every sharded matrix (random_device_layout.hpp), the values the
+// unsharded model has there, bit for bit; the embedding and the norms whole.
+BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const ModelConfig& full, std::uint64_t seed,
+                                                  const TensorParallelShard& shard);
 
 }  // namespace minimal_decoder

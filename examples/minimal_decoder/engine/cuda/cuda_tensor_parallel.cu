@@ -7,6 +7,9 @@
 
 namespace minimal_decoder {
 
+template GenerationReport generate_tensor_parallel<CudaBackend, NcclAllReduce>(NcclAllReduce&,
+                                                                               const TensorParallelWeights<CudaBackend>&,
+                                                                               const GenerationRequest&);
 template GenerationReport generate_tensor_parallel<CudaBackend, NcclAllReduce>(const std::vector<CudaBackend*>&,
                                                                                NcclAllReduce&, const ModelConfig&,
                                                                                const HostWeights&, const GenerationRequest&);

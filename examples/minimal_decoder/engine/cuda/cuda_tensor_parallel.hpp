@@ -10,6 +10,8 @@
 
 namespace minimal_decoder {
 
+extern template GenerationReport generate_tensor_parallel<CudaBackend, NcclAllReduce>(
+    NcclAllReduce&, const TensorParallelWeights<CudaBackend>&, const GenerationRequest&);
 extern template GenerationReport generate_tensor_parallel<CudaBackend, NcclAllReduce>(const std::vector<CudaBackend*>&,
                                                                                       NcclAllReduce&, const ModelConfig&,
                                                                                       const HostWeights&,

@@ -1,22 +1,22 @@
 // Random weights generated on the GPU, for benchmark shapes (llama3-8b: 8B parameters) whose host
 // generation (random_weights in checkpoint.hpp) would take minutes and 32 GB of host memory. Same
 // distributions as random_weights (unit-scale embedding, 1/sqrt(fan_in) matrices, unit norms), but
-// not the same numbers: the CPU and GPU paths share weights only through host_weights.
+// not the same numbers: the CPU and GPU paths share weights only through host_weights. What each
+// matrix is drawn from is random_device_layout.hpp's: a tensor-parallel rank generates its own shard,
+// the values of that slice of the unsharded model.
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "engine/cuda/cuda_engine.hpp"
+#include "engine/random_device_layout.hpp"
 
 namespace minimal_decoder {
 
-BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const ModelConfig& c, std::uint64_t seed) {
-  BackendWeights<CudaBackend> w;
-  std::uint64_t stream = seed * 0x100000001b3ull;  // one generator stream per tensor
-  auto matrix = [&](std::int64_t rows, std::int64_t cols) {
-    return be.random_matrix(int(rows), int(cols), 1.f / std::sqrt(float(cols)), ++stream);
-  };
+BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const ModelConfig& full, std::uint64_t seed,
+                                                  const TensorParallelShard& shard) {
+  const RandomDeviceLayout layout = random_device_layout(full, seed, shard);
+  auto matrix = [&](const RandomTensor& t) { return be.random_matrix(t.block, t.scale, t.seed); };
   auto ones = [&](std::int64_t n) {
     DeviceBuffer<float> v(std::size_t(n) > 0 ? std::size_t(n) : 1);
     const std::vector<float> host(v.size(), 1.f);
@@ -24,25 +24,33 @@ BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const M
     be.synchronize();  // `host` goes out of scope; uploads from pageable memory are staged anyway
     return v;
   };
-  const std::int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  w.embed = be.random_matrix(int(V), int(H), 1.f, ++stream);
-  w.lm_head = c.tie_word_embeddings ? be.random_matrix(int(V), int(H), 1.f, stream) : matrix(V, H);
+  // The norms are replicated: every rank's are the full model's.
+  const std::int64_t H = full.hidden_size;
+  BackendWeights<CudaBackend> w;
+  w.embed = matrix(layout.embed);
+  w.lm_head = matrix(layout.lm_head);
   w.final_norm = ones(H);
-  w.layers.resize(std::size_t(c.num_layers));
-  for (auto& l : w.layers) {
+  w.layers.resize(std::size_t(full.num_layers));
+  for (std::size_t i = 0; i < w.layers.size(); ++i) {
+    BackendWeights<CudaBackend>::Layer& l = w.layers[i];
+    const RandomDeviceLayout::Layer& m = layout.layers[i];
     l.attn_norm = ones(H);
     l.mlp_norm = ones(H);
-    if (c.qk_norm) l.q_norm = ones(c.head_dim), l.k_norm = ones(c.head_dim);
-    l.wq = matrix(c.q_dim(), H);
-    l.wk = matrix(c.kv_dim(), H);
-    l.wv = matrix(c.kv_dim(), H);
-    l.wo = matrix(H, c.q_dim());
-    l.w_gate = matrix(I, H);
-    l.w_up = matrix(I, H);
-    l.w_down = matrix(H, I);
+    if (full.qk_norm) l.q_norm = ones(full.head_dim), l.k_norm = ones(full.head_dim);
+    l.wq = matrix(m.wq);
+    l.wk = matrix(m.wk);
+    l.wv = matrix(m.wv);
+    l.wo = matrix(m.wo);
+    l.w_gate = matrix(m.w_gate);
+    l.w_up = matrix(m.w_up);
+    l.w_down = matrix(m.w_down);
   }
   be.synchronize();
   return w;
+}
+
+BackendWeights<CudaBackend> random_device_weights(const CudaBackend& be, const ModelConfig& c, std::uint64_t seed) {
+  return random_device_weights(be, c, seed, tensor_parallel_shard(c, 1, 0));
 }
 
 }  // namespace minimal_decoder
