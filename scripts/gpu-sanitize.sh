@@ -4,7 +4,8 @@
 # status) and exits non-zero on any error, hazard, crash or timeout. Parametrized so a subset fits
 # one 10-minute GPU call:
 #
-#   scripts/gpu-sanitize.sh [BUILD_DIR]             default build/gpu; binaries BUILD_DIR/tests/test_*_gpu
+#   scripts/gpu-sanitize.sh [BUILD_DIR]             default build/gpu; binaries BUILD_DIR/tests/test_*_gpu*
+#                                                   (test_*_gpu and the split ones: *_gpu_fp8, *_gpu_paths, ...)
 #   TOOLS="memcheck racecheck initcheck synccheck"  the tools (default: all four)
 #   ONLY=<regex>                                    binaries whose name matches (grep -E)
 #   TIMEOUT=<s>                                     seconds per run (default 300)
@@ -28,7 +29,7 @@ LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
 mkdir -p "$LOG_DIR"
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not on PATH"; exit 2; }
-bins=$(ls "$BUILD_DIR"/tests/test_*_gpu 2>/dev/null | grep -E -- "$ONLY" || true)
+bins=$(find "$BUILD_DIR/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*_gpu*' 2>/dev/null | sort | grep -E -- "$ONLY" || true)
 [ -n "$bins" ] || { echo "no GPU test binaries matching '$ONLY' in $BUILD_DIR/tests"; exit 2; }
 
 status=0

@@ -181,6 +181,11 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
     group.sync();  // group barrier 1: every CTA's sample is published
 
     // Every CTA reads the whole sample (the same keys in the same order) and finds the same ends.
+    // Each peer's first sample, computed once: a division each (inside the loop below, 28 of them
+    // per thread cost the H200 about 4 us per call).
+    int peer_first[kMaxGroup];
+#pragma unroll
+    for (int r = 0; r < kMaxGroup; ++r) peer_first[r] = r < group_size ? sample.first_at(r * a.plan.slice) : sample.count;
     K mine[kSamplesPerThread];
     K lowest = kKeyMax, highest = 0;
 #pragma unroll
@@ -188,13 +193,11 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
       const int g = i * Threads + tid;
       int owner = 0, from = 0;
 #pragma unroll
-      for (int r = 1; r < kMaxGroup; ++r) {
-        const int first = sample.first_at(r * a.plan.slice);
-        if (r < group_size && first <= g) {
+      for (int r = 1; r < kMaxGroup; ++r)
+        if (peer_first[r] <= g) {
           owner = r;
-          from = first;
+          from = peer_first[r];
         }
-      }
       mine[i] = g < sample.count ? group.peer(sample_keys, owner)[g - from] : K(0);
     }
 #pragma unroll
@@ -300,11 +303,39 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   };
   auto store_vector = [&](int v, const uint4& loaded) {
     const T* elems = reinterpret_cast<const T*>(&loaded);
+    if (!bracket) {
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e) {
+        const int pos = v * kPerVector + e;
+        const bool valid = v < end_vector && pos >= lo && pos < hi;
+        store_key(valid, pos, valid ? a.key(elems[e], row, pos) : K(0));
+      }
+      return;
+    }
+    // The vector's listed keys take one shared atomic per warp, not one per element: the list's
+    // counter is the one address every warp of the CTA contends for.
+    K k[kPerVector];
+    unsigned m[kPerVector];
+    int total = 0;
 #pragma unroll
     for (int e = 0; e < kPerVector; ++e) {
       const int pos = v * kPerVector + e;
       const bool valid = v < end_vector && pos >= lo && pos < hi;
-      store_key(valid, pos, valid ? a.key(elems[e], row, pos) : K(0));
+      k[e] = valid ? a.key(elems[e], row, pos) : K(0);
+      if (valid) keys[pos - slice_lo] = k[e];
+      above_bracket += valid && k[e] > bracket_top;
+      m[e] = __ballot_sync(0xffffffffu, valid && k[e] <= bracket_top && k[e] >= bracket_bottom);
+      total += __popc(m[e]);
+    }
+    if (total == 0) return;  // warp-uniform
+    int slot = 0;
+    if (lane == 0) slot = atomicAdd(&s_cand_count, total);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) {
+      const int mine = slot + __popc(m[e] & lanes_below);
+      if (((m[e] >> lane) & 1u) && mine < list_capacity) list[mine] = k[e];
+      slot += __popc(m[e]);
     }
   };
 #pragma unroll
