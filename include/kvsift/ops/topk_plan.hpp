@@ -143,15 +143,13 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     s.cached = true;
     s.smem_bytes = candidate_bytes;
     s.threads = c == 1 && s.slice <= kTopkCandShortSlice ? 256 : 512;
-    // CTA groups take the sampled bracket where its list fits beside the slice: within the two CTAs
-    // per SM the wave above counts on, or in all of an SM's shared memory when one CTA per SM is
-    // enough for the grid (8 rows of 128K, 64 CTAs of 16384-position slices).
-    if (c > 1) {
+    // CTA groups take the sampled bracket when one CTA per SM is enough for the grid and its list
+    // fits beside the slice (8 rows of 32K or 128K). Where two CTAs share an SM it loses: the CTA's
+    // bracket is a few thousand instructions a thread issued by half an SM (32 x 32K in groups of 4:
+    // 25.0 us without it, 27.9 with it; H200, docs/performance.md).
+    if (c > 1 && rows * c <= one_wave / 2) {
       const std::size_t list_bytes = kTopkBracketListBytes;
-      const std::size_t with_list = candidate_bytes + list_bytes + kTopkCandStaticSmem;
-      const std::size_t per_sm = device.max_smem_optin + 1024;  // each resident CTA reserves 1 KiB
-      const bool fits = rows * c <= one_wave / 2 ? with_list <= device.max_smem_optin : with_list + 1024 <= per_sm / 2;
-      if (fits) {
+      if (candidate_bytes + list_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
         s.bracket_capacity = int(list_bytes / sizeof(KeyT));
         s.smem_bytes = candidate_bytes + list_bytes;
       }
