@@ -173,6 +173,9 @@ class Decoder {
     const int correction_rows = B * std::max(0, policy_.kind == PolicyKind::kLycheeDecode ? policy_.lycheedecode.correction_interval : 0);
     const int rows = std::max({lim_.prefill_chunk * B, B, correction_rows});
     const std::int64_t H = c_.hidden_size;
+    // Every projection's input is at most rows x max(hidden, q_dim, intermediate) floats: reserved now,
+    // so that no step (a captured one least of all) allocates.
+    be_.reserve_linear_input(std::int64_t(rows) * std::max({H, std::int64_t(c_.q_dim()), std::int64_t(c_.intermediate_size)}));
     x_ = be_.template alloc<float>(std::size_t(rows * H));
     h_ = be_.template alloc<float>(std::size_t(rows * H));
     q_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));

@@ -110,6 +110,8 @@ struct HostBackend {
   void rms_norm(const float* x, std::int64_t rows, int dim, const float* w, float eps, float* y) const;
   // y[n, rows] = x[n, cols] W^T
   void linear(const float* x, int n, const Matrix& w, float* y) const;
+  // The CUDA backend's room for linear's inputs, made before a step is captured; nothing on the host.
+  void reserve_linear_input(std::int64_t /*elements*/) const {}
   // Several projections of the same input (q/k/v, gate/up): y_i = x W_i^T (one launch on the GPU).
   void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   // gate = silu(gate) * up (SwiGLU)

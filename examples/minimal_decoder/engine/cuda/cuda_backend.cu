@@ -148,13 +148,17 @@ void CudaBackend::linear(const float* x, int n, const Matrix& w, float* y) const
     return;
   }
   const std::int64_t elems = std::int64_t(n) * w.cols;
-  if (std::size_t(elems) > gemm_input_.size()) gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elems));  // prefill only
+  reserve_linear_input(elems);  // a no-op once the Decoder has reserved its largest input
   launch("to_bf16", kernels::to_bf16<float>, kernels::blocks_for(elems), kernels::kThreads, x, elems, gemm_input_.data());
   const float alpha = 1.f, beta = 0.f;
   cublas_check(cublasGemmEx(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, w.rows, n, w.cols, &alpha, w.data.data(), CUDA_R_16BF,
                             w.cols, gemm_input_.data(), CUDA_R_16BF, w.cols, &beta, y, CUDA_R_32F, w.rows,
                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
                "cublasGemmEx");
+}
+
+void CudaBackend::reserve_linear_input(std::int64_t elements) const {
+  if (std::size_t(elements) > gemm_input_.size()) gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elements));
 }
 
 void CudaBackend::linear_shared_input(const float* x, int n,

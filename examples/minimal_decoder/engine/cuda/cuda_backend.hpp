@@ -240,6 +240,10 @@ class CudaBackend {
   void rms_norm(const float* x, std::int64_t rows, int dim, const float* w, float eps, float* y) const;
   // y[n, rows] = x[n, cols] W^T: the GEMV for a few rows, cuBLAS otherwise.
   void linear(const float* x, int n, const Matrix& w, float* y) const;
+  // Room for linear's bf16 copy of an input of up to `elements` floats (cuBLAS' operand), made before
+  // a step is captured: a graph cannot allocate, and with a synthetic prefill the first GEMM of a
+  // run is inside the first captured decode step.
+  void reserve_linear_input(std::int64_t elements) const;
   // Several projections of the same input (q/k/v, gate/up): one GEMV launch when it applies.
   void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   void silu_mul(float* gate, const float* up, std::int64_t n) const;
