@@ -32,7 +32,7 @@ inline constexpr int kTopkCandMaxSlice = 65536;
 /// counters (under 1 KiB; ptxas reports the exact figure), counted when checking the opt-in limit.
 inline constexpr std::size_t kTopkCandStaticSmem = 2 * 2048 * 4 + 1024;
 /// Shared memory of the candidate select's bracket list (keys of the whole CTA group that lie inside
-/// the sampled bracket, ops/detail/topk_bracket.cuh): about 2-6% of a 32K or 128K row for budgets of
+/// the sampled bracket, ops/detail/topk_bracket.hpp): about 2-6% of a 32K or 128K row for budgets of
 /// 1-12% of it.
 inline constexpr std::size_t kTopkBracketListBytes = std::size_t(32) << 10;
 /// One-CTA rows up to this many positions get 256-thread CTAs: 8 keys per thread either way, and the
@@ -58,7 +58,7 @@ struct TopkPlan {
   int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
   int sample_period = 16;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
   /// Candidate select in CTA groups: keys of the whole group's bracket list that fit shared memory
-  /// (ops/detail/topk_bracket.cuh); 0 runs the exact digit searches only.
+  /// (ops/detail/topk_bracket.hpp); 0 runs the exact digit searches only.
   int bracket_capacity = 0;
 };
 

@@ -30,7 +30,7 @@
 
 #include <cstdint>
 
-#include "kvsift/ops/detail/topk_bracket.cuh"
+#include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int s_digit, s_above, s_eq_lower, s_cand_count;
   __shared__ int s_warp_gt[kWarps], s_warp_eq[kWarps], s_warp_lower[kWarps];
-  // The sampled bracket (topk_bracket.cuh): its two ends, this CTA's count of keys above it (read by
+  // The sampled bracket (topk_bracket.hpp): its two ends, this CTA's count of keys above it (read by
   // the peers after the second group barrier and never written again) and the lower ranks' counts.
   __shared__ K s_bracket_top, s_bracket_bottom, s_warp_min[kWarps], s_warp_max[kWarps];
   __shared__ int s_bracket_above, s_gt_lower_sum, s_eq_lower_sum;
