@@ -321,11 +321,13 @@ TEST_CASE("topk: the row filter leaves sparse heads' rows untouched") {
 TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (H200 facts)") {
   using kvsift::detail::TopkKernel;
   const kvsift::DeviceFacts h200{132, 232448, true, 9, 0};
-  struct Want { std::int64_t rows; int cols; int group, slice, threads; };
+  // bracket: the sampled bracket's list (8192 32-bit keys) where one CTA per SM fits the grid.
+  struct Want { std::int64_t rows; int cols; int group, slice, threads; bool bracket; };
   // The issue's target shapes: fp32 scores, 32-bit keys.
-  for (const Want w : {Want{8, 32768, 8, 4096, 512}, Want{32, 32768, 4, 8192, 512}, Want{64, 32768, 2, 16384, 512},
-                       Want{8, 131072, 8, 16384, 512}, Want{16, 131072, 8, 16384, 512}, Want{8, 2048, 1, 2048, 256}, Want{64, 2048, 1, 2048, 256},
-                       Want{256, 2048, 1, 2048, 256}}) {
+  for (const Want w : {Want{8, 32768, 8, 4096, 512, true}, Want{32, 32768, 4, 8192, 512, false},
+                       Want{64, 32768, 2, 16384, 512, false}, Want{8, 131072, 8, 16384, 512, true},
+                       Want{16, 131072, 8, 16384, 512, false}, Want{8, 2048, 1, 2048, 256, false},
+                       Want{64, 2048, 1, 2048, 256, false}, Want{256, 2048, 1, 2048, 256, false}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
     CAPTURE(w.cols);
@@ -333,9 +335,13 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(p.ctas_per_row == w.group);
     CHECK(p.slice == w.slice);
     CHECK(p.threads == w.threads);
-    CHECK(p.smem_bytes == std::size_t(w.slice) * 6);  // keys + 16-bit candidate offsets
-    // Two CTAs per SM where the slice allows it: dynamic + static + the 1 KiB per-block reserve.
-    if (w.slice <= 16384) CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkCandStaticSmem) <= 233472);
+    CHECK(p.bracket_capacity == (w.bracket ? 8192 : 0));
+    // keys + 16-bit candidate offsets (+ the bracket's list)
+    CHECK(p.smem_bytes == std::size_t(w.slice) * 6 + (w.bracket ? kvsift::detail::kTopkBracketListBytes : 0));
+    // Two CTAs per SM where the slice allows it and the grid needs them: dynamic + static + the 1 KiB
+    // per-block reserve; one CTA with all of an SM's shared memory where the bracket takes it.
+    if (w.bracket) CHECK(p.smem_bytes + kvsift::detail::kTopkCandStaticSmem <= h200.max_smem_optin);
+    else if (w.slice <= 16384) CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkCandStaticSmem) <= 233472);
   }
   // Many long rows: their CTA groups would need more than one wave (231 CTAs of groups of 8 on 132
   // SMs), so one CTA per row streams it, sampling one sector in 16.
