@@ -145,6 +145,20 @@ md::DecoderLimits tp_limits() {
 
 int argmax(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
 
+// The prefill and 16 greedy decode steps of `tp` give `plain`'s logits bit for bit.
+template <class Plain, class Tp>
+void require_same_steps(Plain& plain, Tp& tp, const std::vector<std::vector<std::int32_t>>& prompts, int vocab) {
+  std::vector<float> want = plain.prefill(prompts), got = tp.prefill(prompts);
+  for (int step = 0; step < 16; ++step) {
+    REQUIRE(got == want);
+    std::vector<std::int32_t> next;
+    for (std::size_t b = 0; b < prompts.size(); ++b) next.push_back(argmax(want.data() + std::int64_t(b) * vocab, vocab));
+    want = plain.decode(next);
+    got = tp.decode(next);
+  }
+  CHECK(got == want);
+}
+
 }  // namespace
 
 TEST_CASE("tensor parallel on GPUs: one rank through the tensor-parallel path is the decoder, bit for bit") {
@@ -164,15 +178,7 @@ TEST_CASE("tensor parallel on GPUs: one rank through the tensor-parallel path is
     md::TensorParallelDecoder<md::CudaBackend, md::NcclAllReduce> tp(ranks, comm, c, w, md::PolicyOptions(), tp_limits());
     tp.set_graph_steps(graph);
     tp.set_attention_timing(false);
-    std::vector<float> want = plain.prefill(prompts), got = tp.prefill(prompts);
-    for (int step = 0; step < 16; ++step) {
-      REQUIRE(got == want);
-      std::vector<std::int32_t> next;
-      for (int b = 0; b < 3; ++b) next.push_back(argmax(want.data() + std::int64_t(b) * c.vocab_size, c.vocab_size));
-      want = plain.decode(next);
-      got = tp.decode(next);
-    }
-    CHECK(got == want);
+    require_same_steps(plain, tp, prompts, c.vocab_size);
   }
 }
 
@@ -197,15 +203,7 @@ TEST_CASE("tensor parallel on GPUs: one rank on device-random weights generated 
     md::TensorParallelDecoder<md::CudaBackend, md::NcclAllReduce> tp(comm, shards, md::PolicyOptions(), tp_limits());
     tp.set_graph_steps(graph);
     tp.set_attention_timing(false);
-    std::vector<float> want = plain.prefill(prompts), got = tp.prefill(prompts);
-    for (int step = 0; step < 16; ++step) {
-      REQUIRE(got == want);
-      std::vector<std::int32_t> next;
-      for (int b = 0; b < 3; ++b) next.push_back(argmax(want.data() + std::int64_t(b) * c.vocab_size, c.vocab_size));
-      want = plain.decode(next);
-      got = tp.decode(next);
-    }
-    CHECK(got == want);
+    require_same_steps(plain, tp, prompts, c.vocab_size);
   }
   // And through the decode loop the command line runs (generate_tensor_parallel over the shards, the
   // --check reference sharing them): generate's tokens and logits.
