@@ -14,6 +14,9 @@
 #   SPLIT_TOOLS="racecheck"                         tools that split (default racecheck; "all" for every tool)
 #   FUZZ_CASES=<n>                                  KVSIFT_FUZZ_CASES under the sanitizer (default 300)
 #   LOG_DIR=<dir>                                   logs (default $OUT or BUILD_DIR/sanitizer-logs)
+#   JOBS=<n>                                        runs at once (default 1). The sanitizers are mostly
+#                                                   host-bound and one test leaves the GPU idle, so several
+#                                                   processes share it well; times then include the sharing
 #
 # Examples (each within a 10-minute call):
 #   TOOLS=initcheck scripts/gpu-sanitize.sh build/gpu
@@ -26,18 +29,19 @@ TIMEOUT=${TIMEOUT:-300}
 SPLIT=${SPLIT:-topk|decode_attention|fuzz|minimal_decoder}
 SPLIT_TOOLS=${SPLIT_TOOLS:-racecheck}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
+JOBS=${JOBS:-1}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
 mkdir -p "$LOG_DIR"
+rows_dir=$(mktemp -d)
+trap 'rm -rf "$rows_dir"' EXIT
 command -v compute-sanitizer >/dev/null || { echo "compute-sanitizer not on PATH"; exit 2; }
 bins=$(find "$BUILD_DIR/tests" -maxdepth 1 -type f -perm -u+x -name 'test_*_gpu*' 2>/dev/null | sort | grep -E -- "$ONLY" || true)
 [ -n "$bins" ] || { echo "no GPU test binaries matching '$ONLY' in $BUILD_DIR/tests"; exit 2; }
 
-status=0
-rows=()
 # The test cases of a binary, one name per line (doctest's listing, minus its banner lines).
 test_cases() { "$1" --list-test-cases --no-intro 2>/dev/null | grep -vE '^\[doctest\]|^=+$|^GPU tests on|^kvsift|^$' ; }
 
-run_one() {  # binary tool label [doctest filter]
+run_one() {  # binary tool label [doctest filter]: prints the run's row
   local bin=$1 tool=$2 label=$3 filter=${4:-}
   local log="$LOG_DIR/$(basename "$bin")-$tool-${label//[^A-Za-z0-9_.-]/_}.log"
   local extra=()
@@ -53,14 +57,31 @@ run_one() {  # binary tool label [doctest filter]
   # displayed (E errors, W warnings)": the first count of the line (racecheck's line has three).
   local n
   n=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -1 | grep -oE '[0-9]+ (error|hazard)' | head -1 | grep -oE '^[0-9]+' || true)
-  local verdict=ok
-  if [ $rc -eq 124 ]; then verdict="TIMEOUT (${TIMEOUT}s)"; status=1
-  elif [ $rc -eq 77 ]; then verdict="SKIPPED (no device)"; status=1
-  elif [ $rc -ne 0 ]; then verdict="FAILED rc=$rc"; status=1
-  elif [ -n "$n" ] && [ "$n" != 0 ]; then verdict="FAILED"; status=1
+  # A crash of the test process leaves the frames of tests/support/crash_trace.hpp: name them.
+  if grep -q "fatal signal, stack" "$log" && command -v addr2line >/dev/null; then
+    grep -oE '^[^ (]+\(\+0x[0-9a-f]+\)' "$log" | while IFS= read -r frame; do
+      local obj=${frame%%(*} off=${frame#*(+}; off=${off%)}
+      echo "  $frame  $(addr2line -C -f -e "$obj" "$off" 2>/dev/null | head -1)"
+    done >>"$log.frames"
+    echo "== crash frames, $(basename "$log"):"; head -20 "$log.frames"
   fi
-  rows+=("$(printf '%-32s %-10s %-48s %8s %6ss  %s' "$(basename "$bin")" "$tool" "${label:0:48}" "${n:-?}" "$dt" "$verdict")")
-  echo "${rows[-1]}"
+  local verdict=ok
+  if [ $rc -eq 124 ]; then verdict="TIMEOUT (${TIMEOUT}s)"
+  elif [ $rc -eq 77 ]; then verdict="SKIPPED (no device)"
+  elif [ $rc -ne 0 ]; then verdict="FAILED rc=$rc"
+  elif [ -n "$n" ] && [ "$n" != 0 ]; then verdict="FAILED"
+  fi
+  printf '%-32s %-10s %-48s %8s %6ss  %s\n' "$(basename "$bin")" "$tool" "${label:0:48}" "${n:-?}" "$dt" "$verdict"
+}
+
+# Starts run_one in the background once fewer than JOBS runs are going; its row lands in rows_dir under
+# the run's sequence number, so the summary keeps the order of the loops below.
+runs=0
+launch() {
+  runs=$((runs + 1))
+  while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+  local row="$rows_dir/$(printf '%05d' "$runs")"
+  { run_one "$@" >"$row"; cat "$row"; } </dev/null &
 }
 
 printf '%-32s %-10s %-48s %8s %7s  %s\n' binary tool "run" "errors" time status
@@ -75,15 +96,18 @@ for bin in $bins; do
         [ -n "$tc" ] || continue
         # doctest filters are wildcards: escape the ones a name may hold.
         f=${tc//\*/\\*}; f=${f//\?/\\?}; f=${f//,/\\,}
-        run_one "$bin" "$tool" "$tc" "$f"
+        launch "$bin" "$tool" "$tc" "$f"
       done < <(test_cases "$bin")
     else
-      run_one "$bin" "$tool" "whole binary"
+      launch "$bin" "$tool" "whole binary"
     fi
   done
 done
 
+wait
 echo; echo "==== compute-sanitizer summary ($BUILD_DIR; logs in $LOG_DIR)"
 printf '%-32s %-10s %-48s %8s %7s  %s\n' binary tool "run" "errors" time status
-printf '%s\n' "${rows[@]}"
-exit $status
+cat "$rows_dir"/*
+# Any row whose status is not "ok" (an error, hazard, crash, time-out or skip) fails the sweep.
+if grep -qvE ' ok$' "$rows_dir"/*; then exit 1; fi
+exit 0

@@ -2,7 +2,8 @@
 # Builds the Python package (python/) and runs its pytest suite.
 #
 #   scripts/test-python.sh            a venv in build/python-venv (made on first use): installs torch
-#                                     ($KVSIFT_TORCH, default the version the GPU machine has), pytest and
+#                                     ($KVSIFT_TORCH, default the version the GPU machine has, through
+#                                     scripts/install-torch.sh: KVSIFT_TORCH_LIBS), pytest and
 #                                     transformers ($KVSIFT_TRANSFORMERS) from the package registry, then
 #                                     `pip install ./python`, then pytest.
 #   scripts/test-python.sh --system   the current python3 as it is, nothing downloaded (a machine without
@@ -33,12 +34,15 @@ if [ "$mode" = venv ]; then
     python3 -m venv "$venv"
   fi
   py="$venv/bin/python"
-  # torch from PyPI: on Linux that is the CUDA build, which imports and runs CPU tensors without a GPU.
-  # transformers for kvsift.hf's tests (python/kvsift/hf/versions.py: the tested range; the --system
-  # mode installs nothing, and the HF tests are skipped where transformers is missing).
-  "$py" -m pip install --quiet "${KVSIFT_TORCH:-torch==2.11.0}" pytest numpy "${KVSIFT_TRANSFORMERS:-transformers>=5.17,<5.25}"
+  # torch from PyPI: on Linux that is the CUDA build, which imports and runs CPU tensors without a GPU;
+  # scripts/install-torch.sh takes its CUDA libraries from the toolkit where one is installed (1.6 GB
+  # on disk instead of 5). transformers for kvsift.hf's tests (python/kvsift/hf/versions.py: the
+  # tested range; the --system mode installs nothing, and the HF tests are skipped where transformers
+  # is missing). No pip cache: the venv keeps what it installed, a cached copy would only double it.
+  scripts/install-torch.sh "$py" "${KVSIFT_TORCH:-torch==2.11.0}"
+  "$py" -m pip install --quiet --no-cache-dir pytest numpy "${KVSIFT_TRANSFORMERS:-transformers>=5.17,<5.25}"
   # A fresh build every time (the package is small; the build tree is pip's temporary one).
-  "$py" -m pip install --quiet --force-reinstall --no-deps ./python
+  "$py" -m pip install --quiet --no-cache-dir --force-reinstall --no-deps ./python
   pythonpath=""
 else
   py="$(command -v python3)"

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "crash_trace.hpp"
+
 #include <cstdio>
 
 int main(int argc, char** argv) {
@@ -18,6 +20,7 @@ int main(int argc, char** argv) {
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::printf("GPU tests on %s (sm_%d%d, %d SMs)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount);
+  kvsift_test::install_crash_trace();
   doctest::Context context(argc, argv);
   return context.run();
 }
