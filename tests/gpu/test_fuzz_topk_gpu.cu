@@ -1,11 +1,12 @@
 // GPU fuzz, top-k: cuda::topk against host::topk, exactly (indices, counts and the values' bits), on
 // random small shapes through the shared harness of the top-k GPU tests (gpu/topk_gpu_support.cuh:
 // inputs, reference, poisoned device outputs, comparison). Drawn per case: fp32 / fp16 / bf16,
-// rows 1-40, columns 1-9000 (sometimes 1-4, sometimes 60000-70000 for the CTA-group paths), a padded
-// row stride, every value fill of the harness (ties, +-inf, NaN, all-NaN, signed zeros, constant
-// rows, leading-bit ladders), lengths and per-row k outside their ranges, forced sink / recent,
-// flag-first keys, LycheeDecode's row filter, and device facts that force the radix select or CTA
-// groups.
+// rows 1-40, columns 1-9000 (sometimes 1-4, sometimes 1-8 rows of 16K-140K columns: the CTA-group
+// paths and their sampled bracket), a padded row stride, every value fill of the harness (ties,
+// +-inf, NaN, all-NaN, signed zeros, constant rows, leading-bit ladders, and the fills that put the
+// high keys where the bracket's stride sample looks or just beside it), lengths and per-row k outside
+// their ranges, forced sink / recent, flag-first keys, LycheeDecode's row filter, and device facts
+// that force the radix select or CTA groups.
 //
 // Family weight 0.25 of test_fuzz_gpu's cases and seconds.
 
@@ -36,8 +37,8 @@ Case draw_case(std::mt19937_64& rng) {
   Case c;
   c.rows = pick(rng, 1, 40);
   const int u = pick(rng, 0, 19);
-  c.cols = u == 0 ? pick(rng, 1, 4) : u == 1 ? pick(rng, 60000, 70000) : pick(rng, 1, 9000);
-  if (u == 1) c.rows = pick(rng, 1, 4);  // long rows: few of them
+  c.cols = u == 0 ? pick(rng, 1, 4) : u == 1 ? pick(rng, 16384, 140000) : pick(rng, 1, 9000);
+  if (u == 1) c.rows = pick(rng, 1, 8);  // long rows, few of them: CTA groups, the bracket where they fit one wave
   c.stride_pad = chance(rng, 30) ? pick(rng, 1, 9) : 0;
   c.capacity = chance(rng, 20) ? pick(rng, 1, 8) : pick(rng, 1, std::min(c.cols + 16, 4096));
   c.params.k = pick(rng, 0, c.capacity);
@@ -53,7 +54,7 @@ Case draw_case(std::mt19937_64& rng) {
     c.params.num_kv_heads = pick(rng, 1, 8);
     for (int h = 0; h < c.params.num_kv_heads; ++h) c.params.roles.set_sparse(h, chance(rng, 50));
   }
-  c.fill = Fill(pick(rng, 0, int(Fill::kSignedZeros)));
+  c.fill = Fill(pick(rng, 0, int(Fill::kStrideHigh)));
   c.flagged = chance(rng, 25);
   c.facts = Case::Facts(pick(rng, 0, 3));
   return c;
