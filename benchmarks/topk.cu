@@ -5,7 +5,7 @@
 // (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
 // its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
 // runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
-// without the bracket. The torch.topk baseline for the same shapes is
+// without the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk baseline for the same shapes is
 // benchmarks/torch_topk.py; FlashInfer's through ../shared/peer (issue 15).
 #include <benchmark/benchmark.h>
 
@@ -32,12 +32,14 @@ double target_us(int rows, int n, int k, int sink) {
 // whose lengths live on the device (as in decoding), the state's k, sink and recent.
 struct TopkShape {
   int rows, n, k;
+  int selected_rows;  // rows the call selects (all, unless a row filter skips some): the bytes counted
   kvsift::TopKParams params;
   kvsift_bench::DeviceArray<float> scores;
   kvsift_bench::DeviceArray<std::int32_t> indices, counts, lengths;
 
   explicit TopkShape(const benchmark::State& state)
-      : rows(int(state.range(0))), n(int(state.range(1))), k(int(state.range(2))), scores(std::size_t(rows) * n),
+      : rows(int(state.range(0))), n(int(state.range(1))), k(int(state.range(2))), selected_rows(rows),
+        scores(std::size_t(rows) * n),
         indices(std::size_t(rows) * k), counts(rows), lengths(rows) {
     params.k = k;
     params.sink = int(state.range(3));
@@ -49,8 +51,11 @@ struct TopkShape {
   }
   kvsift::StridedView2D<const float> view() const { return kvsift::make_strided_view<const float>(scores.get(), rows, n); }
   kvsift::IndexSet out() const { return kvsift::make_index_set(indices.get(), counts.get(), rows, k); }
-  // The scores read once plus the positions and counts written.
-  double bytes() const { return double(rows) * n * sizeof(float) + double(rows) * k * sizeof(std::int32_t) + rows * 4.0; }
+  // The selected rows' scores read once plus their positions and counts written.
+  double bytes() const {
+    return double(selected_rows) * n * sizeof(float) + double(selected_rows) * k * sizeof(std::int32_t) +
+           selected_rows * 4.0;
+  }
 
   // Times run(exec) (a first call must succeed) and sets the floor counter; false if skipped.
   template <class Run>
@@ -111,6 +116,35 @@ void BM_TopKDigitSearch(benchmark::State& state) {
   shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
 }
 
+// LycheeDecode's selection as its retrieval layer launches it (args: rows = batch x 8 KV heads, n, k,
+// 0, 0, R, bracket): the row filter (TopKParams::roles, KV heads R..7 sparse) leaves the R retrieval
+// heads' rows to select, and the plan sizes the launch by all rows. Beside BM_TopK on batch x R rows,
+// the same selections as a call of their own, it shows what the filtered launch costs; bracket 0 runs
+// the plan with the sampled bracket off (the layer's selection with and without it, one binary).
+void BM_TopKRetrievalRows(benchmark::State& state) {
+  TopkShape shape(state);
+  constexpr int kKvHeads = 8;
+  const int retrieval = int(state.range(5));
+  shape.params.num_kv_heads = kKvHeads;
+  for (int h = retrieval; h < kKvHeads; ++h) shape.params.roles.set_sparse(h, true);
+  shape.selected_rows = shape.rows / kKvHeads * retrieval;
+  auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
+  if (state.range(6) == 0) {
+    if (plan.bracket_capacity == 0) {
+      state.SkipWithError("the plan takes no bracket on this shape");
+      return;
+    }
+    plan.bracket_capacity = 0;
+  }
+  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
+                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
+  if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); }))
+    return;
+  state.counters["path"] = int(plan.kernel);
+  state.counters["group"] = plan.ctas_per_row;
+  state.counters["bracket"] = plan.bracket_capacity;
+}
+
 // The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
 void BM_TopKStreamSample(benchmark::State& state) {
   const TopkShape shape(state);
@@ -133,6 +167,19 @@ void token_shapes(benchmark::internal::Benchmark* b) {
       for (int k : {1024, 2048, 4096}) b->Args({rows, n, k, 0, 0});
 }
 
+// LycheeDecode's retrieval layers: batch 1 and 8 of 8 KV heads, one or two retrieval heads; and BM_TopK
+// on the rows they select (1, 2, 8, 16 rows; 8 is in token_shapes).
+void retrieval_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int n : {32768, 131072})
+      for (int r : {1, 2})
+        for (int bracket : {1, 0}) b->Args({batch * 8, n, 4096, 0, 0, r, bracket});
+}
+void selected_row_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {1, 2, 16})
+    for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0});
+}
+
 void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 64, 256}) b->Args({rows, 2048, 64, 0, 0});  // block scores, 64 blocks kept
   b->Args({32, 131072, 4096, 128, 256});                          // LycheeDecode token mode
@@ -143,6 +190,7 @@ void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_TopK)
     ->Apply(token_shapes)
     ->Apply(block_and_forced_shapes)
+    ->Apply(selected_row_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
@@ -164,5 +212,11 @@ BENCHMARK(BM_TopKDigitSearch)
 BENCHMARK(BM_TopKStreamSample)
     ->Apply(sample_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent", "period"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKRetrievalRows)
+    ->Apply(retrieval_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "R", "bracket"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
