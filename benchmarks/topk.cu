@@ -69,7 +69,24 @@ struct TopkShape {
     state.counters["floor_us"] = bytes() / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
     return true;
   }
+
+  // Times the given plan's kernel on this shape (detail::launch_topk): a plan of the benchmark's choice.
+  bool time_plan(benchmark::State& state, const kvsift::detail::TopkPlan& plan) const {
+    const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{view(), params, out(), nullptr,
+                                                                            kvsift::ScoreKey<float>{}, plan};
+    return time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
+  }
 };
+
+// Turns the plan's sampled bracket off; false (the benchmark skipped) where the plan takes none.
+bool without_bracket(benchmark::State& state, kvsift::detail::TopkPlan& plan) {
+  if (plan.bracket_capacity == 0) {
+    state.SkipWithError("the plan takes no bracket on this shape");
+    return false;
+  }
+  plan.bracket_capacity = 0;
+  return true;
+}
 
 void BM_TopK(benchmark::State& state) {
   const TopkShape shape(state);
@@ -94,10 +111,7 @@ void BM_TopKStreamSelect(benchmark::State& state) {
     state.SkipWithError("the stream select does not fit shared memory");
     return;
   }
-  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
-                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
-  if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); }))
-    return;
+  if (!shape.time_plan(state, plan)) return;
   state.counters["list"] = plan.list_capacity;
 }
 
@@ -106,14 +120,7 @@ void BM_TopKStreamSelect(benchmark::State& state) {
 void BM_TopKDigitSearch(benchmark::State& state) {
   const TopkShape shape(state);
   auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
-  if (plan.bracket_capacity == 0) {
-    state.SkipWithError("the plan takes no bracket on this shape");
-    return;
-  }
-  plan.bracket_capacity = 0;
-  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
-                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
-  shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
+  if (without_bracket(state, plan)) shape.time_plan(state, plan);
 }
 
 // LycheeDecode's selection as its retrieval layer launches it (args: rows = batch x 8 KV heads, n, k,
@@ -129,17 +136,8 @@ void BM_TopKRetrievalRows(benchmark::State& state) {
   for (int h = retrieval; h < kKvHeads; ++h) shape.params.roles.set_sparse(h, true);
   shape.selected_rows = shape.rows / kKvHeads * retrieval;
   auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
-  if (state.range(6) == 0) {
-    if (plan.bracket_capacity == 0) {
-      state.SkipWithError("the plan takes no bracket on this shape");
-      return;
-    }
-    plan.bracket_capacity = 0;
-  }
-  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
-                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
-  if (!shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); }))
-    return;
+  if (state.range(6) == 0 && !without_bracket(state, plan)) return;
+  if (!shape.time_plan(state, plan)) return;
   state.counters["path"] = int(plan.kernel);
   state.counters["group"] = plan.ctas_per_row;
   state.counters["bracket"] = plan.bracket_capacity;
@@ -150,9 +148,7 @@ void BM_TopKStreamSample(benchmark::State& state) {
   const TopkShape shape(state);
   auto plan = kvsift::detail::plan_topk_stream<std::uint32_t>(shape.n, kvsift_bench::gpu().device);
   plan.sample_period = int(state.range(5));
-  const kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>> launch{shape.view(), shape.params, shape.out(),
-                                                                          nullptr, kvsift::ScoreKey<float>{}, plan};
-  shape.time(state, [&](const kvsift::cuda::Exec& exec) { return kvsift::detail::launch_topk(exec, launch); });
+  shape.time_plan(state, plan);
 }
 
 void sample_shapes(benchmark::internal::Benchmark* b) {
