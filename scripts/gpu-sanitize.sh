@@ -63,7 +63,7 @@ run_one() {  # binary tool label [doctest filter]: prints the run's row
       local obj=${frame%%(*} off=${frame#*(+}; off=${off%)}
       echo "  $frame  $(addr2line -C -f -e "$obj" "$off" 2>/dev/null | head -1)"
     done >>"$log.frames"
-    echo "== crash frames, $(basename "$log"):"; head -20 "$log.frames"
+    { echo "== crash frames, $(basename "$log"):"; head -20 "$log.frames"; } >&2  # stdout is the row
   fi
   local verdict=ok
   if [ $rc -eq 124 ]; then verdict="TIMEOUT (${TIMEOUT}s)"

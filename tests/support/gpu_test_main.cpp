@@ -5,9 +5,9 @@
 
 #include <cuda_runtime_api.h>
 
-#include "crash_trace.hpp"
-
 #include <cstdio>
+
+#include "crash_trace.hpp"
 
 int main(int argc, char** argv) {
   int devices = 0;
