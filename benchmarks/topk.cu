@@ -5,8 +5,9 @@
 // (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
 // its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
 // runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
-// without the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk baseline for the same shapes is
-// benchmarks/torch_topk.py; FlashInfer's through ../shared/peer (issue 15).
+// without the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk
+// baseline for the same shapes is benchmarks/torch_topk.py; FlashInfer's through ../shared/peer
+// (issue 15).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -88,6 +89,14 @@ bool without_bracket(benchmark::State& state, kvsift::detail::TopkPlan& plan) {
   return true;
 }
 
+// The counters that say which launch a plan is: kernel, CTAs per row, CTA size, bracket list.
+void plan_counters(benchmark::State& state, const kvsift::detail::TopkPlan& plan) {
+  state.counters["path"] = int(plan.kernel);
+  state.counters["group"] = plan.ctas_per_row;
+  state.counters["threads"] = plan.threads;
+  state.counters["bracket"] = plan.bracket_capacity;
+}
+
 void BM_TopK(benchmark::State& state) {
   const TopkShape shape(state);
   const auto view = shape.view();
@@ -96,10 +105,7 @@ void BM_TopK(benchmark::State& state) {
     return;
   const auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
   state.counters["target_us"] = target_us(shape.rows, shape.n, shape.k, shape.params.sink);
-  state.counters["path"] = int(plan.kernel);
-  state.counters["group"] = plan.ctas_per_row;
-  state.counters["threads"] = plan.threads;
-  state.counters["bracket"] = plan.bracket_capacity;
+  plan_counters(state, plan);
 }
 
 // The stream select forced on every shape (detail::launch_topk with plan_topk_stream), beside the
@@ -137,10 +143,7 @@ void BM_TopKRetrievalRows(benchmark::State& state) {
   shape.selected_rows = shape.rows / kKvHeads * retrieval;
   auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
   if (state.range(6) == 0 && !without_bracket(state, plan)) return;
-  if (!shape.time_plan(state, plan)) return;
-  state.counters["path"] = int(plan.kernel);
-  state.counters["group"] = plan.ctas_per_row;
-  state.counters["bracket"] = plan.bracket_capacity;
+  if (shape.time_plan(state, plan)) plan_counters(state, plan);
 }
 
 // The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
