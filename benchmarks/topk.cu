@@ -130,18 +130,21 @@ void BM_TopKDigitSearch(benchmark::State& state) {
 }
 
 // LycheeDecode's selection as its retrieval layer launches it (args: rows = batch x 8 KV heads, n, k,
-// 0, 0, R, bracket): the row filter (TopKParams::roles, KV heads R..7 sparse) leaves the R retrieval
-// heads' rows to select, and the plan sizes the launch by all rows. Beside BM_TopK on batch x R rows,
-// the same selections as a call of their own, it shows what the filtered launch costs; bracket 0 runs
-// the plan with the sampled bracket off (the layer's selection with and without it, one binary).
+// 0, 0, R, bracket, all_rows): the row filter (TopKParams::roles, KV heads R..7 sparse) leaves the R
+// retrieval heads' rows to select, and cuda::topk plans and launches for those rows only
+// (topk_written_rows). Beside BM_TopK on batch x R rows, the same selections as a call of their own, it
+// shows what the filtered launch costs. bracket 0 runs the plan with the sampled bracket off; all_rows 1
+// sizes the plan by every row of the call instead, as kvsift did until 2026-12-02 (B=8: the stream select over
+// 64 rows, 8 of them selected), so the gain of planning by the written rows is read off one binary.
 void BM_TopKRetrievalRows(benchmark::State& state) {
   TopkShape shape(state);
   constexpr int kKvHeads = 8;
   const int retrieval = int(state.range(5));
   shape.params.num_kv_heads = kKvHeads;
   for (int h = retrieval; h < kKvHeads; ++h) shape.params.roles.set_sparse(h, true);
-  shape.selected_rows = shape.rows / kKvHeads * retrieval;
-  auto plan = kvsift::detail::plan_topk<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
+  shape.selected_rows = int(kvsift::topk_written_rows(shape.params, shape.rows));
+  const int planned_rows = state.range(7) != 0 ? shape.rows : shape.selected_rows;
+  auto plan = kvsift::detail::plan_topk<std::uint32_t>(planned_rows, shape.n, kvsift_bench::gpu().device);
   if (state.range(6) == 0 && !without_bracket(state, plan)) return;
   if (shape.time_plan(state, plan)) plan_counters(state, plan);
 }
@@ -172,7 +175,8 @@ void retrieval_shapes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8})
     for (int n : {32768, 131072})
       for (int r : {1, 2})
-        for (int bracket : {1, 0}) b->Args({batch * 8, n, 4096, 0, 0, r, bracket});
+        for (int bracket : {1, 0})
+          for (int all_rows : {0, 1}) b->Args({batch * 8, n, 4096, 0, 0, r, bracket, all_rows});
 }
 void selected_row_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {1, 2, 16})
@@ -216,6 +220,6 @@ BENCHMARK(BM_TopKStreamSample)
 
 BENCHMARK(BM_TopKRetrievalRows)
     ->Apply(retrieval_shapes)
-    ->ArgNames({"rows", "n", "k", "sink", "recent", "R", "bracket"})
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "R", "bracket", "all_rows"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -75,6 +75,64 @@ TEST_CASE("topk gpu: the row filter writes retrieval heads' rows only, in place"
   }
 }
 
+TEST_CASE("topk gpu: the filtered launch maps its CTAs onto the written rows, on every path") {
+  // cuda::topk launches CTAs for the written rows only (topk_written_row): retrieval heads anywhere in
+  // the mask, one or none of them, a partial last sequence, masks past one 64-bit word, on each kernel.
+  auto rng = kvsift_test::make_rng(417);
+  struct Filter {
+    int heads, rows;
+    std::vector<int> retrieval;
+  };
+  const std::vector<Filter> filters = {
+      {8, 64, {3}},          {8, 64, {0, 7}},     {8, 8, {5}},   {8, 16, {}},  {8, 16, {0, 1, 2, 3, 4, 5, 6, 7}},
+      {3, 11, {1, 2}},        {3, 7, {2}},        {100, 203, {0, 63, 64, 99}},  {256, 300, {1, 130, 200, 255}},
+  };
+  for (const Filter& f : filters) {
+    for (int path = 0; path < 5; ++path) {
+      // 0: the device's plan for 20K rows (CTA groups, or one CTA a row once they fill the GPU),
+      // 1: short rows, 2: the radix select (no clusters, an sm_86's shared memory), 3: the stream
+      // select forced, 4: the radix select in CTA groups (rows too long to cache; few rows only).
+      if (path == 4 && f.rows > 16) continue;
+      Case c = shape(f.rows, path == 1 ? 2048 : path == 4 ? 600000 : 20000, 256, 200);
+      if (path == 2) c.facts = Case::Facts::kNoClustersSmallSmem;
+      c.stream = path == 3;
+      c.params.num_kv_heads = f.heads;
+      for (int h = 0; h < f.heads; ++h) c.params.roles.set_sparse(h, true);
+      for (int h : f.retrieval) c.params.roles.set_sparse(h, false);
+      c.params.sink = 2;
+      c.params.recent = 5;
+      for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+      CAPTURE(f.heads);
+      CAPTURE(f.rows);
+      CAPTURE(path);
+      std::int64_t written = 0;
+      for (int r = 0; r < c.rows; ++r) written += kvsift::topk_skips_row(c.params, r) ? 0 : 1;
+      REQUIRE(kvsift::topk_written_rows(c.params, c.rows) == written);
+      if (written > 0) {
+        const auto plan = plan_of<float>(c);
+        if (path == 1) CHECK(plan.threads == 256);
+        if (path == 2 || path == 4) CHECK(int(plan.kernel) == int(kvsift::detail::TopkKernel::kRadixSelect));
+        if (path == 4) CHECK(plan.ctas_per_row == 8);
+      }
+      const Inputs<float> in = make_inputs<float>(rng, c);
+      const Result want = reference(c, in);
+      DeviceCase<float> dev(c, in);
+      dev.poison();
+      const kvsift::Status st = dev.launch(c, in.stride, nullptr);
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+      kvsift_test::sync_and_check();
+      const Result got = dev.download();
+      require_equal(c, want, got, 2);  // the reference leaves filtered rows at the poison too
+      for (int r = 0; r < c.rows; ++r)
+        if (kvsift::topk_skips_row(c.params, r)) {
+          INFO("skipped row ", r);
+          REQUIRE(got.counts[r] == -1);
+          for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
+        }
+    }
+  }
+}
+
 TEST_CASE("topk gpu: forced sink and recent ranges, overlapping and exceeding the row, on every path") {
   auto rng = kvsift_test::make_rng(404);
   for (Case c : path_shapes(4096)) {

@@ -77,12 +77,14 @@ inline kvsift::cuda::Exec exec_for(const Case& c, cudaStream_t stream) {
   return exec;
 }
 
-// The plan cuda::topk makes for this case (tests assert the path they mean to force).
+// The plan cuda::topk makes for this case (tests assert the path they mean to force): sized by the
+// rows the filter writes, as cuda::topk sizes it.
 template <class T>
 kvsift::detail::TopkPlan plan_of(const Case& c) {
   const auto exec = exec_for(c, nullptr);
-  if (c.flagged) return kvsift::detail::plan_topk<typename kvsift::FlagFirstKey<T>::key_type>(c.rows, c.cols, exec.device);
-  return kvsift::detail::plan_topk<typename kvsift::ScoreKey<T>::key_type>(c.rows, c.cols, exec.device);
+  const std::int64_t rows = kvsift::topk_written_rows(c.params, c.rows);
+  if (c.flagged) return kvsift::detail::plan_topk<typename kvsift::FlagFirstKey<T>::key_type>(rows, c.cols, exec.device);
+  return kvsift::detail::plan_topk<typename kvsift::ScoreKey<T>::key_type>(rows, c.cols, exec.device);
 }
 
 // REQUIREs that the case runs the given kernel with the given CTA group and CTA size.
@@ -192,7 +194,8 @@ struct DeviceCase {
       using Key = decltype(key);
       if (!c.bracket) {
         KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
-        auto plan = kvsift::detail::plan_topk<typename Key::key_type>(c.rows, c.cols, exec.device);
+        auto plan = kvsift::detail::plan_topk<typename Key::key_type>(kvsift::topk_written_rows(p, c.rows), c.cols,
+                                                                      exec.device);
         plan.bracket_capacity = 0;
         return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
       }

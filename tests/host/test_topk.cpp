@@ -318,6 +318,44 @@ TEST_CASE("topk: the row filter leaves sparse heads' rows untouched") {
   CHECK(st.message().find("num_kv_heads = -1") != std::string::npos);
 }
 
+TEST_CASE("topk: the written rows of a filtered call, counted and enumerated in row order") {
+  // topk_written_rows / topk_written_row size and map the CUDA launch: they must enumerate exactly the
+  // rows topk_skips_row lets through, in ascending order, for any mask (past one 64-bit word too) and
+  // row count (a partial last sequence too).
+  auto rng = kvsift_test::make_rng(311);
+  for (int trial = 0; trial < 400; ++trial) {
+    kvsift::TopKParams p;
+    p.num_kv_heads = trial < 8 ? std::vector<int>{1, 2, 8, 63, 64, 65, 128, 256}[std::size_t(trial)]
+                               : kvsift_test::uniform_int(rng, 1, kvsift::kMaxKvHeads);
+    const int density = kvsift_test::uniform_int(rng, 0, 100);
+    // Set bits past num_kv_heads too: they belong to no head and must not count.
+    for (int h = 0; h < kvsift::kMaxKvHeads; ++h)
+      p.roles.set_sparse(h, h >= p.num_kv_heads ? kvsift_test::uniform_int(rng, 0, 1) == 1
+                                                 : kvsift_test::uniform_int(rng, 0, 99) >= density);
+    const std::int64_t rows = kvsift_test::uniform_int(rng, 0, 3 * p.num_kv_heads + 5);
+    CAPTURE(trial);
+    CAPTURE(p.num_kv_heads);
+    CAPTURE(rows);
+    std::vector<std::int64_t> want;
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (!kvsift::topk_skips_row(p, r)) want.push_back(r);
+    int retrieval = 0;
+    for (int h = 0; h < p.num_kv_heads; ++h) retrieval += p.roles.is_retrieval(h);
+    REQUIRE(p.roles.count_retrieval(p.num_kv_heads) == retrieval);
+    REQUIRE(p.roles.count_sparse(p.num_kv_heads) == p.num_kv_heads - retrieval);
+    for (int n = 0, h = 0; h < p.num_kv_heads; ++h)
+      if (p.roles.is_retrieval(h)) REQUIRE(p.roles.nth_retrieval(n++, p.num_kv_heads) == h);
+    CHECK(p.roles.nth_retrieval(retrieval, p.num_kv_heads) == -1);
+    REQUIRE(kvsift::topk_written_rows(p, rows) == std::int64_t(want.size()));
+    for (std::size_t i = 0; i < want.size(); ++i) REQUIRE(kvsift::topk_written_row(p, std::int64_t(i)) == want[i]);
+  }
+  kvsift::TopKParams all;
+  CHECK(kvsift::topk_written_rows(all, 77) == 77);
+  CHECK(kvsift::topk_written_row(all, 76) == 76);
+  CHECK(kvsift::HeadRoleMask().count_sparse(0) == 0);
+  CHECK(kvsift::HeadRoleMask::all_sparse(8).count_retrieval(8) == 0);
+}
+
 TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (H200 facts)") {
   using kvsift::detail::TopkKernel;
   const kvsift::DeviceFacts h200{132, 232448, true, 9, 0};
@@ -362,6 +400,16 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(p.smem_bytes == std::size_t(p.bitmap_words) * 4 + std::size_t(p.list_capacity) * 8);  // ties in the histogram
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkStreamStaticSmem + 1024) <= 233472);
   }
+  // LycheeDecode's retrieval layer at batch 8, 128K, one retrieval head of 8: the call has 64 rows
+  // (the stream select's shape) but writes 8, and is planned as 8 rows (CTA groups of 8, the bracket).
+  kvsift::TopKParams filtered;
+  filtered.num_kv_heads = 8;
+  for (int h = 1; h < 8; ++h) filtered.roles.set_sparse(h, true);
+  const auto layer = kvsift::detail::plan_topk<std::uint32_t>(kvsift::topk_written_rows(filtered, 64), 131072, h200);
+  CHECK(kvsift::topk_written_rows(filtered, 64) == 8);
+  CHECK(layer.kernel == TopkKernel::kCandidateSelect);
+  CHECK(layer.ctas_per_row == 8);
+  CHECK(layer.bracket_capacity > 0);
   // Rows too long for two CTAs per SM get one, with the largest list that fits.
   const auto longest = kvsift::detail::plan_topk_stream<std::uint32_t>(1 << 19, h200);
   CHECK(longest.list_capacity > 0);

@@ -56,13 +56,37 @@ class HeadRoleMask {
   /// Whether head `h` is a retrieval head (the complement of is_sparse).
   KVSIFT_HD bool is_retrieval(int h) const { return !is_sparse(h); }
   /// Sparse heads among [0, num_kv_heads): the heads that need an index-set row.
-  int count_sparse(int num_kv_heads) const {
+  KVSIFT_HD int count_sparse(int num_kv_heads) const {
+    return num_kv_heads > 0 ? num_kv_heads - count_retrieval(num_kv_heads) : 0;
+  }
+  /// Retrieval heads among [0, num_kv_heads), num_kv_heads in [0, kMaxKvHeads].
+  KVSIFT_HD int count_retrieval(int num_kv_heads) const {
     int n = 0;
-    for (int h = 0; h < num_kv_heads; ++h) n += is_sparse(h);
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int w = 0; w < kMaxKvHeads / 64; ++w) n += popcount64(retrieval_word(w, num_kv_heads));
     return n;
   }
-  /// Retrieval heads among [0, num_kv_heads).
-  int count_retrieval(int num_kv_heads) const { return num_kv_heads - count_sparse(num_kv_heads); }
+  /// The `n`-th retrieval head (counting from 0) among [0, num_kv_heads), for n in
+  /// [0, count_retrieval(num_kv_heads)); -1 past the last. A few popcounts, no loop over the heads:
+  /// top-k's row filter maps each CTA group to its row with it.
+  KVSIFT_HD int nth_retrieval(int n, int num_kv_heads) const {
+    int head = -1;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int w = 0; w < kMaxKvHeads / 64; ++w) {
+      std::uint64_t word = retrieval_word(w, num_kv_heads);
+      const int c = popcount64(word);
+      if (head < 0 && n >= 0 && n < c) {
+        for (int i = 0; i < n; ++i) word &= word - 1;  // drop the n lower retrieval heads of this word
+        head = 64 * w + lowest_bit64(word);
+      }
+      n -= c;
+    }
+    return head;
+  }
   /// Same role for every head slot, including slots beyond the layer's head count.
   bool operator==(const HeadRoleMask& o) const {
     for (int i = 0; i < kMaxKvHeads / 64; ++i)
@@ -73,6 +97,30 @@ class HeadRoleMask {
   bool operator!=(const HeadRoleMask& o) const { return !(*this == o); }
 
  private:
+  KVSIFT_HD static int popcount64(std::uint64_t x) {
+#if defined(__CUDA_ARCH__)
+    return __popcll(x);
+#else
+    return __builtin_popcountll(x);
+#endif
+  }
+  /// Index of the lowest set bit of a nonzero x.
+  KVSIFT_HD static int lowest_bit64(std::uint64_t x) {
+#if defined(__CUDA_ARCH__)
+    return __ffsll(static_cast<long long>(x)) - 1;
+#else
+    return __builtin_ctzll(x);
+#endif
+  }
+  /// Word w's retrieval bits (clear = retrieval), limited to the heads below num_kv_heads. Callers
+  /// pass a constant w (unrolled loops), which keeps a kernel-parameter mask out of local memory.
+  KVSIFT_HD std::uint64_t retrieval_word(int w, int num_kv_heads) const {
+    const int below = num_kv_heads - 64 * w;
+    if (below <= 0) return 0;
+    const std::uint64_t valid = below >= 64 ? ~std::uint64_t(0) : (std::uint64_t(1) << below) - 1;
+    return ~bits_[w] & valid;
+  }
+
   std::uint64_t bits_[kMaxKvHeads / 64] = {};
 };
 

@@ -32,8 +32,11 @@ namespace detail {
 template <class T, class Key>
 Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   const TopkPlan& plan = launch.plan;
-  KVSIFT_REQUIRE(launch.scores.rows * plan.ctas_per_row <= INT32_MAX, kUnsupported, "scores.rows = ",
-                 launch.scores.rows, " is too many rows for one launch");
+  // The grid covers the rows the filter writes: a sparse head's row costs no CTA (topk_written_row).
+  const std::int64_t rows = topk_written_rows(launch.params, launch.scores.rows);
+  if (rows == 0) return Status();
+  KVSIFT_REQUIRE(rows * plan.ctas_per_row <= INT32_MAX, kUnsupported, "scores.rows = ", launch.scores.rows,
+                 " is too many rows for one launch");
   KVSIFT_REQUIRE(plan.kernel != TopkKernel::kStreamSelect || (plan.list_capacity > 0 && plan.ctas_per_row == 1 &&
                                                               std::int64_t(plan.bitmap_words) * 32 >= plan.cols),
                  kInternal, "topk plan: a stream select without room for its list or bitmaps");
@@ -59,7 +62,7 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                                         "topk: cudaFuncSetAttribute"));
 
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(launch.scores.rows * plan.ctas_per_row));
+  config.gridDim = dim3(unsigned(rows * plan.ctas_per_row));
   config.blockDim = dim3(unsigned(plan.threads));
   config.dynamicSmemBytes = plan.smem_bytes;
   config.stream = exec.stream;
@@ -91,8 +94,8 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   KVSIFT_TRY(exec.device.validate("topk"));
   using K = typename Key::key_type;
   return detail::launch_topk(exec, detail::TopkLaunch<T, Key>{scores, params, out, values, key,
-                                                              detail::plan_topk<K>(scores.rows, int(scores.cols),
-                                                                                   exec.device)});
+                                                              detail::plan_topk<K>(topk_written_rows(params, scores.rows),
+                                                                                   int(scores.cols), exec.device)});
 }
 
 }  // namespace cuda

@@ -53,6 +53,24 @@ KVSIFT_HD inline bool topk_skips_row(const TopKParams& p, std::int64_t row) {
   return p.num_kv_heads > 0 && p.roles.is_sparse(int(row % p.num_kv_heads));
 }
 
+/// Rows of a `rows`-row call that the row filter lets through: all of them without a filter, else
+/// the retrieval heads' rows of every whole sequence plus those of a partial last one. The CUDA
+/// backend plans and launches for these rows only (LycheeDecode: batch x retrieval heads, not batch x
+/// KV heads), so a layer with one retrieval head of 8 gets the launch shape of batch rows.
+KVSIFT_HD inline std::int64_t topk_written_rows(const TopKParams& p, std::int64_t rows) {
+  if (p.num_kv_heads <= 0) return rows;
+  const std::int64_t h = p.num_kv_heads;
+  return rows / h * p.roles.count_retrieval(p.num_kv_heads) + p.roles.count_retrieval(int(rows % h));
+}
+
+/// The row of the `i`-th written row, i in [0, topk_written_rows(p, rows)): sequence i / R, its
+/// (i mod R)-th retrieval head, R = the retrieval heads per sequence (> 0 whenever a row is written).
+KVSIFT_HD inline std::int64_t topk_written_row(const TopKParams& p, std::int64_t i) {
+  if (p.num_kv_heads <= 0) return i;
+  const std::int64_t r = p.roles.count_retrieval(p.num_kv_heads);
+  return i / r * p.num_kv_heads + p.roles.nth_retrieval(int(i % r), p.num_kv_heads);
+}
+
 namespace detail {
 
 /// Monotone map from a float to uint32: a > b  <=>  key(a) > key(b). NaN maps to 0, below -inf

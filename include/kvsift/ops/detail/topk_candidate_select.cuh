@@ -94,7 +94,8 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   const TopkCtaGroup group{a.plan.ctas_per_row};
   const int group_size = a.plan.ctas_per_row;
   const int rank = int(blockIdx.x) % group_size;
-  const std::int64_t row = blockIdx.x / group_size;
+  // The launch covers the rows the filter writes only (topk_written_row).
+  const std::int64_t row = topk_written_row(a.params, blockIdx.x / group_size);
   const int tid = int(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -102,9 +103,6 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   const T* row_scores = a.scores.data + row * a.scores.row_stride;
   std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
   T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
-
-  // A row of a sparse head is not this call's to write; every CTA of the group leaves together.
-  if (topk_skips_row(a.params, row)) return;
 
   // The length and budget loads go first, then the slice's score loads, all before any of them is
   // used: the slice is clipped to the view's columns (always readable), not to the length.

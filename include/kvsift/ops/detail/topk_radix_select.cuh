@@ -139,15 +139,11 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
 
   const TopkCtaGroup group{a.plan.ctas_per_row};
   const int rank = int(blockIdx.x) % a.plan.ctas_per_row;
-  const std::int64_t row = blockIdx.x / a.plan.ctas_per_row;
+  const std::int64_t row = topk_written_row(a.params, blockIdx.x / a.plan.ctas_per_row);  // filtered rows only
   const int tid = int(threadIdx.x);
   const T* row_scores = a.scores.data + row * a.scores.row_stride;
   std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
   T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
-
-  // A row of a sparse head is not this call's to write (LycheeDecode's table keeps an earlier layer's
-  // selection there). Every CTA of the group sees the same row, so they leave together.
-  if (topk_skips_row(a.params, row)) return;
 
   const int len = a.params.lengths ? a.params.lengths[row] : a.plan.cols;
   const int k = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;

@@ -236,15 +236,13 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   __shared__ typename BlockScan::TempStorage scan_storage;
   __shared__ int s_digit, s_above, s_count, s_sampled;
 
-  const std::int64_t row = blockIdx.x;
+  const std::int64_t row = topk_written_row(a.params, blockIdx.x);  // the launch covers the filtered rows only
   const int tid = int(threadIdx.x);
   const int lane = tid % kWarpSize;
   const unsigned lanes_below = (1u << lane) - 1u;
   const T* row_scores = a.scores.data + row * a.scores.row_stride;
   std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
   T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
-
-  if (topk_skips_row(a.params, row)) return;  // a sparse head's row is not this call's to write
 
   const int len = a.params.lengths ? a.params.lengths[row] : a.plan.cols;
   const int k = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
