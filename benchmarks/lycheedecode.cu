@@ -12,7 +12,8 @@
 // time over its floor): K and V rows the step must read (retrieval heads: the whole sequence; sparse
 // heads: their budget), q read, out written, the sparse heads' index rows read and the retrieval
 // heads' rows written. Extra counters: attention_us (the same attention launch alone), handoff_share
-// (1 - attention / step: what selection and handoff cost), dense_us and speedup_vs_dense.
+// (1 - attention / step: what selection and handoff cost), selection_us (token modes: the hand-off's
+// top-k alone on the attention's scores), dense_us and speedup_vs_dense.
 // torch SDPA (cuDNN) dense decode on the same shapes: benchmarks/torch_decode_attention.py.
 #include <benchmark/benchmark.h>
 
@@ -171,6 +172,27 @@ void BM_HybridLayer(benchmark::State& state) {
     state.counters["attention_us"] = attention_us;
     if (state.counters.count("us_median"))
       state.counters["handoff_share"] = 1.0 - attention_us / double(state.counters["us_median"]);
+  }
+  // Token modes: the hand-off's top-k alone, with the layer's parameters, on the scores the attention
+  // launch above just wrote (full-length rows), so the part of the hand-off outside the top-k (the
+  // row plan's kernel and the launch gaps) is read off as layer - attention - selection.
+  if (R > 0 && !is_block_mode(mode)) {
+    const int rows = B * kHkv;
+    kvsift_bench::DeviceArray<std::int32_t> row_lengths(rows), idx(std::size_t(rows) * config.budget), counts(rows);
+    const std::vector<std::int32_t> full(std::size_t(rows), S);
+    KVSIFT_BENCH_CUDA(cudaMemcpy(row_lengths.get(), full.data(), full.size() * 4, cudaMemcpyHostToDevice));
+    kvsift::TopKParams select;
+    select.lengths = row_lengths.get();
+    select.roles = decoder.roles(1);
+    select.num_kv_heads = kHkv;
+    select.k = config.budget;
+    select.sink = config.sink;
+    select.recent = config.recent;
+    const kvsift::StridedView2D<const float> score_view{scores.get(), rows, S, S + 4};
+    const auto out = kvsift::make_index_set(idx.get(), counts.get(), rows, config.budget);
+    if (kvsift::cuda::topk(kvsift_bench::gpu(), score_view, select, out).ok())
+      state.counters["selection_us"] = kvsift_bench::median_gpu_us(
+          [&](cudaStream_t s) { (void)kvsift::cuda::topk(kvsift_bench::gpu().on(s), score_view, select, out); });
   }
   const double dense_us = dense_decode_us(in);
   state.counters["dense_us"] = dense_us;

@@ -5,7 +5,8 @@
 // (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
 // its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
 // runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
-// without the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk
+// without the bracket, BM_TopKGroup the candidate select in a forced CTA group size, with and without
+// the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk
 // baseline for the same shapes is benchmarks/torch_topk.py; FlashInfer's through ../shared/peer
 // (issue 15).
 #include <benchmark/benchmark.h>
@@ -149,6 +150,21 @@ void BM_TopKRetrievalRows(benchmark::State& state) {
   if (shape.time_plan(state, plan)) plan_counters(state, plan);
 }
 
+// The candidate select in CTA groups of a forced size (args: rows, n, k, 0, 0, group, bracket):
+// detail::plan_topk_group, the plan's own choice beside it in BM_TopK. Where the plan's group-size
+// and bracket rules (topk_plan.hpp) come from: 16 rows of 32K took 28.0 us in its groups of 8
+// without the bracket against 24.5 in groups of 2 (2026-12-02).
+void BM_TopKGroup(benchmark::State& state) {
+  const TopkShape shape(state);
+  const auto plan = kvsift::detail::plan_topk_group<std::uint32_t>(shape.n, int(state.range(5)), state.range(6) != 0,
+                                                                   kvsift_bench::gpu().device);
+  if (state.range(6) != 0 && plan.bracket_capacity == 0) {
+    state.SkipWithError("the bracket's list does not fit beside this slice");
+    return;
+  }
+  if (shape.time_plan(state, plan)) plan_counters(state, plan);
+}
+
 // The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
 void BM_TopKStreamSample(benchmark::State& state) {
   const TopkShape shape(state);
@@ -183,6 +199,13 @@ void selected_row_shapes(benchmark::internal::Benchmark* b) {
     for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0});
 }
 
+void group_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {8, 16, 32})
+    for (int n : {32768, 131072})
+      for (int group : {2, 4, 8})
+        for (int bracket : {0, 1}) b->Args({rows, n, 4096, 0, 0, group, bracket});
+}
+
 void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 64, 256}) b->Args({rows, 2048, 64, 0, 0});  // block scores, 64 blocks kept
   b->Args({32, 131072, 4096, 128, 256});                          // LycheeDecode token mode
@@ -215,6 +238,12 @@ BENCHMARK(BM_TopKDigitSearch)
 BENCHMARK(BM_TopKStreamSample)
     ->Apply(sample_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent", "period"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKGroup)
+    ->Apply(group_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "group", "bracket"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -104,18 +104,46 @@ TopkPlan plan_topk_stream(int cols, const DeviceFacts& device) {
   return s;
 }
 
+/// The CTA-group plan for rows of `cols` positions in groups of `c` CTAs (c a power of two, 1 without
+/// clusters): the candidate select where the slice's keys and offsets fit shared memory, with the
+/// sampled bracket if `bracket` asks for it and its list fits beside the slice, else the radix select
+/// (its slice cached in shared memory up to kTopkMaxCachedSliceBytes). plan_topk picks `c`; tests and
+/// bench_topk call this directly to force a group size.
+template <class KeyT>
+TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& device) {
+  TopkPlan s;
+  s.cols = cols;
+  s.ctas_per_row = c;
+  s.slice = int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8;
+  // The candidate select keeps the slice's keys and a list of 16-bit offsets in shared memory.
+  const std::size_t candidate_bytes = std::size_t(s.slice) * (sizeof(KeyT) + sizeof(std::uint16_t));
+  if (s.slice <= kTopkCandMaxSlice && candidate_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
+    s.kernel = TopkKernel::kCandidateSelect;
+    s.cached = true;
+    s.smem_bytes = candidate_bytes;
+    s.threads = c == 1 && s.slice <= kTopkCandShortSlice ? 256 : 512;
+    if (bracket && c > 1 && candidate_bytes + kTopkBracketListBytes + kTopkCandStaticSmem <= device.max_smem_optin) {
+      s.bracket_capacity = int(kTopkBracketListBytes / sizeof(KeyT));
+      s.smem_bytes = candidate_bytes + kTopkBracketListBytes;
+    }
+    return s;
+  }
+  s.cached = std::size_t(s.slice) * sizeof(KeyT) <= kTopkMaxCachedSliceBytes &&
+             std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
+  s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;
+  return s;
+}
+
 /// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
 /// group whose slices fit shared memory. Rows of at least kTopkStreamMinCols positions whose groups
 /// would need more than one wave take the stream select. Otherwise the candidate select runs
 /// wherever its shared memory fits (fp32 rows up to 262144 positions, 33-bit flag-first keys up to
 /// 131072, on an H200); the radix select takes the rest (longer rows, or GPUs without clusters or
 /// with less shared memory), except that a GPU without clusters streams rows the radix select could
-/// not keep in shared memory.
+/// not keep in shared memory. `rows` is the number of rows the call writes (topk_written_rows).
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   auto slice_for = [cols](int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; };
-  TopkPlan s;
-  s.cols = cols;
   const int max_group = device.clusters ? kTopkMaxCtasPerRow : 1;
   int c = 1;
   while (c < max_group && std::size_t(slice_for(c)) * sizeof(KeyT) > kTopkPreferredSliceBytes) c *= 2;
@@ -134,34 +162,14 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;
   }
-  s.ctas_per_row = c;
-  s.slice = slice_for(c);
-  // The candidate select keeps the slice's keys and a list of 16-bit offsets in shared memory.
-  const std::size_t candidate_bytes = std::size_t(s.slice) * (sizeof(KeyT) + sizeof(std::uint16_t));
-  if (s.slice <= kTopkCandMaxSlice && candidate_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
-    s.kernel = TopkKernel::kCandidateSelect;
-    s.cached = true;
-    s.smem_bytes = candidate_bytes;
-    s.threads = c == 1 && s.slice <= kTopkCandShortSlice ? 256 : 512;
-    // CTA groups take the sampled bracket when one CTA per SM is enough for the grid and its list
-    // fits beside the slice (8 rows of 32K or 128K). Where two CTAs share an SM it loses: the CTA's
-    // bracket is a few thousand instructions a thread issued by half an SM (32 x 32K in groups of 4:
-    // 25.0 us without it, 27.9 with it; H200, docs/performance.md).
-    if (c > 1 && rows * c <= one_wave / 2) {
-      const std::size_t list_bytes = kTopkBracketListBytes;
-      if (candidate_bytes + list_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
-        s.bracket_capacity = int(list_bytes / sizeof(KeyT));
-        s.smem_bytes = candidate_bytes + list_bytes;
-      }
-    }
-    return s;
-  }
-  s.cached = std::size_t(s.slice) * sizeof(KeyT) <= kTopkMaxCachedSliceBytes &&
-             std::size_t(s.slice) * sizeof(KeyT) <= device.max_smem_optin;
-  s.smem_bytes = s.cached ? std::size_t(s.slice) * sizeof(KeyT) : 0;
+  // CTA groups take the sampled bracket when one CTA per SM is enough for the grid and its list fits
+  // beside the slice (8 rows of 32K or 128K). Where two CTAs share an SM it loses: the CTA's bracket
+  // is a few thousand instructions a thread issued by half an SM (32 x 32K in groups of 4: 25.0 us
+  // without it, 27.9 with it; H200, docs/performance.md).
+  const TopkPlan s = plan_topk_group<KeyT>(cols, c, rows * c <= one_wave / 2, device);
   // Without clusters an uncached radix select is one CTA per row too, re-reading the row on every
   // pass; the stream select reads it about 1.06 times.
-  if (!s.cached && !device.clusters) {
+  if (s.kernel == TopkKernel::kRadixSelect && !s.cached && !device.clusters) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;
   }
