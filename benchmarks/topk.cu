@@ -151,13 +151,12 @@ void BM_TopKRetrievalRows(benchmark::State& state) {
 }
 
 // The candidate select in CTA groups of a forced size (args: rows, n, k, 0, 0, group, bracket):
-// detail::plan_topk_group, the plan's own choice beside it in BM_TopK. Where the plan's group-size
-// and bracket rules (topk_plan.hpp) come from: 16 rows of 32K took 28.0 us in its groups of 8
-// without the bracket against 24.5 in groups of 2 (2026-12-02).
+// detail::plan_topk_group, the plan's own choice beside it in BM_TopK. The plan's group-size and
+// bracket rules (topk_plan.hpp) are read off this table.
 void BM_TopKGroup(benchmark::State& state) {
   const TopkShape shape(state);
   const auto plan = kvsift::detail::plan_topk_group<std::uint32_t>(shape.n, int(state.range(5)), state.range(6) != 0,
-                                                                   kvsift_bench::gpu().device);
+                                                              kvsift_bench::gpu().device);
   if (state.range(6) != 0 && plan.bracket_capacity == 0) {
     state.SkipWithError("the bracket's list does not fit beside this slice");
     return;
@@ -200,7 +199,7 @@ void selected_row_shapes(benchmark::internal::Benchmark* b) {
 }
 
 void group_shapes(benchmark::internal::Benchmark* b) {
-  for (int rows : {8, 16, 32})
+  for (int rows : {8, 16, 32, 64})
     for (int n : {32768, 131072})
       for (int group : {2, 4, 8})
         for (int bracket : {0, 1}) b->Args({rows, n, 4096, 0, 0, group, bracket});

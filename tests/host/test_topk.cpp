@@ -359,13 +359,16 @@ TEST_CASE("topk: the written rows of a filtered call, counted and enumerated in 
 TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (H200 facts)") {
   using kvsift::detail::TopkKernel;
   const kvsift::DeviceFacts h200{132, 232448, true, 9, 0};
-  // bracket: the sampled bracket's list (8192 32-bit keys) where one CTA per SM fits the grid.
+  // bracket: the sampled bracket's list (8192 32-bit keys) for groups of 8 whose grid fits one CTA
+  // per SM. Groups grow while the grid stays within 7/8 of the SMs (115 CTAs on 132).
   struct Want { std::int64_t rows; int cols; int group, slice, threads; bool bracket; };
   // The issue's target shapes: fp32 scores, 32-bit keys.
-  for (const Want w : {Want{8, 32768, 8, 4096, 512, true}, Want{32, 32768, 4, 8192, 512, false},
-                       Want{64, 32768, 2, 16384, 512, false}, Want{8, 131072, 8, 16384, 512, true},
-                       Want{16, 131072, 8, 16384, 512, false}, Want{8, 2048, 1, 2048, 256, false},
-                       Want{64, 2048, 1, 2048, 256, false}, Want{256, 2048, 1, 2048, 256, false}}) {
+  for (const Want w : {Want{8, 32768, 8, 4096, 512, true}, Want{16, 32768, 4, 8192, 512, false},
+                       Want{32, 32768, 2, 16384, 512, false}, Want{64, 32768, 2, 16384, 512, false},
+                       Want{1, 131072, 8, 16384, 512, true}, Want{8, 131072, 8, 16384, 512, true},
+                       Want{14, 131072, 8, 16384, 512, true}, Want{16, 131072, 4, 32768, 512, false},
+                       Want{8, 2048, 1, 2048, 256, false}, Want{64, 2048, 1, 2048, 256, false},
+                       Want{256, 2048, 1, 2048, 256, false}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
     CAPTURE(w.cols);

@@ -147,12 +147,15 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   const int max_group = device.clusters ? kTopkMaxCtasPerRow : 1;
   int c = 1;
   while (c < max_group && std::size_t(slice_for(c)) * sizeof(KeyT) > kTopkPreferredSliceBytes) c *= 2;
-  // More CTAs per row only while the whole grid stays one wave: two 512-thread CTAs per SM (64
-  // registers each), and clusters of 8 do not pack every SM, so about 7/8 of those slots. Past that
-  // the late clusters wait for the early ones: 32 rows x 32K in groups of 8 (256 CTAs) took 42.7 us,
-  // their last clusters starting 22 us late, against 25 us in groups of 4 (H200).
+  // More CTAs per row only while the grid stays within about one CTA per SM (clusters of 8 do not
+  // pack every SM: 7/8 of them). A grid of more CTAs shares SMs, and the candidate select's serial
+  // chain is instruction-issue bound: 16 rows x 32K took 19.4 us in groups of 4 (64 CTAs) against 28.2
+  // in groups of 8 (128 CTAs), 32 rows 24.7 in groups of 2 against 26.1 in groups of 4 (H200,
+  // 2026-12-02, BM_TopKGroup). Padding shared memory to keep 128 CTAs one per SM was slower still
+  // (37.9 us: 16 clusters of 8 are not co-resident), so the grid is kept small instead.
   const std::int64_t one_wave = std::int64_t(device.num_sms) * 2 * 7 / 8;
-  while (c < max_group && rows * 2 * c <= one_wave && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
+  const std::int64_t one_cta_per_sm = std::int64_t(device.num_sms) * 7 / 8;
+  while (c < max_group && rows * 2 * c <= one_cta_per_sm && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
   // Many long rows: once the CTA groups need more than one wave, each wave pays the whole serial
   // chain again; streaming each row through one CTA costs about 1.06x the bytes instead (a sixteenth
   // sampled). Within one wave the candidate select is faster (8 x 128K 28 against 45 us, 64 x 32K 25
@@ -162,11 +165,18 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     const TopkPlan stream = plan_topk_stream<KeyT>(cols, device);
     if (stream.list_capacity > 0) return stream;
   }
-  // CTA groups take the sampled bracket when one CTA per SM is enough for the grid and its list fits
-  // beside the slice (8 rows of 32K or 128K). Where two CTAs share an SM it loses: the CTA's bracket
-  // is a few thousand instructions a thread issued by half an SM (32 x 32K in groups of 4: 25.0 us
-  // without it, 27.9 with it; H200, docs/performance.md).
-  const TopkPlan s = plan_topk_group<KeyT>(cols, c, rows * c <= one_wave / 2, device);
+  // Groups of 8 whose grid still shares SMs (16 rows of 128K: 64 KiB slices) halve once more where the
+  // larger slice still fits shared memory: 39.4 us in groups of 4 against 42.9 in groups of 8 (H200).
+  if (c == kTopkMaxCtasPerRow && rows * c > one_cta_per_sm) {
+    const std::size_t half_group_bytes = std::size_t(slice_for(c / 2)) * (sizeof(KeyT) + sizeof(std::uint16_t));
+    if (slice_for(c / 2) <= kTopkCandMaxSlice && half_group_bytes + kTopkCandStaticSmem <= device.max_smem_optin) c /= 2;
+  }
+  // Groups of 8 take the sampled bracket when their grid fits one CTA per SM and its list fits beside
+  // the slice (8 rows of 32K: 19.3 us against 20.7 with the digit searches; 8 rows of 128K: 26.5 against
+  // 30.4). Smaller groups have cheaper digit searches and lose with it (8 rows of 32K in groups of 4:
+  // 20.5 against 19.1; 32 rows 30.1 against 26.1; H200, 2026-12-02), as it does where two CTAs share
+  // an SM: the CTA's bracket is a few thousand instructions a thread.
+  const TopkPlan s = plan_topk_group<KeyT>(cols, c, c == kTopkMaxCtasPerRow && rows * c <= one_cta_per_sm, device);
   // Without clusters an uncached radix select is one CTA per row too, re-reading the row on every
   // pass; the stream select reads it about 1.06 times.
   if (s.kernel == TopkKernel::kRadixSelect && !s.cached && !device.clusters) {
