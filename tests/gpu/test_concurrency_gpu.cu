@@ -79,6 +79,9 @@ struct Job {
     lychee_ws = std::make_unique<DeviceBuffer<unsigned char>>(std::max<std::size_t>(bytes, 1));
     REQUIRE(kvsift::decode_attention_workspace_bytes(exec, view(), params(), &decode_ws_bytes).ok());
     decode_ws = std::make_unique<DeviceBuffer<unsigned char>>(std::max<std::size_t>(decode_ws_bytes, 1));
+    // The uploads and the poison above ran on the legacy stream, which may return before the device is
+    // done and which the job's non-blocking stream does not wait for.
+    KVSIFT_TEST_CUDA(cudaDeviceSynchronize());
   }
   Job(const Job&) = delete;
   ~Job() {
@@ -208,6 +211,7 @@ TEST_CASE("gpu: concurrent topk launches needing different shared memory all suc
     counts.emplace_back(std::size_t(shapes[t].rows));
     KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&streams[std::size_t(t)], cudaStreamNonBlocking));
   }
+  KVSIFT_TEST_CUDA(cudaDeviceSynchronize());  // the uploads (legacy stream) before the non-blocking streams
   std::atomic<int> errors{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t)

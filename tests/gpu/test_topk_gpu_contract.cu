@@ -202,6 +202,11 @@ TEST_CASE("topk gpu: captured in a CUDA graph and replayed on new data, equal to
     c.lengths[0] = c.cols;
     Inputs<float> in = make_inputs<float>(rng, c);
     DeviceCase<float> dev(c, in);
+    // The uploads and poisons are cudaMemcpy / cudaMemset on the legacy stream, which may return
+    // before the device has finished them and which a non-blocking stream does not wait for: every
+    // launch on `stream` below comes after a device synchronize (without it the poison could land
+    // after the kernel's writes; it did under initcheck, synccheck and racecheck, 2026-12-02).
+    KVSIFT_TEST_CUDA(cudaDeviceSynchronize());
     cudaStream_t stream;
     KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     cudaGraph_t graph;
@@ -218,6 +223,7 @@ TEST_CASE("topk gpu: captured in a CUDA graph and replayed on new data, equal to
       dev.scores.upload(in.scores);
       dev.lengths.upload(c.lengths);
       dev.poison();
+      KVSIFT_TEST_CUDA(cudaDeviceSynchronize());
       KVSIFT_TEST_CUDA(cudaGraphLaunch(exec, stream));
       KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
       kvsift_test::sync_and_check();
@@ -226,6 +232,7 @@ TEST_CASE("topk gpu: captured in a CUDA graph and replayed on new data, equal to
       const Result replayed = dev.download();
       require_equal(c, reference(c, in), replayed, 2);
       dev.poison();
+      KVSIFT_TEST_CUDA(cudaDeviceSynchronize());
       REQUIRE(dev.launch(c, in.stride, stream).ok());
       KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
       kvsift_test::sync_and_check();
