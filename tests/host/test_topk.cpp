@@ -366,7 +366,8 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   for (const Want w : {Want{8, 32768, 8, 4096, 512, true}, Want{16, 32768, 4, 8192, 512, false},
                        Want{32, 32768, 2, 16384, 512, false}, Want{64, 32768, 2, 16384, 512, false},
                        Want{1, 131072, 8, 16384, 512, true}, Want{8, 131072, 8, 16384, 512, true},
-                       Want{14, 131072, 8, 16384, 512, true}, Want{16, 131072, 4, 32768, 512, false},
+                       Want{14, 131072, 8, 16384, 512, true}, Want{15, 131072, 4, 32768, 512, false},
+                       Want{16, 131072, 4, 32768, 512, false}, Want{28, 131072, 4, 32768, 512, false},
                        Want{8, 2048, 1, 2048, 256, false}, Want{64, 2048, 1, 2048, 256, false},
                        Want{256, 2048, 1, 2048, 256, false}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);

@@ -104,6 +104,10 @@ TopkPlan plan_topk_stream(int cols, const DeviceFacts& device) {
   return s;
 }
 
+/// Positions per CTA when a row of `cols` positions is split over `c` CTAs: rounded up to a multiple
+/// of 8, so 16-byte vectors never straddle two CTAs.
+inline int topk_slice(int cols, int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; }
+
 /// The CTA-group plan for rows of `cols` positions in groups of `c` CTAs (c a power of two, 1 without
 /// clusters): the candidate select where the slice's keys and offsets fit shared memory, with the
 /// sampled bracket if `bracket` asks for it and its list fits beside the slice, else the radix select
@@ -114,7 +118,7 @@ TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& devic
   TopkPlan s;
   s.cols = cols;
   s.ctas_per_row = c;
-  s.slice = int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8;
+  s.slice = topk_slice(cols, c);
   // The candidate select keeps the slice's keys and a list of 16-bit offsets in shared memory.
   const std::size_t candidate_bytes = std::size_t(s.slice) * (sizeof(KeyT) + sizeof(std::uint16_t));
   if (s.slice <= kTopkCandMaxSlice && candidate_bytes + kTopkCandStaticSmem <= device.max_smem_optin) {
@@ -143,10 +147,9 @@ TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& devic
 /// not keep in shared memory. `rows` is the number of rows the call writes (topk_written_rows).
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
-  auto slice_for = [cols](int c) { return int((std::int64_t(cols) + c - 1) / c + 7) / 8 * 8; };
   const int max_group = device.clusters ? kTopkMaxCtasPerRow : 1;
   int c = 1;
-  while (c < max_group && std::size_t(slice_for(c)) * sizeof(KeyT) > kTopkPreferredSliceBytes) c *= 2;
+  while (c < max_group && std::size_t(topk_slice(cols, c)) * sizeof(KeyT) > kTopkPreferredSliceBytes) c *= 2;
   // More CTAs per row only while the grid stays within about one CTA per SM (clusters of 8 do not
   // pack every SM: 7/8 of them). A grid of more CTAs shares SMs, and the candidate select's serial
   // chain is instruction-issue bound: 16 rows x 32K took 19.4 us in groups of 4 (64 CTAs) against 28.2
@@ -155,7 +158,7 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   // (37.9 us: 16 clusters of 8 are not co-resident), so the grid is kept small instead.
   const std::int64_t one_wave = std::int64_t(device.num_sms) * 2 * 7 / 8;
   const std::int64_t one_cta_per_sm = std::int64_t(device.num_sms) * 7 / 8;
-  while (c < max_group && rows * 2 * c <= one_cta_per_sm && slice_for(2 * c) >= kTopkMinSlice) c *= 2;
+  while (c < max_group && rows * 2 * c <= one_cta_per_sm && topk_slice(cols, 2 * c) >= kTopkMinSlice) c *= 2;
   // Many long rows: once the CTA groups need more than one wave, each wave pays the whole serial
   // chain again; streaming each row through one CTA costs about 1.06x the bytes instead (a sixteenth
   // sampled). Within one wave the candidate select is faster (8 x 128K 28 against 45 us, 64 x 32K 25
@@ -167,10 +170,9 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   }
   // Groups of 8 whose grid still shares SMs (16 rows of 128K: 64 KiB slices) halve once more where the
   // larger slice still fits shared memory: 39.4 us in groups of 4 against 42.9 in groups of 8 (H200).
-  if (c == kTopkMaxCtasPerRow && rows * c > one_cta_per_sm) {
-    const std::size_t half_group_bytes = std::size_t(slice_for(c / 2)) * (sizeof(KeyT) + sizeof(std::uint16_t));
-    if (slice_for(c / 2) <= kTopkCandMaxSlice && half_group_bytes + kTopkCandStaticSmem <= device.max_smem_optin) c /= 2;
-  }
+  if (c == kTopkMaxCtasPerRow && rows * c > one_cta_per_sm &&
+      plan_topk_group<KeyT>(cols, c / 2, false, device).kernel == TopkKernel::kCandidateSelect)
+    c /= 2;
   // Groups of 8 take the sampled bracket when their grid fits one CTA per SM and its list fits beside
   // the slice (8 rows of 32K: 19.3 us against 20.7 with the digit searches; 8 rows of 128K: 26.5 against
   // 30.4). Smaller groups have cheaper digit searches and lose with it (8 rows of 32K in groups of 4:
