@@ -55,23 +55,7 @@ TEST_CASE("topk gpu: the row filter writes retrieval heads' rows only, in place"
     c.params.sink = 4;
     c.params.recent = 16;
     CAPTURE(c.rows);
-    const Inputs<float> in = make_inputs<float>(rng, c);
-    const Result want = reference(c, in);
-    DeviceCase<float> dev(c, in);
-    dev.poison();
-    REQUIRE(dev.launch(c, in.stride, nullptr).ok());
-    kvsift_test::sync_and_check();
-    const Result got = dev.download();
-    require_equal(c, want, got, 2);
-    for (int r = 0; r < c.rows; ++r) {
-      if (!kvsift::topk_skips_row(c.params, r)) {
-        CHECK(got.counts[r] >= 0);
-        continue;
-      }
-      INFO("skipped row ", r);
-      REQUIRE(got.counts[r] == -1);  // the poison: not written
-      for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
-    }
+    check_filtered_case<float>(rng, c);  // written rows equal the reference; skipped rows keep the poison
   }
 }
 
@@ -114,21 +98,7 @@ TEST_CASE("topk gpu: the filtered launch maps its CTAs onto the written rows, on
         if (path == 2 || path == 4) CHECK(int(plan.kernel) == int(kvsift::detail::TopkKernel::kRadixSelect));
         if (path == 4) CHECK(plan.ctas_per_row == 8);
       }
-      const Inputs<float> in = make_inputs<float>(rng, c);
-      const Result want = reference(c, in);
-      DeviceCase<float> dev(c, in);
-      dev.poison();
-      const kvsift::Status st = dev.launch(c, in.stride, nullptr);
-      REQUIRE_MESSAGE(st.ok(), st.to_string());
-      kvsift_test::sync_and_check();
-      const Result got = dev.download();
-      require_equal(c, want, got, 2);  // the reference leaves filtered rows at the poison too
-      for (int r = 0; r < c.rows; ++r)
-        if (kvsift::topk_skips_row(c.params, r)) {
-          INFO("skipped row ", r);
-          REQUIRE(got.counts[r] == -1);
-          for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
-        }
+      check_filtered_case<float>(rng, c);
     }
   }
 }

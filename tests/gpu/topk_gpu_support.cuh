@@ -253,6 +253,27 @@ void check_case(std::mt19937_64& rng, const Case& c) {
   require_equal(c, want, dev.download(), int(sizeof(T) / 2));
 }
 
+// check_case for a call with the row filter: the written rows against the reference, and every row the
+// filter skips still holding the poison in its count and all of its entries (nothing written there).
+template <class T>
+void check_filtered_case(std::mt19937_64& rng, const Case& c) {
+  const Inputs<T> in = make_inputs<T>(rng, c);
+  const Result want = reference(c, in);
+  DeviceCase<T> dev(c, in);
+  dev.poison();
+  const kvsift::Status st = dev.launch(c, in.stride, nullptr);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  kvsift_test::sync_and_check();
+  const Result got = dev.download();
+  require_equal(c, want, got, int(sizeof(T) / 2));
+  for (int r = 0; r < c.rows; ++r) {
+    if (!kvsift::topk_skips_row(c.params, r)) continue;
+    INFO("skipped row ", r);
+    REQUIRE(got.counts[r] == -1);
+    for (int j = 0; j < c.capacity; ++j) REQUIRE(got.indices[std::size_t(r) * c.capacity + j] == -1);
+  }
+}
+
 template <class T>
 void check_all_fills(std::mt19937_64& rng, Case c) {
   for (Fill f : {Fill::kRandom, Fill::kFewValues, Fill::kLeadingBits, Fill::kInfinities, Fill::kNaNs, Fill::kAscending,
