@@ -241,8 +241,10 @@ inline void require_equal(const Case& c, const Result& want, const Result& got, 
   }
 }
 
+// Fresh inputs for the case, the reference, one launch over poisoned outputs, and the comparison;
+// returns what the device wrote.
 template <class T>
-void check_case(std::mt19937_64& rng, const Case& c) {
+Result check_case(std::mt19937_64& rng, const Case& c) {
   const Inputs<T> in = make_inputs<T>(rng, c);
   const Result want = reference(c, in);
   DeviceCase<T> dev(c, in);
@@ -250,22 +252,16 @@ void check_case(std::mt19937_64& rng, const Case& c) {
   const kvsift::Status st = dev.launch(c, in.stride, nullptr);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   kvsift_test::sync_and_check();
-  require_equal(c, want, dev.download(), int(sizeof(T) / 2));
+  Result got = dev.download();
+  require_equal(c, want, got, int(sizeof(T) / 2));
+  return got;
 }
 
 // check_case for a call with the row filter: the written rows against the reference, and every row the
 // filter skips still holding the poison in its count and all of its entries (nothing written there).
 template <class T>
 void check_filtered_case(std::mt19937_64& rng, const Case& c) {
-  const Inputs<T> in = make_inputs<T>(rng, c);
-  const Result want = reference(c, in);
-  DeviceCase<T> dev(c, in);
-  dev.poison();
-  const kvsift::Status st = dev.launch(c, in.stride, nullptr);
-  REQUIRE_MESSAGE(st.ok(), st.to_string());
-  kvsift_test::sync_and_check();
-  const Result got = dev.download();
-  require_equal(c, want, got, int(sizeof(T) / 2));
+  const Result got = check_case<T>(rng, c);
   for (int r = 0; r < c.rows; ++r) {
     if (!kvsift::topk_skips_row(c.params, r)) continue;
     INFO("skipped row ", r);
