@@ -135,8 +135,9 @@ void BM_TopKDigitSearch(benchmark::State& state) {
 // retrieval heads' rows to select, and cuda::topk plans and launches for those rows only
 // (topk_written_rows). Beside BM_TopK on batch x R rows, the same selections as a call of their own, it
 // shows what the filtered launch costs. bracket 0 runs the plan with the sampled bracket off; all_rows 1
-// sizes the plan by every row of the call instead, as kvsift did until 2026-12-02 (B=8: the stream select over
-// 64 rows, 8 of them selected), so the gain of planning by the written rows is read off one binary.
+// sizes the plan by every row of the call instead, as kvsift did until 2026-12-02 (B=8: the stream
+// select over 64 rows, 8 of them selected), so the gain of planning by the written rows is read off one
+// binary.
 void BM_TopKRetrievalRows(benchmark::State& state) {
   TopkShape shape(state);
   constexpr int kKvHeads = 8;
@@ -156,7 +157,7 @@ void BM_TopKRetrievalRows(benchmark::State& state) {
 void BM_TopKGroup(benchmark::State& state) {
   const TopkShape shape(state);
   const auto plan = kvsift::detail::plan_topk_group<std::uint32_t>(shape.n, int(state.range(5)), state.range(6) != 0,
-                                                              kvsift_bench::gpu().device);
+                                                                   kvsift_bench::gpu().device);
   if (state.range(6) != 0 && plan.bracket_capacity == 0) {
     state.SkipWithError("the bracket's list does not fit beside this slice");
     return;
