@@ -156,6 +156,7 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   // in groups of 8 (128 CTAs), 32 rows 24.7 in groups of 2 against 26.1 in groups of 4 (H200,
   // 2026-12-02, BM_TopKGroup). Padding shared memory to keep 128 CTAs one per SM was slower still
   // (37.9 us: 16 clusters of 8 are not co-resident), so the grid is kept small instead.
+  // One wave: two 512-thread CTAs per SM (64 registers each), 7/8 of those slots for clusters.
   const std::int64_t one_wave = std::int64_t(device.num_sms) * 2 * 7 / 8;
   const std::int64_t one_cta_per_sm = std::int64_t(device.num_sms) * 7 / 8;
   while (c < max_group && rows * 2 * c <= one_cta_per_sm && topk_slice(cols, 2 * c) >= kTopkMinSlice) c *= 2;
