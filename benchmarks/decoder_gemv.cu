@@ -99,6 +99,56 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"shape", "n"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
+// One llama3-8b layer's four decode projections back to back, as a step runs them: q/k/v fused, o,
+// gate/up fused, down with the SwiGLU fused, each a pipelined GEMV launched with PDL (the first as a
+// plain launch). The inputs are not what a layer computes (every GEMV reads x, or gate/up): the
+// weights' bytes and the launch chain are what is timed, against the same bytes in one stream.
+void BM_DecoderLayerChain(benchmark::State& state) {
+  namespace k = minimal_decoder::kernels;
+  const int n = int(state.range(0));
+  const int hidden = 4096, kv = 1024, inter = 14336;
+  struct Mat {
+    std::unique_ptr<kvsift_bench::DeviceArray<BF16>> w;
+    int rows, cols;
+  };
+  std::vector<Mat> m;
+  const int dims[7][2] = {{hidden, hidden}, {kv, hidden}, {kv, hidden}, {hidden, hidden}, {inter, hidden}, {inter, hidden}, {hidden, inter}};
+  double bytes = 0;
+  for (const auto& d : dims) {
+    m.push_back({std::make_unique<kvsift_bench::DeviceArray<BF16>>(std::size_t(d[0]) * d[1]), d[0], d[1]});
+    kvsift_bench::fill_uniform_bf16(m.back().w->get(), m.back().w->n, -1.f, 1.f, 11 + int(m.size()));
+    bytes += double(m.back().w->bytes());
+  }
+  kvsift_bench::DeviceArray<float> x(std::size_t(n) * inter), gate(std::size_t(n) * inter), up(std::size_t(n) * inter);
+  kvsift_bench::fill_uniform(x.get(), x.n, -1.f, 1.f, 3);
+  kvsift_bench::fill_uniform(gate.get(), gate.n, -1.f, 1.f, 4);
+  kvsift_bench::fill_uniform(up.get(), up.n, -1.f, 1.f, 5);
+  kvsift_bench::DeviceArray<float> y(std::size_t(n) * inter * 2);
+  const std::vector<std::vector<int>> launches = {{0, 1, 2}, {3}, {4, 5}, {6}};  // the matrices of each launch
+  std::vector<k::GemvTargets> targets(launches.size());
+  for (std::size_t l = 0; l < launches.size(); ++l) {
+    targets[l] = k::GemvTargets{};
+    std::int64_t offset = 0;
+    for (int i : launches[l]) {
+      targets[l].w[targets[l].count] = m[std::size_t(i)].w->get();
+      targets[l].rows[targets[l].count] = m[std::size_t(i)].rows;
+      targets[l].y[targets[l].count] = y.get() + offset;
+      offset += std::int64_t(n) * m[std::size_t(i)].rows;
+      ++targets[l].count;
+    }
+  }
+  KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
+  state.SetLabel("layer chain (q/k/v, o, gate/up, down)");
+  kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
+    for (std::size_t l = 0; l < launches.size(); ++l) {
+      const bool swiglu = l == 3;
+      k::launch_gemv_bf16_pipelined(targets[l], m[std::size_t(launches[l][0])].cols, swiglu ? gate.get() : x.get(), n, stream,
+                                    swiglu ? up.get() : nullptr, l > 0);
+    }
+  });
+}
+BENCHMARK(BM_DecoderLayerChain)->Arg(1)->Arg(4)->ArgName("n")->UseManualTime()->Unit(benchmark::kMicrosecond);
+
 void BM_DecoderGemv(benchmark::State& state) { bench(state, Kernel::kBlocked, 0); }
 void BM_DecoderGemvR2(benchmark::State& state) { bench(state, Kernel::kBlocked, 2); }
 void BM_DecoderGemvR4(benchmark::State& state) { bench(state, Kernel::kBlocked, 4); }

@@ -324,16 +324,21 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
 
 
 // The backend's GEMV and launch settings the tests go through: the default first (pipelined GEMV,
-// PDL on), then the blocked GEMV and plain launches.
+// PDL on, each norm fused into the GEMV after it), then the norms in launches of their own, the
+// blocked GEMV and plain launches.
 struct LaunchConfig {
   md::CudaBackend::GemvKernel gemv;
   bool pdl;
+  bool fuse_norms;
   const char* name;
 };
-const LaunchConfig kLaunchConfigs[] = {{md::CudaBackend::GemvKernel::kPipelined, true, "pipelined GEMV, PDL"},
-                                       {md::CudaBackend::GemvKernel::kPipelined, false, "pipelined GEMV, plain launches"},
-                                       {md::CudaBackend::GemvKernel::kBlocked, true, "blocked GEMV, PDL"},
-                                       {md::CudaBackend::GemvKernel::kBlocked, false, "blocked GEMV, plain launches"}};
+const LaunchConfig kLaunchConfigs[] = {
+    {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused"},
+    {md::CudaBackend::GemvKernel::kPipelined, true, false, "pipelined GEMV, PDL, norms apart"},
+    {md::CudaBackend::GemvKernel::kPipelined, false, true, "pipelined GEMV, plain launches"},
+    {md::CudaBackend::GemvKernel::kBlocked, true, true, "blocked GEMV, PDL"},
+    {md::CudaBackend::GemvKernel::kBlocked, false, true, "blocked GEMV, plain launches"}};
+constexpr int kPlainBlocked = 4;  // the reference configuration: the behaviour before PDL (and the fused norm)
 // The launch settings under test; shape routing off, so every decode projection runs on the GEMV
 // under test (with it on, the large matrices from 3 input rows go to cuBLAS: the decoder-level cases
 // run that default against the CPU).
@@ -341,6 +346,7 @@ void apply(md::CudaBackend& gpu, const LaunchConfig& lc) {
   gpu.set_gemv_kernel(lc.gemv);
   gpu.set_programmatic_launch(lc.pdl);
   gpu.set_shape_routing(false);
+  gpu.set_norm_fusion(lc.fuse_norms);
 }
 
 }  // namespace
@@ -409,6 +415,75 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
   apply(gpu, kLaunchConfigs[0]);
 }
 
+// The norm fused into the GEMV's prologue against the norm kernel followed by the GEMV: the residual
+// sum and the projections bit for bit, with and without the residual input, for 1..8 rows, a
+// fused q/k/v-like launch of three targets (several tiles per persistent block) and a lone target.
+TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kernel then the GEMV, bit for bit") {
+  md::CudaBackend gpu;
+  gpu.set_shape_routing(false);
+  std::mt19937 rng(23);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int dim = 1024;
+  std::vector<md::CudaBackend::Matrix> mats;
+  for (int rows : {1024, 256, 264, 40}) {
+    std::vector<float> w(std::size_t(rows) * dim);
+    for (float& v : w) v = normal(rng);
+    mats.push_back(gpu.make_matrix(w, rows, dim));
+  }
+  std::vector<float> nw(dim);
+  for (float& v : nw) v = 1.f + 0.1f * normal(rng);
+  auto d_nw = gpu.alloc<float>(nw.size());
+  gpu.upload(d_nw.data(), nw.data(), nw.size());
+  for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n)
+    for (bool with_delta : {true, false}) {
+      INFO("n ", n, (with_delta ? ", x + delta" : ", x alone"));
+      std::vector<float> x(std::size_t(n) * dim), delta(x.size());
+      for (float& v : x) v = 3.f * normal(rng);
+      for (float& v : delta) v = normal(rng);
+      auto dx = gpu.alloc<float>(x.size()), ddelta = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
+      gpu.upload(dx.data(), x.data(), x.size());
+      std::vector<md::CudaBackend::Buffer<float>> ys;
+      for (std::size_t m = 0; m < mats.size(); ++m) ys.push_back(gpu.alloc<float>(std::size_t(n) * mats[m].rows));
+      std::vector<std::vector<float>> first(mats.size() + 1);
+      for (bool fused : {true, false}) {
+        INFO("norm ", (fused ? "fused" : "apart"));
+        gpu.set_norm_fusion(fused);
+        gpu.upload(ddelta.data(), delta.data(), delta.size());  // the unfused path writes its normed rows there
+        const std::vector<float> poison(x.size(), NAN);
+        gpu.upload(dxo.data(), poison.data(), poison.size());
+        for (std::size_t m = 0; m < mats.size(); ++m) {
+          const std::vector<float> py(ys[m].size(), NAN);
+          gpu.upload(ys[m].data(), py.data(), py.size());
+        }
+        const float* dd = with_delta ? ddelta.data() : nullptr;
+        gpu.norm_linear_shared_input(dx.data(), dd, dxo.data(), n, dim, d_nw.data(), 1e-5f, ddelta.data(),
+                                     {{&mats[0], ys[0].data()}, {&mats[1], ys[1].data()}, {&mats[2], ys[2].data()}});
+        std::vector<float> xo(x.size());
+        gpu.download(xo.data(), dxo.data(), xo.size());
+        for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(xo[e] == (with_delta ? x[e] + delta[e] : x[e]));
+        for (std::size_t m = 0; m < 3; ++m) {
+          std::vector<float> y(ys[m].size());
+          gpu.download(y.data(), ys[m].data(), y.size());
+          for (float v : y) REQUIRE(std::isfinite(v));
+          if (first[m].empty()) first[m] = y;
+          else CHECK(y == first[m]);
+        }
+      }
+      // A lone target (one launch of one matrix), fused against apart.
+      std::vector<float> lone[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        gpu.set_norm_fusion(fused == 1);
+        gpu.upload(ddelta.data(), delta.data(), delta.size());
+        gpu.norm_linear_shared_input(dx.data(), with_delta ? ddelta.data() : nullptr, dxo.data(), n, dim, d_nw.data(), 1e-5f,
+                                     ddelta.data(), {{&mats[3], ys[3].data()}});
+        lone[fused].resize(ys[3].size());
+        gpu.download(lone[fused].data(), ys[3].data(), lone[fused].size());
+      }
+      CHECK(lone[0] == lone[1]);
+    }
+  gpu.set_norm_fusion(true);
+}
+
 TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit") {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);
@@ -424,7 +499,7 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
       std::vector<std::vector<std::int32_t>> tokens;
       // The reference: the blocked GEMV, plain launches, no graph (the behaviour before PDL). Every
       // launch configuration, launched and replayed, must give its logits bit for bit.
-      apply(gpu, kLaunchConfigs[3]);
+      apply(gpu, kLaunchConfigs[kPlainBlocked]);
       const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
       for (const LaunchConfig& lc : kLaunchConfigs)
         for (bool graph : {false, true}) {

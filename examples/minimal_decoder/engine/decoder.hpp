@@ -177,6 +177,7 @@ class Decoder {
     // so that no step (a captured one least of all) allocates.
     be_.reserve_linear_input(std::int64_t(rows) * std::max({H, std::int64_t(c_.q_dim()), std::int64_t(c_.intermediate_size)}));
     x_ = be_.template alloc<float>(std::size_t(rows * H));
+    x_mid_ = be_.template alloc<float>(std::size_t(rows * H));
     h_ = be_.template alloc<float>(std::size_t(rows * H));
     q_ = be_.template alloc<float>(std::size_t(rows * c_.q_dim()));
     k_ = be_.template alloc<float>(std::size_t(rows * c_.kv_dim()));
@@ -794,23 +795,21 @@ class Decoder {
   // One transformer block over the n rows in x_, pre-norm residual:
   //   x += o_proj(attention(rope(q), rope(k), v));  x += down(silu(gate(x)) * up(x))
   // `attention(q, out)` is the policy's part; K/V of the rows are stored before it runs.
-  // Each residual add is fused into the norm that follows it (add_rms_norm), so the MLP's output
-  // (h_) reaches x_ at the start of the next layer; the last layer adds it itself.
+  // Each residual add is fused into the norm that follows it, and each norm into the projections
+  // after it (norm_linear_shared_input): the MLP's output (h_) reaches the residual at the start of
+  // the next layer (x_ -> x_mid_), the attention's before the MLP (x_mid_ -> x_); the last layer adds
+  // the MLP's itself.
   template <class Attention>
   void layer_forward(int l, int n, LayerCache& cache, Attention&& attention) {
     const auto& lw = w_.layers[std::size_t(l)];
     const int H = c_.hidden_size, D = c_.head_dim;
-    if (l == 0)
-      be_.rms_norm(x_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
-    else
-      be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.attn_norm.data(), c_.rms_norm_eps, h_.data());
-    be_.linear_shared_input(h_.data(), n, {{&lw.wq, q_.data()}, {&lw.wk, k_.data()}, {&lw.wv, v_.data()}});
+    be_.norm_linear_shared_input(x_.data(), l == 0 ? nullptr : h_.data(), x_mid_.data(), n, H, lw.attn_norm.data(),
+                                 c_.rms_norm_eps, h_.data(), {{&lw.wq, q_.data()}, {&lw.wk, k_.data()}, {&lw.wv, v_.data()}});
     if (c_.qk_norm) {
       be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
       be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
     }
-    be_.rope(q_.data(), positions_.data(), n, c_.num_q_heads, D, c_.rope_theta);
-    be_.rope(k_.data(), positions_.data(), n, c_.num_kv_heads, D, c_.rope_theta);
+    be_.rope(q_.data(), c_.num_q_heads, k_.data(), c_.num_kv_heads, positions_.data(), n, D, c_.rope_theta);
     if (query_tap_) query_tap_(l, q_.data(), n);
     // kvsift: store_kv appends the rows (token i at slot slots_[i] of sequence seq_[i]), rounding to
     // the cache's type; into an fp8 cache it quantizes each row and writes its per-token scale.
@@ -822,8 +821,8 @@ class Decoder {
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
     all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
-    be_.add_rms_norm(x_.data(), h_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data());
-    be_.linear_shared_input(h_.data(), n, {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
+    be_.norm_linear_shared_input(x_mid_.data(), h_.data(), x_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data(),
+                                 {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
     be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
     all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel down
     if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
@@ -930,7 +929,9 @@ class Decoder {
   std::vector<Buffer<float>> window_q_;
   int window_ = 0;  // window queries kept per sequence: the policy's W, or keep_window_queries
   QueryTap query_tap_;
-  Buffer<float> x_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+  // x_: the residual stream between layers; x_mid_: inside a layer, between its two norms (each norm
+  // writes the updated residual to the other buffer, so its GEMV can read the old one meanwhile).
+  Buffer<float> x_, x_mid_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
   Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
   Buffer<unsigned char> attn_ws_;
   Buffer<kvsift::bfloat16_t> q16_, out16_;  // --kv-dtype fp8: the query and output rows in bf16

@@ -71,6 +71,15 @@ void HostBackend::linear_shared_input(const float* x, int n,
   for (const auto& o : outputs) linear(x, n, *o.first, o.second);
 }
 
+void HostBackend::norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w,
+                                           float eps, float* normed,
+                                           std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
+  std::copy_n(x, std::int64_t(n) * dim, x_out);
+  if (delta) add(x_out, delta, std::int64_t(n) * dim);
+  rms_norm(x_out, n, dim, w, eps, normed);
+  linear_shared_input(normed, n, outputs);
+}
+
 void HostBackend::silu_mul(float* gate, const float* up, std::int64_t n) const {
   for (std::int64_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.f + std::exp(-gate[i])) * up[i];
 }
@@ -90,18 +99,20 @@ void HostBackend::silu_mul_linear(float* gate, const float* up, int n, const Mat
   linear(gate, n, w, y);
 }
 
-void HostBackend::rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const {
+void HostBackend::rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim,
+                       float theta) const {
   const int half = head_dim / 2;
   for (int t = 0; t < n; ++t)
     for (int i = 0; i < half; ++i) {
       const double a = rope_angle(positions[t], i, head_dim, theta);
       const float c = float(std::cos(a)), s = float(std::sin(a));
-      for (int h = 0; h < heads; ++h) {
-        float* r = x + (std::int64_t(t) * heads + h) * head_dim;
-        const float x1 = r[i], x2 = r[i + half];
-        r[i] = x1 * c - x2 * s;
-        r[i + half] = x2 * c + x1 * s;
-      }
+      for (auto [x, heads] : {std::pair<float*, int>{q, q_heads}, std::pair<float*, int>{k, k_heads}})
+        for (int h = 0; h < heads; ++h) {
+          float* r = x + (std::int64_t(t) * heads + h) * head_dim;
+          const float x1 = r[i], x2 = r[i + half];
+          r[i] = x1 * c - x2 * s;
+          r[i + half] = x2 * c + x1 * s;
+        }
     }
 }
 

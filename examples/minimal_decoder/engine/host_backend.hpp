@@ -114,6 +114,12 @@ struct HostBackend {
   void reserve_linear_input(std::int64_t /*elements*/) const {}
   // Several projections of the same input (q/k/v, gate/up): y_i = x W_i^T (one launch on the GPU).
   void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
+  // x_out = x + delta (x itself when delta is null), then y_i = rms_norm(x_out) W_i^T: the norm before
+  // q/k/v and before gate/up with its projections (one GEMV launch on the GPU where it applies, which
+  // derives the normalized rows itself). x_out must not alias x or delta; `normed` receives the
+  // normalized rows where the backend materializes them, and may alias delta.
+  void norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                                float* normed, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   // gate = silu(gate) * up (SwiGLU)
   void silu_mul(float* gate, const float* up, std::int64_t n) const;
   // x += y
@@ -123,7 +129,8 @@ struct HostBackend {
   // y = (silu(gate) * up) W^T, the SwiGLU down projection (one fused kernel on the GPU); gate is overwritten.
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
   // RoPE in place on x [n, heads, head_dim], "rotate half": pair i is (x[i], x[i + head_dim/2]).
-  void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const;
+  // RoPE on q [n, q_heads, head_dim] and k [n, k_heads, head_dim] in place (one launch on the GPU).
+  void rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) const;
   // dst row dst_row[i] = src row i, for rows with dst_row[i] >= 0.
   void scatter_rows(const float* src, int n, std::int64_t row_elems, const std::int32_t* dst_row, float* dst) const;
 

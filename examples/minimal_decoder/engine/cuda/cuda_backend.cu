@@ -49,6 +49,18 @@ bool env_switch(const char* name, bool fallback) {
   return true;
 }
 
+// The GEMV targets of several projections of one input (at most kGemvMaxTargets; the caller checks).
+kernels::GemvTargets gemv_targets(std::initializer_list<std::pair<const CudaBackend::Matrix*, float*>> outputs) {
+  kernels::GemvTargets targets{};
+  for (const auto& o : outputs) {
+    targets.w[targets.count] = o.first->data.data();
+    targets.rows[targets.count] = o.first->rows;
+    targets.y[targets.count] = o.second;
+    ++targets.count;
+  }
+  return targets;
+}
+
 }  // namespace
 
 template <class... Params, class... Args>
@@ -61,6 +73,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cudaDeviceProp prop{};
   cuda_check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   pdl_ = env_switch("MINIMAL_DECODER_PDL", true);
+  fuse_norms_ = env_switch("MINIMAL_DECODER_NORM_FUSION", true);
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
@@ -68,7 +81,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
     throw DecoderError(std::string("MINIMAL_DECODER_GEMV=") + gemv + ": expected pipelined or blocked");
   // The name carries the switches, so --profile's table says which side it measured.
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " +
-          (gemv_kernel_ == GemvKernel::kPipelined ? "pipelined" : "blocked") + ", PDL " + (pdl_ ? "on" : "off") + ")";
+          (gemv_kernel_ == GemvKernel::kPipelined ? "pipelined" : "blocked") + ", PDL " + (pdl_ ? "on" : "off") +
+          ", norms " + (fuse_norms_ ? "fused" : "apart") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -170,14 +184,35 @@ void CudaBackend::linear_shared_input(const float* x, int n,
     for (const auto& o : outputs) linear(x, n, *o.first, o.second);
     return;
   }
-  kernels::GemvTargets targets{};
-  for (const auto& o : outputs) {
-    targets.w[targets.count] = o.first->data.data();
-    targets.rows[targets.count] = o.first->rows;
-    targets.y[targets.count] = o.second;
-    ++targets.count;
+  gemv(gemv_targets(outputs), outputs.begin()->first->cols, x, n, nullptr, "gemv_bf16 (shared input)");
+}
+
+void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w,
+                                           float eps, float* normed,
+                                           std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
+  if (n == 0) return;
+  const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
+  bool fused = fuse_norms_ && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
+               kernels::gemv_norm_fits(n, dim, exec_.device.max_smem_optin) && aligned(x) && aligned(delta) && aligned(x_out) &&
+               aligned(w);
+  for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == dim;
+  if (fused) {
+    kernels::NormInput norm;
+    norm.x = x;
+    norm.delta = delta;
+    norm.x_out = x_out;
+    norm.w = w;
+    norm.eps = eps;
+    cuda_check(kernels::launch_gemv_bf16_pipelined(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm),
+               "gemv_bf16 (RMSNorm fused)");
+    return;
   }
-  gemv(targets, outputs.begin()->first->cols, x, n, nullptr, "gemv_bf16 (shared input)");
+  // The same arithmetic in separate launches: x_out = x, the in-place add and norm, the projections.
+  cuda_check(cudaMemcpyAsync(x_out, x, std::size_t(n) * dim * sizeof(float), cudaMemcpyDeviceToDevice, stream()),
+             "norm_linear_shared_input (copy)");
+  if (delta) add_rms_norm(x_out, delta, n, dim, w, eps, normed);
+  else rms_norm(x_out, n, dim, w, eps, normed);
+  linear_shared_input(normed, n, outputs);
 }
 
 void CudaBackend::gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up,
@@ -214,10 +249,11 @@ void CudaBackend::silu_mul_linear(float* gate, const float* up, int n, const Mat
   linear(gate, n, w, y);
 }
 
-void CudaBackend::rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const {
+void CudaBackend::rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim,
+                       float theta) const {
   if (n == 0) return;
-  launch("rope", kernels::rope<float>, kernels::blocks_for(std::int64_t(n) * (head_dim / 2)), kernels::kThreads, x, positions,
-         n, heads, head_dim, theta);
+  launch("rope", kernels::rope<float>, kernels::blocks_for(std::int64_t(n) * (q_heads + k_heads) * (head_dim / 2)),
+         kernels::kThreads, q, q_heads, k, k_heads, positions, n, head_dim, theta);
 }
 
 template <class View>

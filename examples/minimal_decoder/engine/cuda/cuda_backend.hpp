@@ -105,9 +105,10 @@ class CudaBackend {
     int rows = 0, cols = 0;
   };
 
-  // The constructor reads two switches from the environment, so that one binary measures both
+  // The constructor reads three switches from the environment, so that one binary measures both
   // sides: MINIMAL_DECODER_PDL=0 launches every kernel plainly, MINIMAL_DECODER_GEMV=blocked takes
-  // the older GEMV. The setters below override them (tests).
+  // the older GEMV, MINIMAL_DECODER_NORM_FUSION=0 keeps the norms in launches of their own. The
+  // setters below override them (tests).
   explicit CudaBackend(int device = 0);
 
   // The decode GEMV: kPipelined (cuda_gemv_pipelined.cuh, persistent blocks, cp.async ring) or
@@ -125,6 +126,10 @@ class CudaBackend {
   // (the GEMV tests, and MINIMAL_DECODER_ROUTING=0).
   void set_shape_routing(bool on) { shape_routing_ = on; }
   bool shape_routing() const { return shape_routing_; }
+  // norm_linear_shared_input's one-launch form (the norm in the GEMV's prologue). Off: the norm
+  // kernel, then the GEMV. Changes timing only, never a result.
+  void set_norm_fusion(bool on) { fuse_norms_ = on; }
+  bool norm_fusion() const { return fuse_norms_; }
 
   const char* name() const { return name_.c_str(); }
   // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
@@ -246,11 +251,16 @@ class CudaBackend {
   void reserve_linear_input(std::int64_t elements) const;
   // Several projections of the same input (q/k/v, gate/up): one GEMV launch when it applies.
   void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
+  // x_out = x + delta, then the projections of rms_norm(x_out) (HostBackend's contract): one pipelined
+  // GEMV that derives the normalized rows in its prologue where it applies, else a copy, the norm
+  // kernel and linear_shared_input, with the same bits.
+  void norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                                float* normed, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   void silu_mul(float* gate, const float* up, std::int64_t n) const;
   void add(float* x, const float* y, std::int64_t n) const;
   void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const;
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
-  void rope(float* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) const;
+  void rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) const;
   // Every KV type the decoder offers can be attended on this backend (fp8 through decode attention's
   // fp16 tensor-core path). Decoder's constructor and with_query_rows ask; ClusterAttn's scoring over
   // an fp8 cache is still refused by cuda::window_scores with a named error.
@@ -291,6 +301,7 @@ class CudaBackend {
   bool shape_routing_ = true;
   bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;
+  bool fuse_norms_ = true;
   // Destruction runs bottom-up: the cuBLAS handle goes before the stream it was bound to.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
   DeviceBuffer<unsigned char> cublas_ws_;

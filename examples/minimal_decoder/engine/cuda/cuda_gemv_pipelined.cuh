@@ -25,7 +25,10 @@
 //     (again each thread keeps the chunks it uses, so no barrier), when they fit: the rounding and
 //     the SwiGLU are paid once per block instead of once per tile;
 //   - with PDL (cuda_pdl.cuh) the first kStages - 1 steps are issued before the dependency wait:
-//     the weights do not depend on the previous kernel, so the stream starts while it drains.
+//     the weights do not depend on the previous kernel, so the stream starts while it drains;
+//   - the RMSNorm before q/k/v and gate/up (with its residual add) can run in the prologue
+//     (NormInput): every block derives the normalized input itself with the norm kernel's
+//     arithmetic, so the norm's own launch and its round trip leave the step.
 //
 // The arithmetic is gemv_bf16's: thread tid owns chunks tid, tid + kGemvThreads, ... of every
 // row, accumulates them in that order with the same fmaf sequence, then the same warp shuffles and
@@ -39,6 +42,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cuda_block_rms.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_pdl.cuh"
 
@@ -88,6 +92,42 @@ __device__ inline uint4 load_input_bf16(const float* x, const float* up, std::in
   return packed;
 }
 
+// The norm a GEMV can apply to its input in its prologue: v = x (+ delta), x_out = v (when set; not
+// x or delta), input = rms_norm(v) * w, i.e. kernels::add_rms_norm (or rms_norm without delta)
+// followed by the GEMV, bit for bit. x, delta, x_out: [n, cols]; w: [cols].
+struct NormInput {
+  const float* x = nullptr;  // null: no norm, the GEMV reads its input as given
+  const float* delta = nullptr;
+  float* x_out = nullptr;
+  const float* w = nullptr;
+  float eps = 0.f;
+};
+// The static shared memory the norm adds (block_inverse_rms' warp sums).
+constexpr std::size_t kNormStaticSmem = sizeof(float) * (kThreads / 32);
+
+// Input chunk i (8 values, row-major over [n, cols]; `col` its first column) of the normalized input,
+// rounded to bf16: add_rms_norm's expression (v * inv) * w, then load_input_bf16's rounding.
+__device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::int64_t i, int col) {
+  float v[8];
+  const float4* xr = reinterpret_cast<const float4*>(norm.x) + 2 * i;
+  const float4 a = __ldcg(xr), b = __ldcg(xr + 1);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+  if (norm.delta) {
+    const float4* dr = reinterpret_cast<const float4*>(norm.delta) + 2 * i;
+    const float4 c = __ldcg(dr), d = __ldcg(dr + 1);
+    v[0] += c.x, v[1] += c.y, v[2] += c.z, v[3] += c.w, v[4] += d.x, v[5] += d.y, v[6] += d.z, v[7] += d.w;
+  }
+  const float4* wr = reinterpret_cast<const float4*>(norm.w + col);
+  const float4 w0 = __ldg(wr), w1 = __ldg(wr + 1);
+  const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  uint4 packed;
+  __nv_bfloat162 p[4];
+  for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(v[2 * q] * inv * w[2 * q], v[2 * q + 1] * inv * w[2 * q + 1]);
+  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
+  memcpy(&packed, p, sizeof(packed));
+  return packed;
+}
+
 // The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here).
 struct GemvTile {
   int target, first_row;
@@ -101,10 +141,13 @@ __device__ inline GemvTile gemv_tile(const GemvTargets& targets, int tile) {
 
 // Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
 // Dynamic shared memory: gemv_pipelined_smem_bytes.
-template <int N, int R, int S, bool kSwiGLU, bool kCacheInput>
+template <int N, int R, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
 __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid_constant__ GemvTargets targets, int cols,
-                                                                    const float* __restrict__ x, const float* __restrict__ up) {
+                                                                    const float* __restrict__ x, const float* __restrict__ up,
+                                                                    const __grid_constant__ NormInput norm) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two, at least 2");
+  static_assert(!kNorm || (kCacheInput && !kSwiGLU), "the norm is computed once, into the input cache");
+  static_assert(kGemvThreads == kThreads, "the norm's partial sums follow the norm kernel's thread layout");
   constexpr int kWarps = kGemvThreads / 32;
   extern __shared__ uint4 gemv_smem[];
   uint4* const ring = gemv_smem;                          // [S][R][kGemvThreads]: a warp's 32 slots are contiguous
@@ -150,6 +193,24 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
+  // The norm of each input row: add_rms_norm's partial sums (thread t: elements t, t + 256, ...) and
+  // block reduction, so inv equals the norm kernel's bit for bit. Block 0 writes the residual sum.
+  float inv[N];
+  if constexpr (kNorm) {
+    for (int i = 0; i < N; ++i) {
+      const float* xr = norm.x + std::int64_t(i) * cols;
+      const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
+      float ss = 0.f;
+      for (int e = tid; e < cols; e += kGemvThreads) {
+        const float v = dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e);
+        if (norm.x_out && blockIdx.x == 0) norm.x_out[std::int64_t(i) * cols + e] = v;
+        ss += v * v;
+      }
+      inv[i] = block_inverse_rms(ss, cols, norm.eps);
+      __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
+    }
+  }
+
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;
   for (int k = 0; k < my_tiles; ++k) {
@@ -169,7 +230,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
         if (kCacheInput && k > 0) {
           packed = input[i * chunks + c];
         } else {
-          packed = load_input_bf16<kSwiGLU>(x, up, std::int64_t(i) * chunks + c);
+          if constexpr (kNorm) packed = load_normed_bf16(norm, inv[i], std::int64_t(i) * chunks + c, 8 * c);
+          else packed = load_input_bf16<kSwiGLU>(x, up, std::int64_t(i) * chunks + c);
           if (kCacheInput) input[i * chunks + c] = packed;  // read back by this thread only
         }
         float2 xi[4];
@@ -205,14 +267,26 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
 // Dynamic shared memory of an instantiation: the ring, plus the inputs when cached.
 constexpr std::size_t gemv_pipelined_ring_bytes(int R, int S) { return std::size_t(S) * R * kGemvThreads * sizeof(uint4); }
 inline std::size_t gemv_pipelined_input_bytes(int n, int cols) { return std::size_t(n) * cols * sizeof(__nv_bfloat16); }
+// Its static shared memory: the partial sums, and the norm's warp sums.
+constexpr std::size_t gemv_pipelined_static_smem(int n, bool norm) {
+  return sizeof(float) * 2 * (kGemvThreads / 32) * kPipelinedRows * n + (norm ? kNormStaticSmem : 0);
+}
+
+// Whether the pipelined GEMV can apply a NormInput at n input rows of `cols` (their bf16 copy fits in
+// shared memory beside the ring) on a device with `optin_smem` bytes of shared memory per block.
+inline bool gemv_norm_fits(int n, int cols, std::size_t optin_smem) {
+  return n >= 1 && n <= kGemvMaxRows && cols % 8 == 0 &&
+         gemv_pipelined_ring_bytes(kPipelinedRows, kPipelinedStages) + gemv_pipelined_input_bytes(n, cols) +
+                 gemv_pipelined_static_smem(n, true) <= optin_smem;
+}
 
 // The launch of one instantiation: raises its shared-memory limit once (the ring alone is 64 KB,
 // above the default 48 KB), and sizes the grid to the blocks that fit at once.
-template <int N, bool kSwiGLU, bool kCacheInput>
+template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
 cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
-                                         std::size_t smem, cudaStream_t stream, bool pdl) {
+                                         const NormInput& norm, std::size_t smem, cudaStream_t stream, bool pdl) {
   constexpr int R = kPipelinedRows, S = kPipelinedStages;
-  const auto kernel = gemv_bf16_pipelined<N, R, S, kSwiGLU, kCacheInput>;
+  const auto kernel = gemv_bf16_pipelined<N, R, S, kSwiGLU, kCacheInput, kNorm>;
   // Once per instantiation (and process: the decoder drives one device). The largest size the
   // launcher ever asks for, so the attribute never changes while another thread launches.
   static const cudaError_t raised = [&] {
@@ -220,7 +294,7 @@ cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, c
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       optin - int(sizeof(float) * 2 * (kGemvThreads / 32) * R * N));
+                                                       optin - int(gemv_pipelined_static_smem(N, kNorm)));
     // The ring is the SM's main use of on-chip memory; x goes through shared memory or L2.
     if (err == cudaSuccess)
       err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
@@ -246,11 +320,12 @@ cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, c
   if (err != cudaSuccess) return err;
   const int tiles = targets.first_block[targets.count];
   const int grid = std::max(1, std::min(tiles, std::max(1, last.blocks) * sms));
-  return launch_kernel(kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up);
+  return launch_kernel(kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
 }
 
 template <int N>
-cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* x, const float* up, cudaStream_t stream, bool pdl) {
+cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* x, const float* up, const NormInput& norm,
+                                    cudaStream_t stream, bool pdl) {
   constexpr int R = kPipelinedRows;
   targets.first_block[0] = 0;  // tiles here, not blocks
   for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
@@ -261,30 +336,35 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
   if (err != cudaSuccess) return err;
   const std::size_t ring = gemv_pipelined_ring_bytes(R, kPipelinedStages);
   const std::size_t cached = ring + gemv_pipelined_input_bytes(N, cols);
-  const std::size_t limit = std::size_t(optin) - sizeof(float) * 2 * (kGemvThreads / 32) * R * N;
+  const std::size_t limit = std::size_t(optin) - gemv_pipelined_static_smem(N, false);
+  if (norm.x) {  // the norm needs the input cache (gemv_norm_fits)
+    if (up || !gemv_norm_fits(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
+    return launch_gemv_pipelined_kernel<N, false, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+  }
   // Inputs that do not fit (the down projection's 14336 columns at 6-8 rows) are re-read from L2
   // for every tile, as gemv_bf16 does.
   if (cached <= limit) {
-    if (up) return launch_gemv_pipelined_kernel<N, true, true>(targets, cols, x, up, cached, stream, pdl);
-    return launch_gemv_pipelined_kernel<N, false, true>(targets, cols, x, up, cached, stream, pdl);
+    if (up) return launch_gemv_pipelined_kernel<N, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    return launch_gemv_pipelined_kernel<N, false, true>(targets, cols, x, up, norm, cached, stream, pdl);
   }
-  if (up) return launch_gemv_pipelined_kernel<N, true, false>(targets, cols, x, up, ring, stream, pdl);
-  return launch_gemv_pipelined_kernel<N, false, false>(targets, cols, x, up, ring, stream, pdl);
+  if (up) return launch_gemv_pipelined_kernel<N, true, false>(targets, cols, x, up, norm, ring, stream, pdl);
+  return launch_gemv_pipelined_kernel<N, false, false>(targets, cols, x, up, norm, ring, stream, pdl);
 }
 
 // launch_gemv_bf16's contract (y_t = x W_t^T, or silu(x) * up W_t^T with `up`; n in
 // 1..kGemvMaxRows), with gemv_bf16_pipelined. pdl: launch with programmatic stream serialization.
+// norm: the input is the RMSNorm of norm.x (+ norm.delta) instead of x (NormInput; no `up`).
 inline cudaError_t launch_gemv_bf16_pipelined(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
-                                              const float* up = nullptr, bool pdl = false) {
+                                              const float* up = nullptr, bool pdl = false, const NormInput& norm = {}) {
   switch (n) {
-    case 1: return launch_gemv_pipelined_n<1>(targets, cols, x, up, stream, pdl);
-    case 2: return launch_gemv_pipelined_n<2>(targets, cols, x, up, stream, pdl);
-    case 3: return launch_gemv_pipelined_n<3>(targets, cols, x, up, stream, pdl);
-    case 4: return launch_gemv_pipelined_n<4>(targets, cols, x, up, stream, pdl);
-    case 5: return launch_gemv_pipelined_n<5>(targets, cols, x, up, stream, pdl);
-    case 6: return launch_gemv_pipelined_n<6>(targets, cols, x, up, stream, pdl);
-    case 7: return launch_gemv_pipelined_n<7>(targets, cols, x, up, stream, pdl);
-    case 8: return launch_gemv_pipelined_n<8>(targets, cols, x, up, stream, pdl);
+    case 1: return launch_gemv_pipelined_n<1>(targets, cols, x, up, norm, stream, pdl);
+    case 2: return launch_gemv_pipelined_n<2>(targets, cols, x, up, norm, stream, pdl);
+    case 3: return launch_gemv_pipelined_n<3>(targets, cols, x, up, norm, stream, pdl);
+    case 4: return launch_gemv_pipelined_n<4>(targets, cols, x, up, norm, stream, pdl);
+    case 5: return launch_gemv_pipelined_n<5>(targets, cols, x, up, norm, stream, pdl);
+    case 6: return launch_gemv_pipelined_n<6>(targets, cols, x, up, norm, stream, pdl);
+    case 7: return launch_gemv_pipelined_n<7>(targets, cols, x, up, norm, stream, pdl);
+    case 8: return launch_gemv_pipelined_n<8>(targets, cols, x, up, norm, stream, pdl);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -9,7 +9,9 @@
 // every launch takes the backend's stream, so a decode step can be captured into a CUDA graph.
 // Every kernel opens with the PDL wait and trigger (cuda_pdl.cuh): the backend may launch any of
 // them with programmatic stream serialization. They have no independent work worth starting before
-// the wait (their inputs are the previous kernel's outputs), so the wait comes first.
+// the wait (their inputs are the previous kernel's outputs), so the wait comes first. (Triggering
+// before the wait, so that the kernel after next is scheduled while this one waits, measured slower
+// end to end: docs/performance.md, eleventh session.)
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -18,13 +20,13 @@
 
 #include <kvsift/kvsift.cuh>
 
+#include "cuda_block_rms.cuh"
 #include "cuda_pdl.cuh"
 #include "engine/tensor_block.hpp"
 
 namespace minimal_decoder {
 namespace kernels {
 
-constexpr int kThreads = 256;
 
 inline unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   const std::int64_t b = (n + threads - 1) / threads;
@@ -42,17 +44,6 @@ __global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* ta
   for (int i = threadIdx.x; i < cols; i += blockDim.x) out[std::int64_t(row) * cols + i] = T(__bfloat162float(src[i]));
 }
 
-// 1 / sqrt(mean(x^2) + eps) of a row, from each thread's partial sum of squares (one block per row,
-// at most kThreads threads), the same in every thread.
-__device__ inline float block_inverse_rms(float ss, int dim, float eps) {
-  __shared__ float warp_sums[kThreads / 32];
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int i = 0; i < int(blockDim.x / 32); ++i) total += warp_sums[i];
-  return 1.f / sqrtf(total / float(dim) + eps);
-}
 
 // One block per row: y = x * rsqrt(mean(x^2) + eps) * w. Each thread writes only the elements it
 // read, after the block-wide sum, so y may alias x (the q/k norms run in place).
@@ -87,32 +78,33 @@ __global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float ep
   for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xr[i]) * inv * w[i]);
 }
 
-// RoPE "rotate half" in place on x [n, heads, head_dim]; one thread per (row, pair), looping over
-// heads. The angle is the host's (rope_angle in host_backend.cpp): float32 inverse frequency and
-// product, as Hugging Face computes them. The power is taken in double and rounded, which matches a
-// correctly rounded powf better than CUDA's powf (2 ulp); cos/sin of that float angle are taken in
-// double like the host, which also keeps positions near 128K exact.
+// RoPE "rotate half" in place on q [n, q_heads, head_dim] and k [n, k_heads, head_dim], one launch for
+// both; one thread per (row, head, pair), so a decode step's handful of rows still spreads over
+// thousands of threads (a thread per (row, pair) looping over the heads ran the 40 heads' read-modify-
+// writes one after another at batch 1). The angle is the host's (rope_angle in
+// host_backend.cpp): float32 inverse frequency and product, as Hugging Face computes them. The power
+// is taken in double and rounded, which matches a correctly rounded powf better than CUDA's powf
+// (2 ulp); cos/sin of that float angle are taken in double like the host, which also keeps positions
+// near 128K exact.
 template <class T>
-__global__ void rope(T* x, const std::int32_t* positions, int n, int heads, int head_dim, float theta) {
+__global__ void rope(T* q, int q_heads, T* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) {
   wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
   allow_next_kernel_launch();
-  const int half = head_dim / 2;
-  const std::int64_t total = std::int64_t(n) * half;
+  const int half = head_dim / 2, heads = q_heads + k_heads;
+  const std::int64_t total = std::int64_t(n) * heads * half;
   for (std::int64_t idx = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; idx < total;
        idx += std::int64_t(gridDim.x) * blockDim.x) {
-    const int t = int(idx / half), i = int(idx % half);
+    const int i = int(idx % half), h = int(idx / half % heads), t = int(idx / (std::int64_t(half) * heads));
     const float freq_pow = float(pow(double(theta), double(float(2 * i) / float(head_dim))));
     const float inv_freq = 1.f / freq_pow;
     const float angle = float(positions[t]) * inv_freq;
     double s, c;
     sincos(double(angle), &s, &c);
     const float cf = float(c), sf = float(s);
-    for (int h = 0; h < heads; ++h) {
-      T* r = x + (std::int64_t(t) * heads + h) * head_dim;
-      const float x1 = float(r[i]), x2 = float(r[i + half]);
-      r[i] = T(x1 * cf - x2 * sf);
-      r[i + half] = T(x2 * cf + x1 * sf);
-    }
+    T* r = h < q_heads ? q + (std::int64_t(t) * q_heads + h) * head_dim : k + (std::int64_t(t) * k_heads + h - q_heads) * head_dim;
+    const float x1 = float(r[i]), x2 = float(r[i + half]);
+    r[i] = T(x1 * cf - x2 * sf);
+    r[i + half] = T(x2 * cf + x1 * sf);
   }
 }
 
