@@ -192,7 +192,10 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
                                            std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
   if (n == 0) return;
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  bool fused = fuse_norms_ && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
+  // One input row only: at batch 1 the fused form saves the norm's launch (dense 128K step 8.95 ->
+  // 8.69 ms on the H200), at batch 4 its four serial block reductions before the first tile cost more
+  // than the launch (21.96 -> 22.51 ms; docs/performance.md, eleventh session).
+  bool fused = fuse_norms_ && n == 1 && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
                kernels::gemv_norm_fits(n, dim, exec_.device.max_smem_optin) && aligned(x) && aligned(delta) && aligned(x_out) &&
                aligned(w);
   for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == dim;
