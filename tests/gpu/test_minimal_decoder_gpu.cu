@@ -417,8 +417,9 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
 
 // The norm fused into the GEMV's prologue against the norm kernel followed by the GEMV: the residual
 // sum and the projections bit for bit, with and without the residual input, a fused q/k/v-like launch
-// of three targets (several tiles per persistent block) and a lone target. The backend fuses at one
-// row only (cuda_backend.cu); the other row counts check the unfused path's residual and finiteness.
+// of three targets (several tiles per persistent block) and a lone target. The norm is fused up to
+// kGemvNormMaxRows rows (cuda_gemv_pipelined.cuh); the other row counts check the unfused path's
+// residual and finiteness.
 TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kernel then the GEMV, bit for bit") {
   md::CudaBackend gpu;
   gpu.set_shape_routing(false);

@@ -192,10 +192,7 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
                                            std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
   if (n == 0) return;
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  // One input row only: at batch 1 the fused form saves the norm's launch (dense 128K step 8.95 ->
-  // 8.69 ms on the H200), at batch 4 its four serial block reductions before the first tile cost more
-  // than the launch (21.96 -> 22.51 ms; docs/performance.md, eleventh session).
-  bool fused = fuse_norms_ && n == 1 && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
+  bool fused = fuse_norms_ && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
                kernels::gemv_norm_fits(n, dim, exec_.device.max_smem_optin) && aligned(x) && aligned(delta) && aligned(x_out) &&
                aligned(w);
   for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == dim;
@@ -210,11 +207,8 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
                "gemv_bf16 (RMSNorm fused)");
     return;
   }
-  // The same arithmetic in separate launches: x_out = x, the in-place add and norm, the projections.
-  cuda_check(cudaMemcpyAsync(x_out, x, std::size_t(n) * dim * sizeof(float), cudaMemcpyDeviceToDevice, stream()),
-             "norm_linear_shared_input (copy)");
-  if (delta) add_rms_norm(x_out, delta, n, dim, w, eps, normed);
-  else rms_norm(x_out, n, dim, w, eps, normed);
+  // The same arithmetic in two launches: the add and norm (into x_out and normed), the projections.
+  launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(n), kernels::kThreads, x, delta, x_out, dim, w, eps, normed);
   linear_shared_input(normed, n, outputs);
 }
 
@@ -239,7 +233,7 @@ void CudaBackend::add(float* x, const float* y, std::int64_t n) const {
 void CudaBackend::add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps,
                                float* out) const {
   if (rows == 0) return;
-  launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(rows), kernels::kThreads, x, y, dim, w, eps, out);
+  launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(rows), kernels::kThreads, x, y, x, dim, w, eps, out);
 }
 
 void CudaBackend::silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const {

@@ -252,8 +252,8 @@ class CudaBackend {
   // Several projections of the same input (q/k/v, gate/up): one GEMV launch when it applies.
   void linear_shared_input(const float* x, int n, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   // x_out = x + delta, then the projections of rms_norm(x_out) (HostBackend's contract): one pipelined
-  // GEMV that derives the normalized rows in its prologue where it applies, else a copy, the norm
-  // kernel and linear_shared_input, with the same bits.
+  // GEMV that derives the normalized rows in its prologue where it applies, else the norm kernel
+  // (add_rms_norm's, writing x_out) and linear_shared_input, with the same bits.
   void norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
                                 float* normed, std::initializer_list<std::pair<const Matrix*, float*>> outputs) const;
   void silu_mul(float* gate, const float* up, std::int64_t n) const;

@@ -102,6 +102,11 @@ struct NormInput {
   const float* w = nullptr;
   float eps = 0.f;
 };
+// The input rows up to which the norm is fused: at one row it saves the norm's launch (dense 128K step
+// 8.95 -> 8.69 ms on the H200), at four its serial block reductions before the first tile cost more
+// than the launch (21.96 -> 22.51 ms; docs/performance.md, eleventh session). Only these row counts
+// instantiate the norm.
+constexpr int kGemvNormMaxRows = 1;
 // The static shared memory the norm adds (block_inverse_rms' warp sums).
 constexpr std::size_t kNormStaticSmem = sizeof(float) * (kThreads / 32);
 
@@ -275,7 +280,7 @@ constexpr std::size_t gemv_pipelined_static_smem(int n, bool norm) {
 // Whether the pipelined GEMV can apply a NormInput at n input rows of `cols` (their bf16 copy fits in
 // shared memory beside the ring) on a device with `optin_smem` bytes of shared memory per block.
 inline bool gemv_norm_fits(int n, int cols, std::size_t optin_smem) {
-  return n >= 1 && n <= kGemvMaxRows && cols % 8 == 0 &&
+  return n >= 1 && n <= kGemvNormMaxRows && cols % 8 == 0 &&
          gemv_pipelined_ring_bytes(kPipelinedRows, kPipelinedStages) + gemv_pipelined_input_bytes(n, cols) +
                  gemv_pipelined_static_smem(n, true) <= optin_smem;
 }
@@ -339,7 +344,9 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
   const std::size_t limit = std::size_t(optin) - gemv_pipelined_static_smem(N, false);
   if (norm.x) {  // the norm needs the input cache (gemv_norm_fits)
     if (up || !gemv_norm_fits(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
-    return launch_gemv_pipelined_kernel<N, false, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    if constexpr (N <= kGemvNormMaxRows)
+      return launch_gemv_pipelined_kernel<N, false, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    return cudaErrorInvalidValue;
   }
   // Inputs that do not fit (the down projection's 14336 columns at 6-8 rows) are re-read from L2
   // for every tile, as gemv_bf16 does.

@@ -59,23 +59,25 @@ __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
   for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = T(float(xr[i]) * inv * w[i]);
 }
 
-// One block per row: x += y, then out = rms_norm(x) as above (the residual add fused into the next
-// norm). Each thread writes out only where it read y, after the block-wide sum, so out may alias y.
+// One block per row: x_out = x + y (x alone when y is null), then out = rms_norm(x_out) as above (the
+// residual add fused into the next norm). x_out may be x; each thread writes out only where it read
+// y, after the block-wide sum, so out may alias y.
 template <class T>
-__global__ void add_rms_norm(T* x, const T* y, int dim, const float* w, float eps, T* out) {
+__global__ void add_rms_norm(const T* x, const T* y, T* x_out, int dim, const float* w, float eps, T* out) {
   wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
   allow_next_kernel_launch();
-  T* xr = x + std::int64_t(blockIdx.x) * dim;
-  const T* yr = y + std::int64_t(blockIdx.x) * dim;
+  const T* xr = x + std::int64_t(blockIdx.x) * dim;
+  const T* yr = y ? y + std::int64_t(blockIdx.x) * dim : nullptr;
+  T* xo = x_out + std::int64_t(blockIdx.x) * dim;
   T* outr = out + std::int64_t(blockIdx.x) * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = float(xr[i]) + float(yr[i]);
-    xr[i] = T(v);
+    const float v = yr ? float(xr[i]) + float(yr[i]) : float(xr[i]);
+    xo[i] = T(v);
     ss += v * v;
   }
   const float inv = block_inverse_rms(ss, dim, eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xr[i]) * inv * w[i]);
+  for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xo[i]) * inv * w[i]);
 }
 
 // RoPE "rotate half" in place on q [n, q_heads, head_dim] and k [n, k_heads, head_dim], one launch for
