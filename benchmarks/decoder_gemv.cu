@@ -1,7 +1,7 @@
 // The minimal decoder's decode projections on the llama3-8b shapes: the blocked GEMV
 // (examples/minimal_decoder/engine/cuda/cuda_gemv.cuh: BM_DecoderGemv at its default rows per
 // block, R2/R4 forced), the pipelined one the decoder uses by default (cuda_gemv_pipelined.cuh:
-// BM_DecoderGemvPipelined), against cuBLAS GemmEx (bf16 x bf16 -> fp32, CUBLAS_COMPUTE_32F) on the same
+// BM_DecoderGemvPipelined), its tensor-core form (cuda_gemv_mma.cuh: BM_DecoderGemvMma), against cuBLAS GemmEx (bf16 x bf16 -> fp32, CUBLAS_COMPUTE_32F) on the same
 // matrices in the same run (one GemmEx per matrix). Cold L2, graph replay, median. Bytes counted: the weight matrix (bf16),
 // the float input rows and the float output rows. A decode step reads each matrix once, so the
 // fraction of the read ceiling here is what bounds the decoder's speed on its weights.
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda_gemv.cuh"
+#include "cuda_gemv_mma.cuh"
 #include "cuda_gemv_pipelined.cuh"
 #include "support/bench_support.cuh"
 
@@ -45,7 +46,7 @@ cublasHandle_t cublas() {
   return h;
 }
 
-enum class Kernel { kBlocked, kPipelined, kCublas };
+enum class Kernel { kBlocked, kPipelined, kMma, kCublas };
 
 // rows_per_block: the blocked GEMV's weight rows per block (2 or 4; 0 = its default for n).
 void bench(benchmark::State& state, Kernel kernel, int rows_per_block) {
@@ -74,10 +75,15 @@ void bench(benchmark::State& state, Kernel kernel, int rows_per_block) {
   bytes += double(x.bytes());
   state.SetLabel(std::string(s.name) + (use_cublas                    ? " cuBLAS"
                                         : kernel == Kernel::kPipelined ? " gemv pipelined"
+                                        : kernel == Kernel::kMma       ? " gemv mma"
                                                                        : " gemv R=" + std::to_string(rows_per_block)));
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     if (kernel == Kernel::kPipelined) {
       minimal_decoder::kernels::launch_gemv_bf16_pipelined(targets, s.cols, x.get(), n, stream);
+      return;
+    }
+    if (kernel == Kernel::kMma) {
+      minimal_decoder::kernels::launch_gemv_bf16_mma(targets, s.cols, x.get(), n, stream);
       return;
     }
     if (!use_cublas) {
@@ -95,17 +101,18 @@ void bench(benchmark::State& state, Kernel kernel, int rows_per_block) {
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int i = 0; i < int(kShapes.size()); ++i)
-    for (int n : {1, 4, 8}) b->Args({i, n});
+    for (int n : {1, 2, 3, 4, 8}) b->Args({i, n});
   b->ArgNames({"shape", "n"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
 // One llama3-8b layer's four decode projections back to back, as a step runs them: q/k/v fused, o,
 // gate/up fused, down with the SwiGLU fused, each a pipelined GEMV launched with PDL (the first as a
-// plain launch). The inputs are not what a layer computes (every GEMV reads x, or gate/up): the
+// plain launch; `mma` 1: gemv_bf16_mma instead). The inputs are not what a layer computes (every GEMV reads x, or gate/up): the
 // weights' bytes and the launch chain are what is timed, against the same bytes in one stream.
 void BM_DecoderLayerChain(benchmark::State& state) {
   namespace k = minimal_decoder::kernels;
   const int n = int(state.range(0));
+  const bool mma = state.range(1) != 0;
   const int hidden = 4096, kv = 1024, inter = 14336;
   struct Mat {
     std::unique_ptr<kvsift_bench::DeviceArray<BF16>> w;
@@ -138,24 +145,31 @@ void BM_DecoderLayerChain(benchmark::State& state) {
     }
   }
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
-  state.SetLabel("layer chain (q/k/v, o, gate/up, down)");
+  state.SetLabel(mma ? "layer chain (q/k/v, o, gate/up, down), mma" : "layer chain (q/k/v, o, gate/up, down), pipelined");
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     for (std::size_t l = 0; l < launches.size(); ++l) {
       const bool swiglu = l == 3;
-      k::launch_gemv_bf16_pipelined(targets[l], m[std::size_t(launches[l][0])].cols, swiglu ? gate.get() : x.get(), n, stream,
-                                    swiglu ? up.get() : nullptr, l > 0);
+      const auto launch = mma ? k::launch_gemv_bf16_mma : k::launch_gemv_bf16_pipelined;
+      launch(targets[l], m[std::size_t(launches[l][0])].cols, swiglu ? gate.get() : x.get(), n, stream, swiglu ? up.get() : nullptr,
+             l > 0, k::NormInput{});
     }
   });
 }
-BENCHMARK(BM_DecoderLayerChain)->Arg(1)->Arg(4)->ArgName("n")->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecoderLayerChain)
+    ->ArgsProduct({{1, 2, 4, 8}, {0, 1}})
+    ->ArgNames({"n", "mma"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_DecoderGemv(benchmark::State& state) { bench(state, Kernel::kBlocked, 0); }
 void BM_DecoderGemvR2(benchmark::State& state) { bench(state, Kernel::kBlocked, 2); }
 void BM_DecoderGemvR4(benchmark::State& state) { bench(state, Kernel::kBlocked, 4); }
 void BM_DecoderGemvPipelined(benchmark::State& state) { bench(state, Kernel::kPipelined, 0); }
+void BM_DecoderGemvMma(benchmark::State& state) { bench(state, Kernel::kMma, 0); }
 void BM_CublasGemmEx(benchmark::State& state) { bench(state, Kernel::kCublas, 0); }
 BENCHMARK(BM_DecoderGemv)->Apply(shapes);
 BENCHMARK(BM_DecoderGemvPipelined)->Apply(shapes);
+BENCHMARK(BM_DecoderGemvMma)->Apply(shapes);
 BENCHMARK(BM_DecoderGemvR2)->Apply(shapes);
 BENCHMARK(BM_DecoderGemvR4)->Apply(shapes);
 BENCHMARK(BM_CublasGemmEx)->Apply(shapes);

@@ -323,9 +323,10 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
 }
 
 
-// The backend's GEMV and launch settings the tests go through: the default first (pipelined GEMV,
-// PDL on, each norm fused into the GEMV after it), then the norms in launches of their own, the
-// blocked GEMV and plain launches.
+// The backend's GEMV and launch settings the tests go through: the default first, then the norms
+// in launches of their own and plain launches, for each GEMV kernel. The scalar GEMVs (pipelined,
+// blocked) sum in one order, the tensor-core GEMV in another: results are equal bit for bit within a
+// summation family, and close to the host's product in both.
 struct LaunchConfig {
   md::CudaBackend::GemvKernel gemv;
   bool pdl;
@@ -333,12 +334,23 @@ struct LaunchConfig {
   const char* name;
 };
 const LaunchConfig kLaunchConfigs[] = {
+    {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused"},
+    {md::CudaBackend::GemvKernel::kByShape, true, false, "GEMV by shape, PDL, norms apart"},
     {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused"},
     {md::CudaBackend::GemvKernel::kPipelined, true, false, "pipelined GEMV, PDL, norms apart"},
     {md::CudaBackend::GemvKernel::kPipelined, false, true, "pipelined GEMV, plain launches"},
     {md::CudaBackend::GemvKernel::kBlocked, true, true, "blocked GEMV, PDL"},
-    {md::CudaBackend::GemvKernel::kBlocked, false, true, "blocked GEMV, plain launches"}};
-constexpr int kPlainBlocked = 4;  // the reference configuration: the behaviour before PDL (and the fused norm)
+    {md::CudaBackend::GemvKernel::kBlocked, false, true, "blocked GEMV, plain launches"},
+    {md::CudaBackend::GemvKernel::kTensorCore, true, true, "mma GEMV, PDL, norms fused"},
+    {md::CudaBackend::GemvKernel::kTensorCore, true, false, "mma GEMV, PDL, norms apart"},
+    {md::CudaBackend::GemvKernel::kTensorCore, false, true, "mma GEMV, plain launches"}};
+// The reference configuration of each summation family: plain launches, no graph.
+constexpr int kPlainBlocked = 6;  // the scalar GEMVs' (the behaviour before PDL and the fused norm)
+constexpr int kPlainMma = 9;
+// Whether a configuration's projections of n input rows sum in the tensor-core order.
+bool tensor_core(const LaunchConfig& lc, int n) {
+  return md::CudaBackend::gemv_kernel_for(lc.gemv, n) == md::CudaBackend::GemvKernel::kTensorCore;
+}
 // The launch settings under test; shape routing off, so every decode projection runs on the GEMV
 // under test (with it on, the large matrices from 3 input rows go to cuBLAS: the decoder-level cases
 // run that default against the CPU).
@@ -376,9 +388,10 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
       const std::vector<float> poison(dy.size(), NAN);
       std::vector<double> ref, mag;
       host_gemv(w, x, n, rows, cols, ref, mag);
-      std::vector<float> first_plain, first_fused;
+      std::vector<float> first_plain[2], first_fused[2];  // per summation family (scalar, tensor core)
       for (const LaunchConfig& lc : kLaunchConfigs) {
         INFO(lc.name);
+        const int family = tensor_core(lc, n) ? 1 : 0;
         apply(gpu, lc);
         gpu.upload(dx.data(), x.data(), x.size());
         gpu.upload(dy.data(), poison.data(), poison.size());
@@ -403,12 +416,12 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
         gpu.linear(dx.data(), n, m, dy.data());
         gpu.download(y.data(), dy.data(), y.size());
         CHECK(fused == y);
-        if (first_plain.empty()) {
-          first_plain = plain;
-          first_fused = fused;
+        if (first_plain[family].empty()) {
+          first_plain[family] = plain;
+          first_fused[family] = fused;
         }
-        CHECK(plain == first_plain);  // every kernel and launch mode: the same bits
-        CHECK(fused == first_fused);
+        CHECK(plain == first_plain[family]);  // every kernel of a family and launch mode: the same bits
+        CHECK(fused == first_fused[family]);
       }
     }
   }
@@ -436,53 +449,56 @@ TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kern
   for (float& v : nw) v = 1.f + 0.1f * normal(rng);
   auto d_nw = gpu.alloc<float>(nw.size());
   gpu.upload(d_nw.data(), nw.data(), nw.size());
-  for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n)
-    for (bool with_delta : {true, false}) {
-      INFO("n ", n, (with_delta ? ", x + delta" : ", x alone"));
-      std::vector<float> x(std::size_t(n) * dim), delta(x.size());
-      for (float& v : x) v = 3.f * normal(rng);
-      for (float& v : delta) v = normal(rng);
-      auto dx = gpu.alloc<float>(x.size()), ddelta = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
-      gpu.upload(dx.data(), x.data(), x.size());
-      std::vector<md::CudaBackend::Buffer<float>> ys;
-      for (std::size_t m = 0; m < mats.size(); ++m) ys.push_back(gpu.alloc<float>(std::size_t(n) * mats[m].rows));
-      std::vector<std::vector<float>> first(mats.size() + 1);
-      for (bool fused : {true, false}) {
-        INFO("norm ", (fused ? "fused" : "apart"));
-        gpu.set_norm_fusion(fused);
-        gpu.upload(ddelta.data(), delta.data(), delta.size());  // the unfused path writes its normed rows there
-        const std::vector<float> poison(x.size(), NAN);
-        gpu.upload(dxo.data(), poison.data(), poison.size());
-        for (std::size_t m = 0; m < mats.size(); ++m) {
-          const std::vector<float> py(ys[m].size(), NAN);
-          gpu.upload(ys[m].data(), py.data(), py.size());
+  for (const auto kernel : {md::CudaBackend::GemvKernel::kPipelined, md::CudaBackend::GemvKernel::kTensorCore,
+                            md::CudaBackend::GemvKernel::kByShape})
+    for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n)
+      for (bool with_delta : {true, false}) {
+        INFO(md::CudaBackend::gemv_kernel_name(kernel), " GEMV, n ", n, (with_delta ? ", x + delta" : ", x alone"));
+        gpu.set_gemv_kernel(kernel);
+        std::vector<float> x(std::size_t(n) * dim), delta(x.size());
+        for (float& v : x) v = 3.f * normal(rng);
+        for (float& v : delta) v = normal(rng);
+        auto dx = gpu.alloc<float>(x.size()), ddelta = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
+        gpu.upload(dx.data(), x.data(), x.size());
+        std::vector<md::CudaBackend::Buffer<float>> ys;
+        for (std::size_t m = 0; m < mats.size(); ++m) ys.push_back(gpu.alloc<float>(std::size_t(n) * mats[m].rows));
+        std::vector<std::vector<float>> first(mats.size() + 1);
+        for (bool fused : {true, false}) {
+          INFO("norm ", (fused ? "fused" : "apart"));
+          gpu.set_norm_fusion(fused);
+          gpu.upload(ddelta.data(), delta.data(), delta.size());  // the unfused path writes its normed rows there
+          const std::vector<float> poison(x.size(), NAN);
+          gpu.upload(dxo.data(), poison.data(), poison.size());
+          for (std::size_t m = 0; m < mats.size(); ++m) {
+            const std::vector<float> py(ys[m].size(), NAN);
+            gpu.upload(ys[m].data(), py.data(), py.size());
+          }
+          const float* dd = with_delta ? ddelta.data() : nullptr;
+          gpu.norm_linear_shared_input(dx.data(), dd, dxo.data(), n, dim, d_nw.data(), 1e-5f, ddelta.data(),
+                                       {{&mats[0], ys[0].data()}, {&mats[1], ys[1].data()}, {&mats[2], ys[2].data()}});
+          std::vector<float> xo(x.size());
+          gpu.download(xo.data(), dxo.data(), xo.size());
+          for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(xo[e] == (with_delta ? x[e] + delta[e] : x[e]));
+          for (std::size_t m = 0; m < 3; ++m) {
+            std::vector<float> y(ys[m].size());
+            gpu.download(y.data(), ys[m].data(), y.size());
+            for (float v : y) REQUIRE(std::isfinite(v));
+            if (first[m].empty()) first[m] = y;
+            else CHECK(y == first[m]);
+          }
         }
-        const float* dd = with_delta ? ddelta.data() : nullptr;
-        gpu.norm_linear_shared_input(dx.data(), dd, dxo.data(), n, dim, d_nw.data(), 1e-5f, ddelta.data(),
-                                     {{&mats[0], ys[0].data()}, {&mats[1], ys[1].data()}, {&mats[2], ys[2].data()}});
-        std::vector<float> xo(x.size());
-        gpu.download(xo.data(), dxo.data(), xo.size());
-        for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(xo[e] == (with_delta ? x[e] + delta[e] : x[e]));
-        for (std::size_t m = 0; m < 3; ++m) {
-          std::vector<float> y(ys[m].size());
-          gpu.download(y.data(), ys[m].data(), y.size());
-          for (float v : y) REQUIRE(std::isfinite(v));
-          if (first[m].empty()) first[m] = y;
-          else CHECK(y == first[m]);
+        // A lone target (one launch of one matrix), fused against apart.
+        std::vector<float> lone[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          gpu.set_norm_fusion(fused == 1);
+          gpu.upload(ddelta.data(), delta.data(), delta.size());
+          gpu.norm_linear_shared_input(dx.data(), with_delta ? ddelta.data() : nullptr, dxo.data(), n, dim, d_nw.data(), 1e-5f,
+                                       ddelta.data(), {{&mats[3], ys[3].data()}});
+          lone[fused].resize(ys[3].size());
+          gpu.download(lone[fused].data(), ys[3].data(), lone[fused].size());
         }
+        CHECK(lone[0] == lone[1]);
       }
-      // A lone target (one launch of one matrix), fused against apart.
-      std::vector<float> lone[2];
-      for (int fused = 0; fused < 2; ++fused) {
-        gpu.set_norm_fusion(fused == 1);
-        gpu.upload(ddelta.data(), delta.data(), delta.size());
-        gpu.norm_linear_shared_input(dx.data(), with_delta ? ddelta.data() : nullptr, dxo.data(), n, dim, d_nw.data(), 1e-5f,
-                                     ddelta.data(), {{&mats[3], ys[3].data()}});
-        lone[fused].resize(ys[3].size());
-        gpu.download(lone[fused].data(), ys[3].data(), lone[fused].size());
-      }
-      CHECK(lone[0] == lone[1]);
-    }
   gpu.set_norm_fusion(true);
 }
 
@@ -490,8 +506,9 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);
   md::CudaBackend gpu;
-  // 3 sequences take the GEMV, 10 cuBLAS; LycheeDecode's corrections run outside the graph between replays.
-  for (int batch : {3, 10})
+  // 3 sequences take the scalar GEMV by shape, 5 the tensor-core one, 10 cuBLAS; LycheeDecode's
+  // corrections run outside the graph between replays.
+  for (int batch : {3, 5, 10})
     for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
       const md::PolicyOptions p = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);
       INFO("batch ", batch, ", policy ", p.describe());
@@ -499,28 +516,33 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
       for (int b = 0; b < batch; ++b) lengths.push_back(30 + 7 * b);
       const auto prompts = random_prompts(lengths, c.vocab_size, unsigned(batch));
       std::vector<std::vector<std::int32_t>> tokens;
-      // The reference: the blocked GEMV, plain launches, no graph (the behaviour before PDL). Every
-      // launch configuration, launched and replayed, must give its logits bit for bit.
+      // The references: each summation family's plain launches, no graph (for the scalar GEMVs the
+      // behaviour before PDL). Every launch configuration, launched and replayed, must give its
+      // family's logits bit for bit.
       apply(gpu, kLaunchConfigs[kPlainBlocked]);
       const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+      apply(gpu, kLaunchConfigs[kPlainMma]);
+      const auto launched_mma = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
       for (const LaunchConfig& lc : kLaunchConfigs)
         for (bool graph : {false, true}) {
           INFO(lc.name, graph ? ", graph replay" : ", direct launches");
           apply(gpu, lc);
+          const auto& reference = tensor_core(lc, batch) ? launched_mma : launched;
           const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, graph);
-          REQUIRE(launched.size() == replayed.size());
-          for (std::size_t s = 0; s < launched.size(); ++s) {
+          REQUIRE(reference.size() == replayed.size());
+          for (std::size_t s = 0; s < reference.size(); ++s) {
             INFO("step ", s);
-            CHECK(launched[s] == replayed[s]);
+            CHECK(reference[s] == replayed[s]);
           }
         }
       apply(gpu, kLaunchConfigs[0]);
+      const auto& reference = tensor_core(kLaunchConfigs[0], batch) ? launched_mma : launched;
       // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
       const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
-      REQUIRE(paged.size() == launched.size());
-      for (std::size_t s = 0; s < launched.size(); ++s) {
+      REQUIRE(paged.size() == reference.size());
+      for (std::size_t s = 0; s < reference.size(); ++s) {
         INFO("step ", s, " (paged)");
-        CHECK(paged[s] == launched[s]);
+        CHECK(paged[s] == reference[s]);
       }
     }
 }

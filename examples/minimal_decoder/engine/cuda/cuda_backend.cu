@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "engine/cuda/cuda_gemv.cuh"
+#include "engine/cuda/cuda_gemv_mma.cuh"
 #include "engine/cuda/cuda_gemv_pipelined.cuh"
 #include "engine/cuda/cuda_kernels.cuh"
 #include "engine/cuda/cuda_pdl.cuh"
@@ -77,11 +78,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
-  else if (gemv && *gemv && std::strcmp(gemv, "pipelined") != 0)
-    throw DecoderError(std::string("MINIMAL_DECODER_GEMV=") + gemv + ": expected pipelined or blocked");
+  else if (gemv && std::strcmp(gemv, "pipelined") == 0) gemv_kernel_ = GemvKernel::kPipelined;
+  else if (gemv && std::strcmp(gemv, "mma") == 0) gemv_kernel_ = GemvKernel::kTensorCore;
+  else if (gemv && std::strcmp(gemv, "shape") == 0) gemv_kernel_ = GemvKernel::kByShape;
+  else if (gemv && *gemv)
+    throw DecoderError(std::string("MINIMAL_DECODER_GEMV=") + gemv + ": expected shape, mma, pipelined or blocked");
   // The name carries the switches, so --profile's table says which side it measured.
-  name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " +
-          (gemv_kernel_ == GemvKernel::kPipelined ? "pipelined" : "blocked") + ", PDL " + (pdl_ ? "on" : "off") +
+  name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
+          (pdl_ ? "on" : "off") +
           ", norms " + (fuse_norms_ ? "fused" : "apart") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -147,9 +151,15 @@ void CudaBackend::rms_norm(const float* x, std::int64_t rows, int dim, const flo
 //   q/k/v and o (q/k/v 26.8 vs 36.6 at n = 4, 35.1 vs 36.4 at n = 8). n = 2 lies between the measured
 //   points and stays on the GEMV. End to end (128K, batch 4): dense 22611 -> 22233 us per step,
 //   LycheeDecode 11515 -> 11162.
+// On the tensor-core GEMV (from kTensorCoreFromRows rows; 2026-12-03), which is flat in n: the GEMV
+// for every matrix but the LM head (at n = 4 gate+up 72.0 vs cuBLAS 72.1 us without its conversion
+// launch, q/k/v 25.4 vs 36.3; the LM head 279 vs 261) and but the inputs it cannot keep in shared
+// memory (down from 6 rows: cuBLAS and a SwiGLU launch).
 bool CudaBackend::uses_gemv(const float* x, int n, const Matrix& w) const {
   if (!gemv_applies(x, n, w)) return false;
   if (!shape_routing_) return true;
+  if (gemv_kernel_for(gemv_kernel_, n) == GemvKernel::kTensorCore)
+    return !(n >= 3 && w.rows > 65536) && kernels::gemv_mma_caches_input(n, w.cols, exec_.device.max_smem_optin);
   if (n >= 3 && w.rows > 8192) return false;
   if (n >= 8 && w.cols > 8192) return false;
   return true;
@@ -192,9 +202,13 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
                                            std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
   if (n == 0) return;
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
-  bool fused = fuse_norms_ && gemv_kernel_ == GemvKernel::kPipelined && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) &&
-               kernels::gemv_norm_fits(n, dim, exec_.device.max_smem_optin) && aligned(x) && aligned(delta) && aligned(x_out) &&
-               aligned(w);
+  const std::size_t optin = exec_.device.max_smem_optin;
+  const GemvKernel kernel = gemv_kernel_for(gemv_kernel_, n);
+  const bool fits = kernel == GemvKernel::kPipelined    ? kernels::gemv_norm_fits(n, dim, optin)
+                    : kernel == GemvKernel::kTensorCore ? kernels::gemv_mma_norm_fits(n, dim, optin)
+                                                        : false;  // the blocked GEMV has no norm prologue
+  bool fused = fuse_norms_ && fits && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) && aligned(x) && aligned(delta) &&
+               aligned(x_out) && aligned(w);
   for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == dim;
   if (fused) {
     kernels::NormInput norm;
@@ -203,8 +217,10 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
     norm.x_out = x_out;
     norm.w = w;
     norm.eps = eps;
-    cuda_check(kernels::launch_gemv_bf16_pipelined(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm),
-               "gemv_bf16 (RMSNorm fused)");
+    const cudaError_t err = kernel == GemvKernel::kTensorCore
+                                ? kernels::launch_gemv_bf16_mma(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm)
+                                : kernels::launch_gemv_bf16_pipelined(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm);
+    cuda_check(err, "gemv_bf16 (RMSNorm fused)");
     return;
   }
   // The same arithmetic in two launches: the add and norm (into x_out and normed), the projections.
@@ -214,10 +230,12 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
 
 void CudaBackend::gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up,
                        const char* what) const {
-  if (gemv_kernel_ == GemvKernel::kPipelined)
-    cuda_check(kernels::launch_gemv_bf16_pipelined(targets, cols, x, n, stream(), up, pdl_), what);
-  else
-    cuda_check(kernels::launch_gemv_bf16(targets, cols, x, n, stream(), up, 0, pdl_), what);
+  switch (gemv_kernel_for(gemv_kernel_, n)) {
+    case GemvKernel::kByShape:  // never: gemv_kernel_for resolves it
+    case GemvKernel::kTensorCore: cuda_check(kernels::launch_gemv_bf16_mma(targets, cols, x, n, stream(), up, pdl_), what); return;
+    case GemvKernel::kPipelined: cuda_check(kernels::launch_gemv_bf16_pipelined(targets, cols, x, n, stream(), up, pdl_), what); return;
+    case GemvKernel::kBlocked: cuda_check(kernels::launch_gemv_bf16(targets, cols, x, n, stream(), up, 0, pdl_), what); return;
+  }
 }
 
 void CudaBackend::silu_mul(float* gate, const float* up, std::int64_t n) const {

@@ -111,9 +111,25 @@ class CudaBackend {
   // setters below override them (tests).
   explicit CudaBackend(int device = 0);
 
-  // The decode GEMV: kPipelined (cuda_gemv_pipelined.cuh, persistent blocks, cp.async ring) or
-  // kBlocked (cuda_gemv.cuh, one block per 4 rows). Both give the same bits.
-  enum class GemvKernel { kPipelined, kBlocked };
+  // The decode GEMV: kTensorCore (cuda_gemv_mma.cuh, kPipelined's weight stream with mma.sync
+  // products, flat in the input rows), kPipelined (cuda_gemv_pipelined.cuh, persistent blocks,
+  // cp.async ring, the fastest at few rows) or kBlocked (cuda_gemv.cuh, one block per 4 rows); kByShape
+  // (the default) takes kPipelined below kTensorCoreFromRows input rows and kTensorCore from there
+  // (bench_decoder_gemv, docs/performance.md). kPipelined and kBlocked give the same bits; kTensorCore
+  // sums in another order (deterministic, within the fp32 rounding of the others).
+  enum class GemvKernel { kByShape, kTensorCore, kPipelined, kBlocked };
+  static constexpr int kTensorCoreFromRows = 4;
+  static const char* gemv_kernel_name(GemvKernel k) {
+    return k == GemvKernel::kByShape      ? "by shape"
+           : k == GemvKernel::kTensorCore ? "mma"
+           : k == GemvKernel::kPipelined  ? "pipelined"
+                                          : "blocked";
+  }
+  // The kernel `k` runs a projection of n input rows on (kByShape resolved; the others as they are).
+  static GemvKernel gemv_kernel_for(GemvKernel k, int n) {
+    if (k != GemvKernel::kByShape) return k;
+    return n >= kTensorCoreFromRows ? GemvKernel::kTensorCore : GemvKernel::kPipelined;
+  }
   void set_gemv_kernel(GemvKernel k) { gemv_kernel_ = k; }
   GemvKernel gemv_kernel() const { return gemv_kernel_; }
   // Programmatic dependent launch of the backend's kernels (cuda_pdl.cuh): each may start while the
@@ -297,7 +313,7 @@ class CudaBackend {
   int device_ = 0;
   std::string name_;
   Exec exec_;
-  GemvKernel gemv_kernel_ = GemvKernel::kPipelined;
+  GemvKernel gemv_kernel_ = GemvKernel::kByShape;
   bool shape_routing_ = true;
   bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;

@@ -285,24 +285,22 @@ inline bool gemv_norm_fits(int n, int cols, std::size_t optin_smem) {
                  gemv_pipelined_static_smem(n, true) <= optin_smem;
 }
 
-// The launch of one instantiation: raises its shared-memory limit once (the ring alone is 64 KB,
-// above the default 48 KB), and sizes the grid to the blocks that fit at once.
-template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
-cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
-                                         const NormInput& norm, std::size_t smem, cudaStream_t stream, bool pdl) {
-  constexpr int R = kPipelinedRows, S = kPipelinedStages;
-  const auto kernel = gemv_bf16_pipelined<N, R, S, kSwiGLU, kCacheInput, kNorm>;
-  // Once per instantiation (and process: the decoder drives one device). The largest size the
-  // launcher ever asks for, so the attribute never changes while another thread launches.
+// The launch of a persistent GEMV kernel (this one, or gemv_bf16_mma of cuda_gemv_mma.cuh): raises its
+// shared-memory limit once (the rings are 64 KB, above the default 48 KB), and sizes the grid to the
+// blocks that fit at once. kStaticSmem: the kernel's static shared memory.
+template <auto Kernel, std::size_t kStaticSmem>
+cudaError_t launch_persistent_gemv(const GemvTargets& targets, int cols, const float* x, const float* up, const NormInput& norm,
+                                   std::size_t smem, cudaStream_t stream, bool pdl) {
+  // Once per kernel (and process: the decoder drives one device). The largest size the launcher
+  // ever asks for, so the attribute never changes while another thread launches.
   static const cudaError_t raised = [&] {
     int device = 0, optin = 0;
     cudaError_t err = cudaGetDevice(&device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (err == cudaSuccess) err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                       optin - int(gemv_pipelined_static_smem(N, kNorm)));
+    if (err == cudaSuccess) err = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - int(kStaticSmem));
     // The ring is the SM's main use of on-chip memory; x goes through shared memory or L2.
     if (err == cudaSuccess)
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
+      err = cudaFuncSetAttribute(Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared));
     return err;
   }();
   if (raised != cudaSuccess) return raised;
@@ -315,7 +313,7 @@ cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, c
   static thread_local Fit last;
   if (last.smem != smem) {
     int per_sm = 0;
-    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kGemvThreads, smem);
+    const cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kGemvThreads, smem);
     if (err != cudaSuccess) return err;
     last = {smem, per_sm};
   }
@@ -325,7 +323,14 @@ cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, c
   if (err != cudaSuccess) return err;
   const int tiles = targets.first_block[targets.count];
   const int grid = std::max(1, std::min(tiles, std::max(1, last.blocks) * sms));
-  return launch_kernel(kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
+  return launch_kernel(Kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
+}
+
+template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
+cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
+                                         const NormInput& norm, std::size_t smem, cudaStream_t stream, bool pdl) {
+  return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm>,
+                                gemv_pipelined_static_smem(N, kNorm)>(targets, cols, x, up, norm, smem, stream, pdl);
 }
 
 template <int N>
