@@ -60,12 +60,11 @@ Status allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
 }
 
 template <int D, int R, class View, class QT>
-Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, int score_blocks, cudaStream_t stream) {
+Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, int score_blocks, cudaStream_t stream, bool pdl) {
   const std::size_t smem = mma_smem_bytes<D, R, int(sizeof(typename View::value_type))>(score_blocks);
   KVSIFT_TRY(allow_dynamic_smem(decode_split_mma_kernel<D, R, View, QT>, smem));
-  decode_split_mma_kernel<D, R, View, QT><<<grid, kDecodeThreads, smem, stream>>>(launch);
-  KVSIFT_CHECK_LAUNCH();
-  return Status();
+  return from_cuda(launch_with_pdl(pdl, decode_split_mma_kernel<D, R, View, QT>, grid, dim3(kDecodeThreads), smem, stream, launch),
+                   "decode_attention: the split launch");
 }
 
 }  // namespace detail
@@ -89,7 +88,9 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
 
   const dim3 grid(plan.ctas_per_tile, plan.row_tiles, kv.batch);
   const int score_blocks = p.scores && p.score_block_size > 1 ? plan.chunk / p.score_block_size : 0;
-  // The split kernel, then (when some head splits) the merge kernel as its programmatic dependent.
+  // The split kernel (a programmatic dependent of the kernel before it with Exec::dependent_launch),
+  // then (when some head splits) the merge kernel as its programmatic dependent.
+  const bool pdl = exec.dependent_launch && exec.device.cc_major >= 9;
   auto merge = [&](auto head_dim, auto row_tile) -> Status {
     if (!plan.splits_any()) return Status();
     constexpr int D = decltype(head_dim)::value, R = decltype(row_tile)::value;
@@ -103,19 +104,20 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
     constexpr int D = decltype(head_dim)::value;
     if constexpr (detail::decode_uses_tensor_cores<View>()) {
       if (plan.row_tile == 8) {
-        KVSIFT_TRY((detail::launch_decode_split_mma<D, 8>(launch, grid, score_blocks, exec.stream)));
+        KVSIFT_TRY((detail::launch_decode_split_mma<D, 8>(launch, grid, score_blocks, exec.stream, pdl)));
         return merge(head_dim, R8{});
       }
       if constexpr (D != 256) {
-        KVSIFT_TRY((detail::launch_decode_split_mma<D, 16>(launch, grid, score_blocks, exec.stream)));
+        KVSIFT_TRY((detail::launch_decode_split_mma<D, 16>(launch, grid, score_blocks, exec.stream, pdl)));
         return merge(head_dim, R16{});
       }
       return make_status(StatusCode::kInternal, "no 16-row tile at head_dim 256");
     } else {
       const std::size_t smem = detail::SplitSmem<D, 8>::bytes(score_blocks);
       KVSIFT_TRY(detail::allow_dynamic_smem(detail::decode_split_simt_kernel<D, View, T>, smem));
-      detail::decode_split_simt_kernel<D, View, T><<<grid, detail::kDecodeThreads, smem, exec.stream>>>(launch);
-      KVSIFT_CHECK_LAUNCH();
+      KVSIFT_TRY(from_cuda(detail::launch_with_pdl(pdl, detail::decode_split_simt_kernel<D, View, T>, grid,
+                                                   dim3(detail::kDecodeThreads), smem, exec.stream, launch),
+                           "decode_attention: the split launch"));
       return merge(head_dim, R8{});
     }
   });

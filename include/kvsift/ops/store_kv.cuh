@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/detail/store_kv_kernel.cuh"
@@ -27,10 +28,10 @@ Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Wor
   const std::int64_t pairs = std::int64_t(p.n) * kv.num_kv_heads;
   const std::int64_t blocks = (pairs + detail::kStoreKvWarpsPerBlock - 1) / detail::kStoreKvWarpsPerBlock;
   KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * num_kv_heads = ", pairs, " is too many rows for one launch");
-  detail::store_kv_kernel<<<unsigned(blocks), detail::kStoreKvThreads, 0, exec.stream>>>(
-      kv, detail::StoreKvLaunch<T>{p, kv_capacity(kv), exec.data_error});
-  KVSIFT_CHECK_LAUNCH();
-  return Status();
+  return from_cuda(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9, detail::store_kv_kernel<View, T>,
+                                           dim3(unsigned(blocks)), dim3(detail::kStoreKvThreads), 0, exec.stream, kv,
+                                           detail::StoreKvLaunch<T>{p, kv_capacity(kv), exec.data_error}),
+                   "store_kv: the launch");
 }
 
 }  // namespace cuda

@@ -91,6 +91,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
   exec_ = Exec::for_current_device(s);
+  // kvsift's share of the PDL chain; MINIMAL_DECODER_KVSIFT_PDL=0 leaves it out alone (to measure it).
+  exec_.dependent_launch = pdl_ && env_switch("MINIMAL_DECODER_KVSIFT_PDL", true);
   if (exec_.device.num_sms == 0) throw DecoderError("kvsift: could not read the device facts of GPU " + std::to_string(device));
   cublasHandle_t h = nullptr;
   cublas_check(cublasCreate(&h), "cublasCreate");

@@ -105,9 +105,10 @@ class CudaBackend {
     int rows = 0, cols = 0;
   };
 
-  // The constructor reads three switches from the environment, so that one binary measures both
-  // sides: MINIMAL_DECODER_PDL=0 launches every kernel plainly, MINIMAL_DECODER_GEMV=blocked takes
-  // the older GEMV, MINIMAL_DECODER_NORM_FUSION=0 keeps the norms in launches of their own. The
+  // The constructor reads switches from the environment, so that one binary measures both sides:
+  // MINIMAL_DECODER_PDL=0 launches every kernel plainly (MINIMAL_DECODER_KVSIFT_PDL=0 kvsift's only),
+  // MINIMAL_DECODER_GEMV=pipelined / mma / blocked forces one GEMV, MINIMAL_DECODER_ROUTING=0 keeps
+  // cuBLAS out of decode, MINIMAL_DECODER_NORM_FUSION=0 keeps the norms in launches of their own. The
   // setters below override them (tests).
   explicit CudaBackend(int device = 0);
 
@@ -132,10 +133,14 @@ class CudaBackend {
   }
   void set_gemv_kernel(GemvKernel k) { gemv_kernel_ = k; }
   GemvKernel gemv_kernel() const { return gemv_kernel_; }
-  // Programmatic dependent launch of the backend's kernels (cuda_pdl.cuh): each may start while the
-  // previous one drains. Off: plain stream order. Changes timing only, never a result. A recorded
-  // StepGraph keeps the setting it was captured with.
-  void set_programmatic_launch(bool on) { pdl_ = on; }
+  // Programmatic dependent launch of the backend's kernels (cuda_pdl.cuh) and of kvsift's first kernel
+  // of store_kv and decode_attention (Exec::dependent_launch): each may start while the previous one
+  // drains. Off: plain stream order. Changes timing only, never a result. A recorded StepGraph keeps
+  // the setting it was captured with.
+  void set_programmatic_launch(bool on) {
+    pdl_ = on;
+    exec_.dependent_launch = on;
+  }
   bool programmatic_launch() const { return pdl_; }
   // Decode projections by measured shape (cuda_backend.cu, uses_gemv): the GEMV, or cuBLAS for the
   // large matrices from a few input rows on. Off: the GEMV for every decode projection it can take

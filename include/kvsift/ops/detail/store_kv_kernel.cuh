@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "kvsift/core/data_error.cuh"
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/reduce.cuh"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/store_kv.hpp"
@@ -30,6 +31,7 @@ template <class View, class T>
 __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   using KT = std::remove_const_t<typename View::value_type>;
   const StoreKvParams<T>& p = launch.p;
+  wait_for_primary_grid();  // Exec::dependent_launch: the rows to store are the previous kernel's output
   const std::int64_t pair = std::int64_t(blockIdx.x) * kStoreKvWarpsPerBlock + threadIdx.x / 32;
   if (pair >= std::int64_t(p.n) * kv.num_kv_heads) return;  // whole warps leave together
   const int i = int(pair / kv.num_kv_heads), h = int(pair % kv.num_kv_heads);

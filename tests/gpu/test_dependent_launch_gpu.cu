@@ -1,0 +1,162 @@
+// Exec::dependent_launch: store_kv and decode_attention launched as programmatic dependents of an
+// engine kernel that lets them be scheduled at once (griddepcontrol.launch_dependents) and writes
+// their inputs only afterwards, after a delay. The ops must wait for it: their results equal the same
+// ops launched plainly, bit for bit. A kernel that read before its wait would see the poisoned inputs
+// (or half-written ones) and differ.
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "kvsift/kvsift.cuh"
+#include "support/device_buffer.cuh"
+
+using kvsift_test::DeviceBuffer;
+
+namespace {
+
+// The engine's kernel: allows its dependents first, then waits ~spin_ns, then copies src to dst.
+template <class T>
+__global__ void late_copy(const T* src, T* dst, std::int64_t n, long long spin_ns) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < static_cast<unsigned long long>(spin_ns));
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    dst[i] = src[i];
+}
+
+template <class T>
+void launch_late_copy(const T* src, T* dst, std::int64_t n, cudaStream_t stream) {
+  late_copy<T><<<64, 256, 0, stream>>>(src, dst, n, 200000);  // 0.2 ms: far longer than a launch
+  KVSIFT_TEST_CUDA(cudaGetLastError());
+}
+
+template <class T>
+std::vector<T> random_rows(std::mt19937& rng, std::size_t n) {
+  std::normal_distribution<float> normal(0.f, 1.f);
+  std::vector<T> x(n);
+  for (T& v : x) v = kvsift::from_float<T>(normal(rng));
+  return x;
+}
+
+template <class T>
+bool same_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+int cc_major() {
+  int device = 0, major = 0;
+  KVSIFT_TEST_CUDA(cudaGetDevice(&device));
+  KVSIFT_TEST_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major;
+}
+
+// store_kv of n rows whose K/V the late kernel writes, into a poisoned cache.
+template <class T>
+std::vector<T> store_after_late_writer(bool dependent, const std::vector<T>& kin, const std::vector<T>& vin, int n, int heads, int d,
+                                       int capacity) {
+  cudaStream_t stream = nullptr;
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<T> kv_in(kin);  // K rows, then V rows: one late copy writes both
+  kv_in.insert(kv_in.end(), vin.begin(), vin.end());
+  DeviceBuffer<T> src(kv_in), rows(kv_in.size());
+  rows.poison();
+  DeviceBuffer<T> cache_k(std::size_t(heads) * capacity * d), cache_v(cache_k.size());
+  cache_k.poison();
+  cache_v.poison();
+  const std::vector<std::int32_t> seq(static_cast<std::size_t>(n), 0), len{capacity};
+  std::vector<std::int32_t> pos(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) pos[std::size_t(i)] = i;
+  DeviceBuffer<std::int32_t> dseq(seq), dpos(pos), dlen(len);
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
+  exec.dependent_launch = dependent;
+  const auto kv = kvsift::make_bhsd(cache_k.get(), cache_v.get(), 1, heads, capacity, d, dlen.get());
+  const T* k_rows = rows.get();
+  const auto p = kvsift::make_store_kv_params(k_rows, k_rows + kin.size(), n, heads, d, dseq.get(), dpos.get());
+  launch_late_copy(src.get(), rows.get(), std::int64_t(kv_in.size()), stream);
+  REQUIRE(kvsift::cuda::store_kv(exec, kv, p).ok());
+  KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+  std::vector<T> out = cache_k.download(), v = cache_v.download();
+  out.insert(out.end(), v.begin(), v.end());
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  return out;
+}
+
+// decode_attention over a filled cache, with the queries written by the late kernel; output and LSE.
+template <class T>
+std::vector<float> attend_after_late_writer(bool dependent, const std::vector<T>& k, const std::vector<T>& v, const std::vector<T>& q,
+                                            int batch, int heads, int group, int d, int capacity, const std::vector<std::int32_t>& len) {
+  cudaStream_t stream = nullptr;
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer<T> dk(k), dv(v), src_q(q), dq(q.size()), dout(q.size());
+  dq.poison();
+  dout.poison();
+  DeviceBuffer<float> dlse(std::size_t(batch) * heads * group);
+  dlse.poison();
+  DeviceBuffer<std::int32_t> dlen(len);
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
+  exec.dependent_launch = dependent;
+  const auto kv = kvsift::make_bhsd(dk.get(), dv.get(), batch, heads, capacity, d, dlen.get());
+  auto p = kvsift::make_decode_attention_params(static_cast<const T*>(dq.get()), dout.get(), 1, heads * group, d);
+  p.io.lse = dlse.get();
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes + 1);
+  launch_late_copy(src_q.get(), dq.get(), std::int64_t(q.size()), stream);
+  REQUIRE(kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws.get(), bytes}).ok());
+  KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+  std::vector<float> result;
+  for (const T& x : dout.download()) result.push_back(kvsift::to_float(x));
+  for (float x : dlse.download()) result.push_back(x);
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  return result;
+}
+
+template <class T>
+void check_decode(std::mt19937& rng, int capacity) {
+  const int batch = 2, heads = 2, group = 4, d = 128;
+  const std::size_t cache = std::size_t(batch) * heads * capacity * d;
+  const auto k = random_rows<T>(rng, cache), v = random_rows<T>(rng, cache);
+  const auto q = random_rows<T>(rng, std::size_t(batch) * heads * group * d);
+  const std::vector<std::int32_t> len{capacity, capacity / 2 + 1};
+  const auto plain = attend_after_late_writer<T>(false, k, v, q, batch, heads, group, d, capacity, len);
+  const auto dependent = attend_after_late_writer<T>(true, k, v, q, batch, heads, group, d, capacity, len);
+  for (float x : plain) REQUIRE(std::isfinite(x));  // the plain launch read the written queries
+  CHECK(same_bytes(plain, dependent));
+}
+
+}  // namespace
+
+TEST_CASE("Exec::dependent_launch: store_kv waits for the kernel before it (the same bytes as a plain launch)") {
+  if (cc_major() < 9) MESSAGE("no PDL before compute capability 9.0: both launches are plain");
+  std::mt19937 rng(5);
+  const int n = 37, heads = 8, d = 128, capacity = 64;
+  const auto kin = random_rows<kvsift::bfloat16_t>(rng, std::size_t(n) * heads * d);
+  const auto vin = random_rows<kvsift::bfloat16_t>(rng, kin.size());
+  const auto plain = store_after_late_writer(false, kin, vin, n, heads, d, capacity);
+  const auto dependent = store_after_late_writer(true, kin, vin, n, heads, d, capacity);
+  // The plain launch stored the written rows (row i of head h at token i).
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < n; ++i)
+      REQUIRE(std::memcmp(&plain[(std::size_t(h) * capacity + i) * d], &kin[(std::size_t(i) * heads + h) * d],
+                          sizeof(kvsift::bfloat16_t) * d) == 0);
+  CHECK(same_bytes(plain, dependent));
+}
+
+TEST_CASE("Exec::dependent_launch: decode_attention waits for the kernel before it (bf16 tensor-core and f32 paths, split and not)") {
+  std::mt19937 rng(6);
+  for (int capacity : {48, 4096}) {  // one chunk per head (no merge), and splits with a merge
+    INFO("capacity ", capacity);
+    check_decode<kvsift::bfloat16_t>(rng, capacity);
+    check_decode<float>(rng, capacity);
+  }
+}
