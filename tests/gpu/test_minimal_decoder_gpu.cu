@@ -336,6 +336,7 @@ struct LaunchConfig {
 const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused"},
     {md::CudaBackend::GemvKernel::kByShape, true, false, "GEMV by shape, PDL, norms apart"},
+    {md::CudaBackend::GemvKernel::kByShape, false, true, "GEMV by shape, plain launches"},
     {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused"},
     {md::CudaBackend::GemvKernel::kPipelined, true, false, "pipelined GEMV, PDL, norms apart"},
     {md::CudaBackend::GemvKernel::kPipelined, false, true, "pipelined GEMV, plain launches"},
@@ -344,9 +345,11 @@ const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kTensorCore, true, true, "mma GEMV, PDL, norms fused"},
     {md::CudaBackend::GemvKernel::kTensorCore, true, false, "mma GEMV, PDL, norms apart"},
     {md::CudaBackend::GemvKernel::kTensorCore, false, true, "mma GEMV, plain launches"}};
-// The reference configuration of each summation family: plain launches, no graph.
-constexpr int kPlainBlocked = 6;  // the scalar GEMVs' (the behaviour before PDL and the fused norm)
-constexpr int kPlainMma = 9;
+// The reference configuration of each summation family: plain launches, no graph. A decoder run by
+// shape mixes the families (prefill chunks and decode steps of different row counts), so it is its own.
+constexpr int kPlainByShape = 2;
+constexpr int kPlainBlocked = 7;  // the scalar GEMVs' (the behaviour before PDL and the fused norm)
+constexpr int kPlainMma = 10;
 // Whether a configuration's projections of n input rows sum in the tensor-core order.
 bool tensor_core(const LaunchConfig& lc, int n) {
   return md::CudaBackend::gemv_kernel_for(lc.gemv, n) == md::CudaBackend::GemvKernel::kTensorCore;
@@ -390,7 +393,7 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
       host_gemv(w, x, n, rows, cols, ref, mag);
       std::vector<float> first_plain[2], first_fused[2];  // per summation family (scalar, tensor core)
       for (const LaunchConfig& lc : kLaunchConfigs) {
-        INFO(lc.name);
+        INFO(std::string(lc.name));
         const int family = tensor_core(lc, n) ? 1 : 0;
         apply(gpu, lc);
         gpu.upload(dx.data(), x.data(), x.size());
@@ -523,11 +526,17 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
       const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
       apply(gpu, kLaunchConfigs[kPlainMma]);
       const auto launched_mma = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+      apply(gpu, kLaunchConfigs[kPlainByShape]);
+      const auto launched_by_shape = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+      const auto reference_of = [&](const LaunchConfig& lc) {
+        if (lc.gemv == md::CudaBackend::GemvKernel::kByShape) return &launched_by_shape;
+        return tensor_core(lc, batch) ? &launched_mma : &launched;
+      };
       for (const LaunchConfig& lc : kLaunchConfigs)
         for (bool graph : {false, true}) {
-          INFO(lc.name, graph ? ", graph replay" : ", direct launches");
+          INFO(std::string(lc.name), std::string(graph ? ", graph replay" : ", direct launches"));
           apply(gpu, lc);
-          const auto& reference = tensor_core(lc, batch) ? launched_mma : launched;
+          const auto& reference = *reference_of(lc);
           const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, graph);
           REQUIRE(reference.size() == replayed.size());
           for (std::size_t s = 0; s < reference.size(); ++s) {
@@ -536,7 +545,7 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
           }
         }
       apply(gpu, kLaunchConfigs[0]);
-      const auto& reference = tensor_core(kLaunchConfigs[0], batch) ? launched_mma : launched;
+      const auto& reference = *reference_of(kLaunchConfigs[0]);
       // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
       const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
       REQUIRE(paged.size() == reference.size());
