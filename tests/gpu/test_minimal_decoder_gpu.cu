@@ -350,9 +350,9 @@ const LaunchConfig kLaunchConfigs[] = {
 constexpr int kPlainByShape = 2;
 constexpr int kPlainBlocked = 7;  // the scalar GEMVs' (the behaviour before PDL and the fused norm)
 constexpr int kPlainMma = 10;
-// Whether a configuration's projections of n input rows sum in the tensor-core order.
-bool tensor_core(const LaunchConfig& lc, int n) {
-  return md::CudaBackend::gemv_kernel_for(lc.gemv, n) == md::CudaBackend::GemvKernel::kTensorCore;
+// Whether a configuration's projections of n input rows of `cols` sum in the tensor-core order.
+bool tensor_core(const LaunchConfig& lc, int n, int cols) {
+  return md::CudaBackend::gemv_kernel_for(lc.gemv, n, cols) == md::CudaBackend::GemvKernel::kTensorCore;
 }
 // The launch settings under test; shape routing off, so every decode projection runs on the GEMV
 // under test (with it on, the large matrices from 3 input rows go to cuBLAS: the decoder-level cases
@@ -394,7 +394,7 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
       std::vector<float> first_plain[2], first_fused[2];  // per summation family (scalar, tensor core)
       for (const LaunchConfig& lc : kLaunchConfigs) {
         INFO(std::string(lc.name));
-        const int family = tensor_core(lc, n) ? 1 : 0;
+        const int family = tensor_core(lc, n, cols) ? 1 : 0;
         apply(gpu, lc);
         gpu.upload(dx.data(), x.data(), x.size());
         gpu.upload(dy.data(), poison.data(), poison.size());
@@ -530,7 +530,7 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
       const auto launched_by_shape = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
       const auto reference_of = [&](const LaunchConfig& lc) {
         if (lc.gemv == md::CudaBackend::GemvKernel::kByShape) return &launched_by_shape;
-        return tensor_core(lc, batch) ? &launched_mma : &launched;
+        return lc.gemv == md::CudaBackend::GemvKernel::kTensorCore ? &launched_mma : &launched;
       };
       for (const LaunchConfig& lc : kLaunchConfigs)
         for (bool graph : {false, true}) {

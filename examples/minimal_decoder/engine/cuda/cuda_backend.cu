@@ -153,14 +153,15 @@ void CudaBackend::rms_norm(const float* x, std::int64_t rows, int dim, const flo
 //   q/k/v and o (q/k/v 26.8 vs 36.6 at n = 4, 35.1 vs 36.4 at n = 8). n = 2 lies between the measured
 //   points and stays on the GEMV. End to end (128K, batch 4): dense 22611 -> 22233 us per step,
 //   LycheeDecode 11515 -> 11162.
-// On the tensor-core GEMV (from kTensorCoreFromRows rows; 2026-12-03), which is flat in n: the GEMV
-// for every matrix but the LM head (at n = 4 gate+up 72.0 vs cuBLAS 72.1 us without its conversion
-// launch, q/k/v 25.4 vs 36.3; the LM head 279 vs 261) and but the inputs it cannot keep in shared
-// memory (down from 6 rows: cuBLAS and a SwiGLU launch).
+// On the tensor-core GEMV (2026-12-03, bench_decoder_gemv; it is flat in n): the GEMV for every matrix
+// but the LM head (at n = 4 gate+up 72.5 vs cuBLAS 72.8 us, which needs a conversion launch too, q/k/v
+// 24.8 vs 36.7; the LM head 281 vs 261) and but inputs it cannot keep in shared memory. The down
+// projection stays on the pipelined GEMV (by shape: 44.8 vs the mma's 47.6 us at n = 4) and goes to
+// cuBLAS from 8 rows as above.
 bool CudaBackend::uses_gemv(const float* x, int n, const Matrix& w) const {
   if (!gemv_applies(x, n, w)) return false;
   if (!shape_routing_) return true;
-  if (gemv_kernel_for(gemv_kernel_, n) == GemvKernel::kTensorCore)
+  if (gemv_kernel_for(gemv_kernel_, n, w.cols) == GemvKernel::kTensorCore)
     return !(n >= 3 && w.rows > 65536) && kernels::gemv_mma_caches_input(n, w.cols, exec_.device.max_smem_optin);
   if (n >= 3 && w.rows > 8192) return false;
   if (n >= 8 && w.cols > 8192) return false;
@@ -205,7 +206,7 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
   if (n == 0) return;
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const std::size_t optin = exec_.device.max_smem_optin;
-  const GemvKernel kernel = gemv_kernel_for(gemv_kernel_, n);
+  const GemvKernel kernel = gemv_kernel_for(gemv_kernel_, n, dim);
   const bool fits = kernel == GemvKernel::kPipelined    ? kernels::gemv_norm_fits(n, dim, optin)
                     : kernel == GemvKernel::kTensorCore ? kernels::gemv_mma_norm_fits(n, dim, optin)
                                                         : false;  // the blocked GEMV has no norm prologue
@@ -232,7 +233,7 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
 
 void CudaBackend::gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up,
                        const char* what) const {
-  switch (gemv_kernel_for(gemv_kernel_, n)) {
+  switch (gemv_kernel_for(gemv_kernel_, n, cols)) {
     case GemvKernel::kByShape:  // never: gemv_kernel_for resolves it
     case GemvKernel::kTensorCore: cuda_check(kernels::launch_gemv_bf16_mma(targets, cols, x, n, stream(), up, pdl_), what); return;
     case GemvKernel::kPipelined: cuda_check(kernels::launch_gemv_bf16_pipelined(targets, cols, x, n, stream(), up, pdl_), what); return;

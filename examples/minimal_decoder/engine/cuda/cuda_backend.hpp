@@ -115,21 +115,25 @@ class CudaBackend {
   // The decode GEMV: kTensorCore (cuda_gemv_mma.cuh, kPipelined's weight stream with mma.sync
   // products, flat in the input rows), kPipelined (cuda_gemv_pipelined.cuh, persistent blocks,
   // cp.async ring, the fastest at few rows) or kBlocked (cuda_gemv.cuh, one block per 4 rows); kByShape
-  // (the default) takes kPipelined below kTensorCoreFromRows input rows and kTensorCore from there
-  // (bench_decoder_gemv, docs/performance.md). kPipelined and kBlocked give the same bits; kTensorCore
+  // (the default) takes kTensorCore from kTensorCoreFromRows input rows on for inputs of at most
+  // kTensorCoreMaxCols columns, kPipelined otherwise (bench_decoder_gemv, docs/performance.md: the
+  // 14336-column down projection runs faster on kPipelined up to the rows it caches, and goes to
+  // cuBLAS beyond). kPipelined and kBlocked give the same bits; kTensorCore
   // sums in another order (deterministic, within the fp32 rounding of the others).
   enum class GemvKernel { kByShape, kTensorCore, kPipelined, kBlocked };
   static constexpr int kTensorCoreFromRows = 4;
+  static constexpr int kTensorCoreMaxCols = 8192;
   static const char* gemv_kernel_name(GemvKernel k) {
     return k == GemvKernel::kByShape      ? "by shape"
            : k == GemvKernel::kTensorCore ? "mma"
            : k == GemvKernel::kPipelined  ? "pipelined"
                                           : "blocked";
   }
-  // The kernel `k` runs a projection of n input rows on (kByShape resolved; the others as they are).
-  static GemvKernel gemv_kernel_for(GemvKernel k, int n) {
+  // The kernel `k` runs a projection of n input rows of `cols` on (kByShape resolved; the others as
+  // they are).
+  static GemvKernel gemv_kernel_for(GemvKernel k, int n, int cols) {
     if (k != GemvKernel::kByShape) return k;
-    return n >= kTensorCoreFromRows ? GemvKernel::kTensorCore : GemvKernel::kPipelined;
+    return n >= kTensorCoreFromRows && cols <= kTensorCoreMaxCols ? GemvKernel::kTensorCore : GemvKernel::kPipelined;
   }
   void set_gemv_kernel(GemvKernel k) { gemv_kernel_ = k; }
   GemvKernel gemv_kernel() const { return gemv_kernel_; }
