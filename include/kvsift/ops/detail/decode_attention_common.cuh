@@ -134,10 +134,14 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
 // A Handle is what a row address needs besides the token id: a kernel that streams computes handles a
 // stage ahead (for a paged view that is where the block-table load happens) and forms the addresses
 // when it issues the copies.
+//
+// kAffine: a row's address is a base plus the token times a stride (K, V and the fp8 scale each), so a
+// kernel streaming consecutive tokens can advance pointers instead of forming addresses per token.
 template <class View>
 struct KvRows {
   using T = std::remove_const_t<typename View::value_type>;
   using Handle = int;  // the token
+  static constexpr bool kAffine = false;
   View kv;
   int b, h;
   __device__ KvRows(const View& v, int b_, int h_) : kv(v), b(b_), h(h_) {}
@@ -168,6 +172,7 @@ struct KvRows<ContiguousKV<E>> {
   __device__ __forceinline__ const T* k(int t) const { return k_base + t * k_stride; }
   __device__ __forceinline__ const T* v(int t) const { return v_base + t * v_stride; }
   using Handle = int;  // the token: its address is arithmetic
+  static constexpr bool kAffine = true;
   __device__ __forceinline__ Handle handle(int t) const { return t; }
   __device__ __forceinline__ bool valid(Handle) const { return true; }  // every token has an address
   __device__ __forceinline__ long long bad_value(int t) const { return t; }
@@ -206,6 +211,7 @@ struct KvRows<PagedKV<E>> {
   struct Handle {
     std::int64_t row = 0, scale = 0;
   };
+  static constexpr bool kAffine = false;
   __device__ __forceinline__ Handle handle(int t) const {
     int page, slot;
     if (page_shift >= 0) {

@@ -127,6 +127,35 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int byt
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
 
+// One thread's rows of the next stage of a dense split over an affine view (KvRows::kAffine): the
+// first of its kLoadTokensPerThread rows, the byte steps to the next one, and how many of the split's
+// positions remain from it on. Each stage's rows are the previous stage's moved by kStageTokens tokens,
+// so issuing a stage adds to pointers instead of forming every token's address from its id: measured on
+// the fp8 B=8 128K row, that per-token work (id, handle, 64-bit products, bad-data checks) was about
+// half of the loop's instructions in a kernel that was issue-bound.
+struct AffineCursor {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  std::int64_t k_step = 0, v_step = 0;     // bytes between this thread's consecutive rows of a stage
+  std::int64_t scale = 0, scale_step = 0;  // fp8 per-token scales: index of the first row's, the step
+  int left = 0;                            // split positions from the first row on
+};
+template <class Rows>
+__device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int first_token, int left, int rows_apart) {
+  AffineCursor c;
+  if constexpr (Rows::kAffine) {
+    using T = typename Rows::T;
+    c.k = reinterpret_cast<const char*>(rows.k(first_token));
+    c.v = reinterpret_cast<const char*>(rows.v(first_token));
+    c.k_step = rows.k_stride * rows_apart * std::int64_t(sizeof(T));
+    c.v_step = rows.v_stride * rows_apart * std::int64_t(sizeof(T));
+    c.scale = rows.scale_at(first_token);
+    c.scale_step = rows.scale_token_stride * rows_apart;
+    c.left = left;
+  }
+  return c;
+}
+
 inline constexpr unsigned kSmemLine = 128;  // the ring's alignment (see the kernel)
 
 /// Bytes of the ring, which the epilogue's SplitSmem reuses: the offset of the block-max scratch.
@@ -266,6 +295,41 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       if (load_chunk == 0) ids[p] = tok_issue[i];
     }
   };
+  // A dense split over an affine view streams consecutive tokens: no ids, handles or lookahead, and no
+  // bad engine data to meet (its tokens lie in [0, len)). Its masked positions (past the split's end,
+  // in the last stage only) are zero-filled as above; compute() derives the token ids from positions.
+  const bool affine = KvRows<View>::kAffine && !w.sparse;
+  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass) : AffineCursor{};
+  auto issue_affine = [&](int stage) {
+    const int slot = stage % kStages;
+    const unsigned kd = slot_k(slot), vd = slot_v(slot);
+#pragma unroll
+    for (int i = 0; i < kLoadTokensPerThread; ++i) {
+      const int p = load_row + i * kLoadRowsPerPass;
+      const bool ok = i * kLoadRowsPerPass < cur.left;
+      const char* kp = cur.k + i * cur.k_step;
+      const char* vp = cur.v + i * cur.v_step;
+#pragma unroll
+      for (int u = 0; u < kChunksPerThread; ++u) {
+        const int c = load_chunk + u * kLoadThreadsPerRow;
+        cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 16) : dummy, ok ? 16 : 0);
+        cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 16) : dummy, ok ? 16 : 0);
+      }
+      if constexpr (kFp8) {
+        static_assert(kLoadThreadsPerRow >= 2, "a row's K and V scales go to two of its threads");
+        if (per_token_scales && load_chunk < 2) {  // thread 0 of the row copies its K scale, thread 1 its V scale
+          const bool is_v = load_chunk == 1;
+          const unsigned sd = unsigned(__cvta_generic_to_shared(slot_scale(slot) + p)) + (is_v ? kStageTokens * 4 : 0);
+          const float* src = (is_v ? a.kv.scales.v : a.kv.scales.k) + cur.scale + i * cur.scale_step;
+          cp_async4(sd, ok ? static_cast<const void*>(src) : dummy, ok ? 4 : 0);
+        }
+      }
+    }
+    cur.k += kLoadTokensPerThread * cur.k_step;
+    cur.v += kLoadTokensPerThread * cur.v_step;
+    cur.scale += kLoadTokensPerThread * cur.scale_step;
+    cur.left -= kStageTokens;
+  };
 
   // This thread's Q elements are loaded before the ring starts and converted after it: issued behind
   // the first stage, they queued behind every block's K/V requests (measured on the H200, B = 1: the
@@ -286,13 +350,21 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
 
-  read_tokens(tok_next, 0);
-  advance(1);
+  if (affine) {
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) issue(s);
-    cp_async_commit();
-    advance(s + 2);
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) issue_affine(s);
+      cp_async_commit();
+    }
+  } else {
+    read_tokens(tok_next, 0);
+    advance(1);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (s < steps) issue(s);
+      cp_async_commit();
+      advance(s + 2);
+    }
   }
 
   // Q as mma A fragments, rounded to the KV type; rows past the head's rows are 0.
@@ -345,8 +417,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       for (int c = 0; c < 4; ++c) o[rh][mt][c] = 0.f;
   }
 
-  // One warp's 16 positions of a ring slot; `pos` is the first one's position in the split.
-  auto compute = [&](int slot, int pos) {
+  // One warp's 16 positions of a ring slot; `pos` is the first one's position in the split. `dense`
+  // (std::true_type for an affine split) takes the token ids from the positions instead of the slot.
+  auto compute = [&](int slot, int pos, auto dense) {
     const unsigned kb = slot_k(slot), vb = slot_v(slot);
     const int p0 = warp * 16;
     float s[2][4];
@@ -378,11 +451,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       }
     }
     // This thread's S columns: positions 2j, 2j + 1 (n-tile 0) and 8 + 2j, 9 + 2j (n-tile 1).
-    const int* ids = slot_tok(slot);
-    const int2 t01 = *reinterpret_cast<const int2*>(ids + p0 + 2 * j);
-    const int2 t89 = *reinterpret_cast<const int2*>(ids + p0 + 8 + 2 * j);
-    const int tok[4] = {t01.x, t01.y, t89.x, t89.y};
-    float v_scale[4] = {v_head_scale, v_head_scale, v_head_scale, v_head_scale};
+    int tok[4];
+    if constexpr (decltype(dense)::value) {
+      const int col[4] = {2 * j, 2 * j + 1, 8 + 2 * j, 9 + 2 * j};
+#pragma unroll
+      for (int q = 0; q < 4; ++q) tok[q] = pos + col[q] < w.positions ? w.base + pos + col[q] : -1;
+    } else {
+      const int* ids = slot_tok(slot);
+      const int2 t01 = *reinterpret_cast<const int2*>(ids + p0 + 2 * j);
+      const int2 t89 = *reinterpret_cast<const int2*>(ids + p0 + 8 + 2 * j);
+      tok[0] = t01.x, tok[1] = t01.y, tok[2] = t89.x, tok[3] = t89.y;
+    }
+    [[maybe_unused]] float v_scale[4] = {v_head_scale, v_head_scale, v_head_scale, v_head_scale};
     if constexpr (kFp8) {  // dequantize the scores: S = k_scale * (q . code)
       float k_scale[4] = {k_head_scale, k_head_scale, k_head_scale, k_head_scale};
       if (per_token_scales) {
@@ -493,15 +573,26 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   };
 
-  for (int st = 0; st < steps; ++st) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
-    const int next = st + kStages - 1;
-    if (next < steps) issue(next);
-    cp_async_commit();
-    advance(next + 2);
-    compute(st % kStages, st * kStageTokens + warp * 16);
-  }
+  auto stream = [&](auto dense) {
+    for (int st = 0; st < steps; ++st) {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
+      const int next = st + kStages - 1;
+      if constexpr (decltype(dense)::value) {
+        if (next < steps) issue_affine(next);
+        cp_async_commit();
+      } else {
+        if (next < steps) issue(next);
+        cp_async_commit();
+        advance(next + 2);
+      }
+      compute(st % kStages, st * kStageTokens + warp * 16, dense);
+    }
+  };
+  if (affine)
+    stream(std::true_type{});
+  else
+    stream(std::false_type{});
   cp_async_wait<0>();
   __syncthreads();  // the ring becomes the epilogue's SplitSmem
   if (bad_page_token >= 0) record_bad_page(a, w, bad_page_token, rows.bad_value(bad_page_token));
