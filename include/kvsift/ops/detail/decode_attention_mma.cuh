@@ -7,11 +7,13 @@
 // fill. Registers no longer bound the bytes in flight (the previous design prefetched into
 // registers, 242 of them, and streamed at 64-82% of the read ceiling). Each warp takes 16 positions
 // of a stage:
-//   S   = Q K^T       mma.m16n8k16, M = 16 query rows (R = 8 or 16 used), N = 8 positions, K = head_dim
+//   S   = Q K^T       mma.m16n8k16, M = 16 query rows (R = 16), N = 8 positions, K = head_dim
+//   S^T = K Q^T       M = 16 positions, N = 8 query rows (R = 8: no padded MMA rows)
 //   O^T = V^T P^T     M = 16 output dims, N = 8 query rows, K = 16 positions
 // K fragments come from ldmatrix, V^T fragments from ldmatrix.trans, Q from registers loaded once;
-// the accumulator layout of S equals the B-operand layout of P^T, so P never leaves registers. Every
-// K/V element is read once from HBM for all G query heads of the group (GQA in the MMA rows).
+// the accumulator layout of S equals the B-operand layout of P^T (S^T's reaches it by movmatrix), so
+// P never leaves registers. Every K/V element is read once from HBM for all G query heads of the
+// group (GQA in the MMA rows).
 //
 // Shared-memory rows are XOR-swizzled by 16-byte chunk (chunk c of position p sits at c ^ (p & 7)),
 // so the eight rows an ldmatrix phase reads fall in eight different bank groups.
@@ -23,7 +25,8 @@
 // of Q K^T and the m-index of V^T P^T are permuted to what ldmatrix delivers (the dot product does not
 // care about the order of its terms, and each output dim is written to its true place at the end).
 //
-// A position becomes a row address through a lookahead chain, so no thread waits on a dependent load
+// A dense split over an affine view (ContiguousKV) streams consecutive tokens by advancing pointers
+// (AffineCursor). Elsewhere a position becomes a row address through a lookahead chain, so no thread waits on a dependent load
 // inside the loop: the token ids of a stage (an index-entry load for sparse heads) are read two
 // stages before its copies are issued, its row handles (the block-table load of a paged view) one
 // stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
@@ -75,6 +78,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigne
                : "r"(addr));
 }
 
+// The 8x8 16-bit matrix whose fragments the warp holds (thread (g, j): row g, columns 2j, 2j + 1),
+// transposed: thread (g, j) receives elements (2j, g) and (2j + 1, g).
+__device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
+  std::uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+  return r;
+}
+
 // 16-byte global-to-shared copy through L2 only (K/V are read once); `bytes` 0 zero-fills the
 // destination and reads nothing. The L2::128B hint measured best on the H200 (dense B=8 128K: 1230 us
 // against 1453 with L2::256B and 1333 with no hint).
@@ -110,15 +121,18 @@ struct StageLayout {
   static __device__ __forceinline__ unsigned at(int p, int c) { return unsigned(p * kRowBytes + ((c ^ (p & kSwizzle)) << 4)); }
 };
 
-// Two fp8 codes (low byte first) widened to a packed fp16 pair (low half first), exactly.
+// Four fp8 codes widened to two packed fp16 pairs, exactly: bytes 0, 1 to `lo` and bytes 2, 3 to `hi`
+// (low half first). The e4m3 conversions read the two 16-bit halves of `four` in place (ptxas selects
+// the high half as an operand), so the upper pair costs no shift.
 template <class T>
-__device__ __forceinline__ std::uint32_t widen_fp8x2(std::uint32_t two) {
+__device__ __forceinline__ void widen_fp8x4(std::uint32_t four, std::uint32_t& lo, std::uint32_t& hi) {
   if constexpr (dtype_traits<T>::dtype == DType::kFp8E4M3) {
-    std::uint32_t h2;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(std::uint16_t(two & 0xffffu)));
-    return h2;
-  } else {
-    return __byte_perm(two, 0u, 0x1404);  // e5m2 is the top byte of an fp16
+    asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}"
+        : "=r"(lo), "=r"(hi)
+        : "r"(four));
+  } else {  // e5m2 is the top byte of an fp16
+    lo = __byte_perm(four, 0u, 0x1404);
+    hi = __byte_perm(four, 0u, 0x3424);
   }
 }
 
@@ -136,12 +150,16 @@ __device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int byt
 struct AffineCursor {
   const char* k = nullptr;
   const char* v = nullptr;
-  std::int64_t k_step = 0, v_step = 0;     // bytes between this thread's consecutive rows of a stage
-  std::int64_t scale = 0, scale_step = 0;  // fp8 per-token scales: index of the first row's, the step
-  int left = 0;                            // split positions from the first row on
+  std::int64_t k_step = 0, v_step = 0;  // bytes between this thread's consecutive rows of a stage
+  int left = 0;                         // split positions from the first row on
+  // fp8 per-token scales: a stage's 2 x kStageTokens scales are one per thread (K to the first half of
+  // the threads, V to the second), so thread tid copies the scale of position tid % kStageTokens.
+  const float* scale = nullptr;
+  std::int64_t scale_step = 0;  // floats between stages
 };
 template <class Rows>
-__device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int first_token, int left, int rows_apart) {
+__device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int first_token, int left, int rows_apart,
+                                                      const float* scales, int scale_token) {
   AffineCursor c;
   if constexpr (Rows::kAffine) {
     using T = typename Rows::T;
@@ -149,9 +167,11 @@ __device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int firs
     c.v = reinterpret_cast<const char*>(rows.v(first_token));
     c.k_step = rows.k_stride * rows_apart * std::int64_t(sizeof(T));
     c.v_step = rows.v_stride * rows_apart * std::int64_t(sizeof(T));
-    c.scale = rows.scale_at(first_token);
-    c.scale_step = rows.scale_token_stride * rows_apart;
     c.left = left;
+    if (scales != nullptr) {
+      c.scale = scales + rows.scale_at(scale_token);
+      c.scale_step = rows.scale_token_stride * kStageTokens;
+    }
   }
   return c;
 }
@@ -299,35 +319,46 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // bad engine data to meet (its tokens lie in [0, len)). Its masked positions (past the split's end,
   // in the last stage only) are zero-filled as above; compute() derives the token ids from positions.
   const bool affine = KvRows<View>::kAffine && !w.sparse;
-  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass) : AffineCursor{};
+  const float* scale_src = nullptr;  // fp8 per-token scales: K for the first half of the threads, V for the rest
+  if constexpr (kFp8)
+    if (per_token_scales) scale_src = tid < kStageTokens ? a.kv.scales.k : a.kv.scales.v;
+  static_assert(kDecodeThreads == 2 * kStageTokens, "one per-token scale per thread and stage");
+  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass, scale_src,
+                                            w.base + tid % kStageTokens)
+                            : AffineCursor{};
   auto issue_affine = [&](int stage) {
     const int slot = stage % kStages;
     const unsigned kd = slot_k(slot), vd = slot_v(slot);
+    // Every stage but a split's last is whole: its copies take no mask and no stand-in address.
+    auto copy_rows = [&](auto whole) {
 #pragma unroll
-    for (int i = 0; i < kLoadTokensPerThread; ++i) {
-      const int p = load_row + i * kLoadRowsPerPass;
-      const bool ok = i * kLoadRowsPerPass < cur.left;
-      const char* kp = cur.k + i * cur.k_step;
-      const char* vp = cur.v + i * cur.v_step;
+      for (int i = 0; i < kLoadTokensPerThread; ++i) {
+        const int p = load_row + i * kLoadRowsPerPass;
+        const bool ok = decltype(whole)::value || i * kLoadRowsPerPass < cur.left;
+        const char* kp = cur.k + i * cur.k_step;
+        const char* vp = cur.v + i * cur.v_step;
 #pragma unroll
-      for (int u = 0; u < kChunksPerThread; ++u) {
-        const int c = load_chunk + u * kLoadThreadsPerRow;
-        cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 16) : dummy, ok ? 16 : 0);
-        cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 16) : dummy, ok ? 16 : 0);
-      }
-      if constexpr (kFp8) {
-        static_assert(kLoadThreadsPerRow >= 2, "a row's K and V scales go to two of its threads");
-        if (per_token_scales && load_chunk < 2) {  // thread 0 of the row copies its K scale, thread 1 its V scale
-          const bool is_v = load_chunk == 1;
-          const unsigned sd = unsigned(__cvta_generic_to_shared(slot_scale(slot) + p)) + (is_v ? kStageTokens * 4 : 0);
-          const float* src = (is_v ? a.kv.scales.v : a.kv.scales.k) + cur.scale + i * cur.scale_step;
-          cp_async4(sd, ok ? static_cast<const void*>(src) : dummy, ok ? 4 : 0);
+        for (int u = 0; u < kChunksPerThread; ++u) {
+          const int c = load_chunk + u * kLoadThreadsPerRow;
+          cp_async16(kd + L::at(p, c), ok ? static_cast<const void*>(kp + c * 16) : dummy, ok ? 16 : 0);
+          cp_async16(vd + L::at(p, c), ok ? static_cast<const void*>(vp + c * 16) : dummy, ok ? 16 : 0);
         }
+      }
+    };
+    if (cur.left > (kLoadTokensPerThread - 1) * kLoadRowsPerPass)
+      copy_rows(std::true_type{});
+    else
+      copy_rows(std::false_type{});
+    if constexpr (kFp8) {
+      if (per_token_scales) {
+        const bool ok = tid % kStageTokens - load_row < cur.left;
+        cp_async4(unsigned(__cvta_generic_to_shared(slot_scale(slot) + tid)), ok ? static_cast<const void*>(cur.scale) : dummy,
+                  ok ? 4 : 0);
+        cur.scale += cur.scale_step;
       }
     }
     cur.k += kLoadTokensPerThread * cur.k_step;
     cur.v += kLoadTokensPerThread * cur.v_step;
-    cur.scale += kLoadTokensPerThread * cur.scale_step;
     cur.left -= kStageTokens;
   };
 
@@ -405,17 +436,73 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
 
-  float o[kHalves][kMTiles][4];
-  float m[kHalves], l[kHalves];
+  // R = 8 (up to 8 query rows per KV head: a GQA group of <= 8 at one position, Llama-3's and
+  // LycheeDecode's shape) computes the scores transposed, S^T = K Q^T: M = 16 positions, N = 8 query
+  // rows, so no MMA row is padding. That halves the Q K^T MMAs of S = Q K^T (whose rows 8-15 were zero)
+  // and drops the moves that placed those zeros beside Q in the A operand. A thread then holds rows 2j,
+  // 2j + 1 at positions g and g + 8: the rows of its O^T accumulators, so the rescale needs no shuffle,
+  // and P^T reaches the B-operand layout of P V through one movmatrix.trans per 8 positions.
+  constexpr bool kTransposedScores = R == 8;
+  constexpr int kRowSlots = kTransposedScores ? 2 : kHalves;  // softmax rows a thread keeps
+  int limit_t[2];  // transposed: last token rows 2j, 2j + 1 may see (rows past the head's see all)
 #pragma unroll
-  for (int rh = 0; rh < kHalves; ++rh) {
-    m[rh] = -INFINITY;
-    l[rh] = 0.f;
+  for (int e = 0; e < 2; ++e) {
+    const int r = w.tile * R + 2 * j + e;
+    limit_t[e] = r < q_rows ? w.len - a.p.q_len + r / a.plan.group : w.len - 1;
+  }
+  float o[kHalves][kMTiles][4];
+  float m[kRowSlots], l[kRowSlots];
+#pragma unroll
+  for (int e = 0; e < kRowSlots; ++e) {
+    m[e] = -INFINITY;
+    l[e] = 0.f;
+  }
+#pragma unroll
+  for (int rh = 0; rh < kHalves; ++rh)
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[rh][mt][c] = 0.f;
-  }
+
+  // O^T += V^T P^T over one warp's 16 positions of a slot (pb: P^T as B fragments, per row half).
+  auto accumulate_pv = [&](unsigned vb, int p0, const std::uint32_t (&pb)[kHalves][2]) {
+    if constexpr (!kFp8) {
+      // V^T fragments: matrices (positions 0-7 | 8-15) x (dims 16 mt + 0-7 | 8-15), transposed.
+      const int vp = p0 + (lane & 7) + 8 * (lane >> 4);
+      const int vc = (lane >> 3) & 1;
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        std::uint32_t va[4];
+        ldmatrix_x4_trans(va, vb + L::at(vp, 2 * mt + vc));
+#pragma unroll
+        for (int rh = 0; rh < kHalves; ++rh)
+          mma_16816<kBF16>(o[rh][mt], va[0], va[1], va[2], va[3], pb[rh][0], pb[rh][1]);
+      }
+    } else {
+      // fp8 V^T: a transposed 8x8 b16 matrix of 8 positions x one 16-dim chunk gives thread (g, j) the
+      // codes of dims 2g, 2g + 1 at positions 2j, 2j + 1; regrouped by dim they are the A values of
+      // m-slot g (dim 2g) and m-slot g + 8 (dim 2g + 1). Matrices: (positions 0-7 | 8-15) x
+      // (chunks 2 mp | 2 mp + 1); one chunk is one m-tile.
+      const int vp = p0 + (lane & 7) + 8 * ((lane >> 3) & 1);
+      const int vc = lane >> 4;
+#pragma unroll
+      for (int mp = 0; mp < kMTiles / 2; ++mp) {
+        std::uint32_t r[4];
+        ldmatrix_x4_trans(r, vb + L::at(vp, 2 * mp + vc));
+#pragma unroll
+        for (int hm = 0; hm < 2; ++hm) {
+          const std::uint32_t lo = r[2 * hm], hi = r[2 * hm + 1];  // positions 0-7, 8-15
+          // Bytes 0, 2 (dim 2g at positions 2j, 2j + 1) and 1, 3 (dim 2g + 1) regrouped into halves.
+          std::uint32_t a0, a1, a2, a3;
+          widen_fp8x4<T>(__byte_perm(lo, 0u, 0x3120), a0, a1);
+          widen_fp8x4<T>(__byte_perm(hi, 0u, 0x3120), a2, a3);
+#pragma unroll
+          for (int rh = 0; rh < kHalves; ++rh)
+            mma_16816<kBF16>(o[rh][2 * mp + hm], a0, a1, a2, a3, pb[rh][0], pb[rh][1]);
+        }
+      }
+    }
+  };
 
   // One warp's 16 positions of a ring slot; `pos` is the first one's position in the split. `dense`
   // (std::true_type for an affine split) takes the token ids from the positions instead of the slot.
@@ -440,8 +527,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
           const std::uint32_t a3 = kHalves > 1 ? qa[ks][kHalves - 1][1] : 0u;
           std::uint32_t b0, b1;
           if constexpr (kFp8) {  // dims 4j .. 4j + 3 of the chunk: k-slots 2j, 2j + 1 | 2j + 8, 2j + 9
-            b0 = widen_fp8x2<T>(b[h2]);
-            b1 = widen_fp8x2<T>(b[h2] >> 16);
+            widen_fp8x4<T>(b[h2], b0, b1);
           } else {
             b0 = b[2 * h2];
             b1 = b[2 * h2 + 1];
@@ -524,53 +610,123 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       }
       pb[rh][0] = pack_pair<kBF16>(p[0], p[1]);
       pb[rh][1] = pack_pair<kBF16>(p[2], p[3]);
-      // This thread's output rows are 2j and 2j + 1; their factors live in the threads with g = row.
-      const float a_even = __shfl_sync(0xffffffffu, alpha, (2 * j) * 4);
-      const float a_odd = __shfl_sync(0xffffffffu, alpha, (2 * j + 1) * 4);
+      // Once a split has seen a few stages its maxima rarely move; when no row of the warp's moved,
+      // every factor is exactly 1 and the rescale (2 shuffles and 4 * kMTiles products) is skipped.
+      if (__any_sync(0xffffffffu, alpha != 1.f)) {
+        // This thread's output rows are 2j and 2j + 1; their factors live in the threads with g = row.
+        const float a_even = __shfl_sync(0xffffffffu, alpha, (2 * j) * 4);
+        const float a_odd = __shfl_sync(0xffffffffu, alpha, (2 * j + 1) * 4);
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        o[rh][mt][0] *= a_even;
-        o[rh][mt][1] *= a_odd;
-        o[rh][mt][2] *= a_even;
-        o[rh][mt][3] *= a_odd;
-      }
-    }
-    if constexpr (!kFp8) {
-      // V^T fragments: matrices (positions 0-7 | 8-15) x (dims 16 mt + 0-7 | 8-15), transposed.
-      const int vp = p0 + (lane & 7) + 8 * (lane >> 4);
-      const int vc = (lane >> 3) & 1;
-#pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        std::uint32_t va[4];
-        ldmatrix_x4_trans(va, vb + L::at(vp, 2 * mt + vc));
-#pragma unroll
-        for (int rh = 0; rh < kHalves; ++rh)
-          mma_16816<kBF16>(o[rh][mt], va[0], va[1], va[2], va[3], pb[rh][0], pb[rh][1]);
-      }
-    } else {
-      // fp8 V^T: a transposed 8x8 b16 matrix of 8 positions x one 16-dim chunk gives thread (g, j) the
-      // codes of dims 2g, 2g + 1 at positions 2j, 2j + 1; regrouped by dim they are the A values of
-      // m-slot g (dim 2g) and m-slot g + 8 (dim 2g + 1). Matrices: (positions 0-7 | 8-15) x
-      // (chunks 2 mp | 2 mp + 1); one chunk is one m-tile.
-      const int vp = p0 + (lane & 7) + 8 * ((lane >> 3) & 1);
-      const int vc = lane >> 4;
-#pragma unroll
-      for (int mp = 0; mp < kMTiles / 2; ++mp) {
-        std::uint32_t r[4];
-        ldmatrix_x4_trans(r, vb + L::at(vp, 2 * mp + vc));
-#pragma unroll
-        for (int hm = 0; hm < 2; ++hm) {
-          const std::uint32_t lo = r[2 * hm], hi = r[2 * hm + 1];  // positions 0-7, 8-15
-          const std::uint32_t a0 = widen_fp8x2<T>(__byte_perm(lo, 0u, 0x0020));
-          const std::uint32_t a1 = widen_fp8x2<T>(__byte_perm(lo, 0u, 0x0031));
-          const std::uint32_t a2 = widen_fp8x2<T>(__byte_perm(hi, 0u, 0x0020));
-          const std::uint32_t a3 = widen_fp8x2<T>(__byte_perm(hi, 0u, 0x0031));
-#pragma unroll
-          for (int rh = 0; rh < kHalves; ++rh)
-            mma_16816<kBF16>(o[rh][2 * mp + hm], a0, a1, a2, a3, pb[rh][0], pb[rh][1]);
+        for (int mt = 0; mt < kMTiles; ++mt) {
+          o[rh][mt][0] *= a_even;
+          o[rh][mt][1] *= a_odd;
+          o[rh][mt][2] *= a_even;
+          o[rh][mt][3] *= a_odd;
         }
       }
     }
+    accumulate_pv(vb, p0, pb);
+  };
+
+  // The transposed form of compute() (kTransposedScores): this thread's S^T values are c[0], c[1] (rows
+  // 2j, 2j + 1 at position g) and c[2], c[3] (the same rows at position g + 8).
+  auto compute_t = [&](int slot, int pos, auto dense) {
+    const unsigned kb = slot_k(slot), vb = slot_v(slot);
+    const int p0 = warp * 16;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    // One ldmatrix.x4 reads chunks (2 ld, 2 ld + 1) of positions 0-7 and 8-15: the A fragment of one
+    // k-step of 16-bit K, or of two k-steps of fp8 K (one chunk each, dims 4j .. 4j + 3 of it as
+    // k-slots 2j, 2j + 1 | 2j + 8, 2j + 9, the order Q was packed in).
+    const int kp_row = p0 + (lane & 7) + 8 * ((lane >> 3) & 1), kp_chunk = lane >> 4;
+#pragma unroll
+    for (int ld = 0; ld < L::kChunks / 2; ++ld) {
+      std::uint32_t r[4];
+      ldmatrix_x4(r, kb + L::at(kp_row, 2 * ld + kp_chunk));
+      if constexpr (kFp8) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          std::uint32_t a0, a1, a2, a3;
+          widen_fp8x4<T>(r[2 * h], a0, a2);
+          widen_fp8x4<T>(r[2 * h + 1], a1, a3);
+          mma_16816<kBF16>(c, a0, a1, a2, a3, qa[2 * ld + h][0][0], qa[2 * ld + h][0][1]);
+        }
+      } else {
+        mma_16816<kBF16>(c, r[0], r[1], r[2], r[3], qa[ld][0][0], qa[ld][0][1]);
+      }
+    }
+    int tok[2];  // positions g, g + 8
+    if constexpr (decltype(dense)::value) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) tok[q] = pos + g + 8 * q < w.positions ? w.base + pos + g + 8 * q : -1;
+    } else {
+      const int* ids = slot_tok(slot);
+      tok[0] = ids[p0 + g];
+      tok[1] = ids[p0 + g + 8];
+    }
+    [[maybe_unused]] float v_scale[2] = {v_head_scale, v_head_scale};
+    if constexpr (kFp8) {  // dequantize the scores: S = k_scale * (q . code)
+      float k_scale[2] = {k_head_scale, k_head_scale};
+      if (per_token_scales) {
+        const float* sc = slot_scale(slot);
+        k_scale[0] = sc[p0 + g], k_scale[1] = sc[p0 + g + 8];
+        v_scale[0] = sc[kStageTokens + p0 + g], v_scale[1] = sc[kStageTokens + p0 + g + 8];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) c[q] *= k_scale[q >> 1];
+    }
+    if (score_tile) {  // raw group-mean scores, before masking by causality: row score_row = 2j + e
+      const bool odd = score_row & 1;  // (selects, not an index: a runtime index would put c on the stack)
+      const float v0 = tok[0] >= 0 ? (odd ? c[1] : c[0]) : -INFINITY, v1 = tok[1] >= 0 ? (odd ? c[3] : c[2]) : -INFINITY;
+      if (block_scores) {
+        float mx = fmaxf(v0, v1);
+#pragma unroll
+        for (int x = 4; x < 32; x *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+        if (g == 0 && j == score_row >> 1) atomicMax(scratch + pos / a.p.score_block_size, ordered_key(mx));
+      } else if (j == score_row >> 1) {
+        float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
+        if (tok[0] >= 0) row[tok[0]] = v0;
+        if (tok[1] >= 0) row[tok[1]] = v1;
+      }
+    }
+    float p[2][2];  // [row 2j + e][position g, g + 8]
+    float alpha[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float x[2];
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        x[q] = (tok[q] >= 0 && tok[q] <= limit_t[e]) ? c[2 * q + e] * a.plan.scale_log2 : -INFINITY;
+      float mx = fmaxf(x[0], x[1]);
+#pragma unroll
+      for (int sh = 4; sh < 32; sh *= 2) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+      const float m_new = fmaxf(m[e], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // an all-masked row stays exactly empty
+      alpha[e] = exp2f(m[e] - m_use);
+      p[e][0] = exp2f(x[0] - m_use);
+      p[e][1] = exp2f(x[1] - m_use);
+      l[e] = l[e] * alpha[e] + (p[e][0] + p[e][1]);  // this thread's positions; summed over g at the end
+      m[e] = m_new;
+      if constexpr (kFp8) {  // P V with V = v_scale * code: the scale rides the weight
+        p[e][0] *= v_scale[0];
+        p[e][1] *= v_scale[1];
+      }
+    }
+    // As in compute(): when no row of the warp moved its maximum, every factor is exactly 1.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        o[0][mt][0] *= alpha[0];
+        o[0][mt][1] *= alpha[1];
+        o[0][mt][2] *= alpha[0];
+        o[0][mt][3] *= alpha[1];
+      }
+    }
+    // P (positions x rows) in fragments of rows 2j, 2j + 1 at positions g (resp. g + 8), transposed
+    // to P^T's B fragments: positions 2j, 2j + 1 (resp. + 8) of row g.
+    std::uint32_t pb[kHalves][2];
+    pb[0][0] = movmatrix_trans(pack_pair<kBF16>(p[0][0], p[1][0]));
+    pb[0][1] = movmatrix_trans(pack_pair<kBF16>(p[0][1], p[1][1]));
+    accumulate_pv(vb, p0, pb);
   };
 
   auto stream = [&](auto dense) {
@@ -586,7 +742,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
         cp_async_commit();
         advance(next + 2);
       }
-      compute(st % kStages, st * kStageTokens + warp * 16, dense);
+      if constexpr (kTransposedScores)
+        compute_t(st % kStages, st * kStageTokens + warp * 16, dense);
+      else
+        compute(st % kStages, st * kStageTokens + warp * 16, dense);
     }
   };
   if (affine)
@@ -598,15 +757,30 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   if (bad_page_token >= 0) record_bad_page(a, w, bad_page_token, rows.bad_value(bad_page_token));
   if (bad_entry >= 0) record_bad_entry(a, w, bad_entry);
 
-  // Warp state to shared memory: m and the quad-summed l per S row, O^T back to [row][dim].
+  // Warp state to shared memory: m and the summed l per S row (over the quad of a row's S columns, or
+  // for transposed scores over the 8 threads of its positions), O^T back to [row][dim].
+  if constexpr (kTransposedScores) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float lsum = l[e];
+#pragma unroll
+      for (int sh = 4; sh < 32; sh *= 2) lsum += __shfl_xor_sync(0xffffffffu, lsum, sh);
+      if (g == 0) {
+        sm.m[warp][2 * j + e] = m[e];
+        sm.l[warp][2 * j + e] = lsum;
+      }
+    }
+  }
 #pragma unroll
   for (int rh = 0; rh < kHalves; ++rh) {
-    float lsum = l[rh];
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
-    lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
-    if (j == 0) {
-      sm.m[warp][rh * 8 + g] = m[rh];
-      sm.l[warp][rh * 8 + g] = lsum;
+    if constexpr (!kTransposedScores) {
+      float lsum = l[rh];
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 1);
+      lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
+      if (j == 0) {
+        sm.m[warp][rh * 8 + g] = m[rh];
+        sm.l[warp][rh * 8 + g] = lsum;
+      }
     }
     const int row = rh * 8 + 2 * j;
     // m-slot g of m-tile mt is dim 16 mt + g (16-bit V) or 16 mt + 2g (fp8); slot g + 8 is + 8 or + 2g + 1.
