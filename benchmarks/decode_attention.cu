@@ -127,8 +127,13 @@ __global__ void fill_e4m3(std::uint8_t* p, std::size_t n, std::uint32_t seed) {
   }
 }
 
-// The same shapes over an fp8 e4m3 cache with per-token scales (BSHD): half the K/V bytes.
-void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block) {
+// How the fp8 rows' scales are laid out.
+enum class Fp8Scales { kPerTokenBTH, kPerTokenBHT, kPerHead };
+
+// The same shapes over an fp8 e4m3 cache (BSHD): half the K/V bytes. Per-token scales [batch, token,
+// head] (make_per_token_scales_for) unless named: [batch, head, token] (make_per_token_scales_head_major)
+// or one per head.
+void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block, Fp8Scales layout = Fp8Scales::kPerTokenBTH) {
   const int B = int(state.range(0)), S = int(state.range(1));
   using E4M3 = kvsift::fp8_e4m3_t;
   const std::size_t n = std::size_t(B) * S * kHkv * kD;
@@ -140,8 +145,10 @@ void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block) {
   kvsift_bench::fill_uniform(vs.get(), vs.n, 0.005f, 0.01f, 24);
   Inputs in(B, S, 1);  // q, out, lengths (its bf16 K/V are unused)
   auto kv = kvsift::make_bshd(k.get(), v.get(), B, kHkv, S, kD, in.lengths.get());
-  kv.scales = kvsift::make_per_token_scales_for(kv, ks.get(), vs.get());
-  run(state, in, kv, mode, 4096, block, 0, sizeof(E4M3) + 4.0 / kD);
+  kv.scales = layout == Fp8Scales::kPerTokenBTH   ? kvsift::make_per_token_scales_for(kv, ks.get(), vs.get())
+              : layout == Fp8Scales::kPerTokenBHT ? kvsift::make_per_token_scales_head_major(kv, ks.get(), vs.get())
+                                                  : kvsift::make_per_head_scales(ks.get(), vs.get());
+  run(state, in, kv, mode, 4096, block, 0, sizeof(E4M3) + (layout == Fp8Scales::kPerHead ? 0.0 : 4.0 / kD));
 }
 
 void dense_shapes(benchmark::internal::Benchmark* b) {
@@ -174,5 +181,7 @@ KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Contiguous, batch_shapes, Mode::kGat
 KVSIFT_DECODE_BENCH(mixed_1dense_7block64, BM_Contiguous, batch_shapes, Mode::kMixed, 64, 0);
 KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
+KVSIFT_DECODE_BENCH(dense_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerTokenBHT);
+KVSIFT_DECODE_BENCH(dense_fp8_per_head_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerHead);
 KVSIFT_DECODE_BENCH(gather_token_4096_fp8, BM_ContiguousFp8, batch_shapes, Mode::kGatherToken, 1);
 KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Paged, paged_gather_shapes, Mode::kGatherBlock, 64);

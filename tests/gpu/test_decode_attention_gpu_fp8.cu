@@ -1,6 +1,7 @@
 // decode_attention over fp8 KV (e4m3, e5m2) on the GPU against the host reference, which dequantizes
 // in double: contiguous BSHD and paged NHD/HND (pages in a random order), per-head and per-token
-// scales, dense, gathered (tokens, blocks) and mixed heads, head_dim 64/128/256, GQA groups 1/4/8,
+// scales (for BSHD both [batch, token, head] and [batch, head, token], the latter 16-byte aligned or
+// not), dense, gathered (tokens, blocks) and mixed heads, head_dim 64/128/256, GQA groups 1/4/8,
 // q_len 1 and 3, with and without block-max scores. Outputs are poisoned before each launch.
 #include <doctest/doctest.h>
 
@@ -20,7 +21,8 @@ namespace {
 using kvsift::bfloat16_t;
 using kvsift_test::DeviceBuffer;
 
-enum class Layout { kBSHD, kPagedNHD, kPagedHND };
+// kBSHDHeadMajor: a BSHD cache whose per-token scales are [batch, head, token] (make_per_token_scales_head_major).
+enum class Layout { kBSHD, kBSHDHeadMajor, kPagedNHD, kPagedHND };
 
 struct Fp8Case {
   int batch = 2, hkv = 2, group = 4, d = 128, q_len = 1, cap = 300, page = 16;
@@ -40,7 +42,7 @@ bool close(double got, double want, double tol) {
 template <class KT>
 void run_case(const Fp8Case& c, std::mt19937_64& rng) {
   const int B = c.batch, H = c.hkv, G = c.group, Hq = H * G, D = c.d, QL = c.q_len;
-  const bool paged = c.layout != Layout::kBSHD;
+  const bool paged = c.layout == Layout::kPagedNHD || c.layout == Layout::kPagedHND;
   const int P = c.page, pages_per_seq = (c.cap + P - 1) / P, S = paged ? pages_per_seq * P : c.cap;
   const int num_pages = B * pages_per_seq + 1;
   const std::size_t rows = paged ? std::size_t(num_pages) * P * H : std::size_t(B) * S * H;
@@ -79,7 +81,9 @@ void run_case(const Fp8Case& c, std::mt19937_64& rng) {
       kvsift::PagedKV<P_> p;
     } out;
     out.c = kvsift::make_bshd(kp, vp, B, H, S, D, len);
-    out.c.scales = per_token ? kvsift::make_per_token_scales_for(out.c, ksp, vsp) : kvsift::make_per_head_scales(ksp, vsp);
+    out.c.scales = !per_token                           ? kvsift::make_per_head_scales(ksp, vsp)
+                   : c.layout == Layout::kBSHDHeadMajor ? kvsift::make_per_token_scales_head_major(out.c, ksp, vsp)
+                                                        : kvsift::make_per_token_scales_for(out.c, ksp, vsp);
     out.p = kvsift::make_paged(kp, vp, tab, B, pages_per_seq, num_pages, H, P, D,
                                c.layout == Layout::kPagedHND ? kvsift::PageLayout::kHND : kvsift::PageLayout::kNHD, len);
     out.p.scales = per_token ? kvsift::make_per_token_scales_for(out.p, ksp, vsp) : kvsift::make_per_head_scales(ksp, vsp);
@@ -153,6 +157,7 @@ void run_case(const Fp8Case& c, std::mt19937_64& rng) {
 
 std::string describe(const Fp8Case& c) {
   return "d=" + std::to_string(c.d) + " G=" + std::to_string(c.group) + " q_len=" + std::to_string(c.q_len) +
+         " cap=" + std::to_string(c.cap) +
          " layout=" + std::to_string(int(c.layout)) + " per_token=" + std::to_string(int(c.gran)) +
          " sparse=" + std::to_string(c.sparse_heads) + " block=" + std::to_string(c.block) +
          " score_block=" + std::to_string(c.score_block) + " num_sms=" + std::to_string(c.num_sms);
@@ -162,9 +167,13 @@ template <class KT>
 void run_matrix() {
   std::mt19937_64 rng(kvsift_test::test_seed());
   for (int d : {64, 128, 256})
-    for (auto layout : {Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND})
+    for (auto layout : {Layout::kBSHD, Layout::kBSHDHeadMajor, Layout::kPagedNHD, Layout::kPagedHND})
       for (auto gran : {kvsift::ScaleGranularity::kPerHead, kvsift::ScaleGranularity::kPerToken}) {
+        if (layout == Layout::kBSHDHeadMajor && gran == kvsift::ScaleGranularity::kPerHead) continue;
         Fp8Case c;
+        // Head-major scales: capacity 300 keeps every head's scales 16-byte aligned (the vector copies),
+        // 302 misaligns the odd heads (their per-scale copies).
+        if (layout == Layout::kBSHDHeadMajor) c.cap = rng() % 2 ? 300 : 302;
         c.d = d;
         c.layout = layout;
         c.gran = gran;

@@ -127,6 +127,23 @@ KvScales make_per_token_scales_for(const ContiguousKV<T>& kv, float* k, float* v
   return s;
 }
 
+/// Per-token scales laid out [batch, heads, capacity] for `kv` (token_stride 1, head_stride capacity,
+/// batch_stride heads * capacity; as many floats as make_per_token_scales_for). The layout decode
+/// attention streams fastest on the GPU: a stage's 64 scales of one head are 256 consecutive bytes,
+/// copied in 16-byte pieces, where [batch, capacity, heads] costs one 4-byte read per scale.
+template <class T>
+KvScales make_per_token_scales_head_major(const ContiguousKV<T>& kv, float* k, float* v) {
+  KvScales s;
+  s.k = k;
+  s.v = v;
+  s.granularity = ScaleGranularity::kPerToken;
+  s.token_stride = 1;
+  s.head_stride = kv.capacity;
+  // Beyond int32 the stride wraps negative, which validate() names.
+  s.batch_stride = static_cast<std::int32_t>(std::int64_t(kv.capacity) * kv.num_kv_heads);
+  return s;
+}
+
 namespace detail {
 
 /// The per-token scale strides of a contiguous view: >= 0, no page_stride, and no two (b, t, h) of the

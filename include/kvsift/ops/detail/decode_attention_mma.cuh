@@ -152,14 +152,18 @@ struct AffineCursor {
   const char* v = nullptr;
   std::int64_t k_step = 0, v_step = 0;  // bytes between this thread's consecutive rows of a stage
   int left = 0;                         // split positions from the first row on
-  // fp8 per-token scales: a stage's 2 x kStageTokens scales are one per thread (K to the first half of
-  // the threads, V to the second), so thread tid copies the scale of position tid % kStageTokens.
+  // fp8 per-token scales of a stage, 2 x kStageTokens floats: one 4-byte copy per thread (K to the
+  // first half of the threads, V to the rest: position tid % kStageTokens), or, when a head's scales
+  // are consecutive in the token and 16-byte aligned (`vec`), one 16-byte copy by each of the first
+  // 32 threads (K to threads 0-15, V to 16-31: positions 4 (tid % 16) .. + 3). The per-thread copies
+  // cost an L2 request per scale, as many as the K/V rows themselves (ncu, B=8 128K with [batch,
+  // token, head] scales: L2 94% busy at 87.5% of DRAM peak).
   const float* scale = nullptr;
   std::int64_t scale_step = 0;  // floats between stages
+  bool vec = false;
 };
 template <class Rows>
-__device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int first_token, int left, int rows_apart,
-                                                      const float* scales, int scale_token) {
+__device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int first_token, int left, int rows_apart) {
   AffineCursor c;
   if constexpr (Rows::kAffine) {
     using T = typename Rows::T;
@@ -168,12 +172,23 @@ __device__ __forceinline__ AffineCursor affine_cursor(const Rows& rows, int firs
     c.k_step = rows.k_stride * rows_apart * std::int64_t(sizeof(T));
     c.v_step = rows.v_stride * rows_apart * std::int64_t(sizeof(T));
     c.left = left;
-    if (scales != nullptr) {
-      c.scale = scales + rows.scale_at(scale_token);
-      c.scale_step = rows.scale_token_stride * kStageTokens;
-    }
   }
   return c;
+}
+// The scale part of the cursor (fp8 per-token scales): split_base is the split's first token.
+template <class Rows>
+__device__ __forceinline__ void affine_scales(AffineCursor& c, const Rows& rows, const KvScales& scales, int split_base,
+                                              int tid) {
+  if constexpr (Rows::kAffine) {
+    const std::int64_t first = rows.scale_at(split_base);
+    c.vec = rows.scale_token_stride == 1 &&
+            ((reinterpret_cast<std::uintptr_t>(scales.k + first) | reinterpret_cast<std::uintptr_t>(scales.v + first)) & 15) == 0;
+    if (c.vec)
+      c.scale = (tid < 16 ? scales.k : scales.v) + first + 4 * (tid % 16);
+    else
+      c.scale = (tid < kStageTokens ? scales.k : scales.v) + first + (tid % kStageTokens) * rows.scale_token_stride;
+    c.scale_step = rows.scale_token_stride * kStageTokens;
+  }
 }
 
 inline constexpr unsigned kSmemLine = 128;  // the ring's alignment (see the kernel)
@@ -319,13 +334,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // bad engine data to meet (its tokens lie in [0, len)). Its masked positions (past the split's end,
   // in the last stage only) are zero-filled as above; compute() derives the token ids from positions.
   const bool affine = KvRows<View>::kAffine && !w.sparse;
-  const float* scale_src = nullptr;  // fp8 per-token scales: K for the first half of the threads, V for the rest
-  if constexpr (kFp8)
-    if (per_token_scales) scale_src = tid < kStageTokens ? a.kv.scales.k : a.kv.scales.v;
   static_assert(kDecodeThreads == 2 * kStageTokens, "one per-token scale per thread and stage");
-  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass, scale_src,
-                                            w.base + tid % kStageTokens)
-                            : AffineCursor{};
+  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass) : AffineCursor{};
+  if constexpr (kFp8)
+    if (affine && per_token_scales) affine_scales(cur, rows, a.kv.scales, w.base, tid);
   auto issue_affine = [&](int stage) {
     const int slot = stage % kStages;
     const unsigned kd = slot_k(slot), vd = slot_v(slot);
@@ -351,9 +363,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       copy_rows(std::false_type{});
     if constexpr (kFp8) {
       if (per_token_scales) {
-        const bool ok = tid % kStageTokens - load_row < cur.left;
-        cp_async4(unsigned(__cvta_generic_to_shared(slot_scale(slot) + tid)), ok ? static_cast<const void*>(cur.scale) : dummy,
-                  ok ? 4 : 0);
+        const int stage_left = cur.left + load_row;  // positions of the split from this stage's first on
+        if (cur.vec) {
+          if (tid < 32) {  // a partial last vector copies its valid scales and zero-fills the rest
+            const int q = 4 * (tid % 16), n = stage_left - q < 0 ? 0 : (stage_left - q > 4 ? 4 : stage_left - q);
+            const unsigned sd = unsigned(__cvta_generic_to_shared(slot_scale(slot) + (tid / 16) * kStageTokens + q));
+            cp_async16(sd, n > 0 ? static_cast<const void*>(cur.scale) : dummy, 4 * n);
+          }
+        } else {
+          const bool ok = tid % kStageTokens < stage_left;
+          cp_async4(unsigned(__cvta_generic_to_shared(slot_scale(slot) + tid)), ok ? static_cast<const void*>(cur.scale) : dummy,
+                    ok ? 4 : 0);
+        }
         cur.scale += cur.scale_step;
       }
     }
