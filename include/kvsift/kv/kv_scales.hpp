@@ -7,8 +7,10 @@
 /// head) (kPerToken), written next to the row by store_kv when the token is appended. Per-token scales
 /// are addressed like the rows they belong to:
 ///
-///   ContiguousKV: k[b * batch_stride + t * token_stride + h * head_stride], any strides (the default of
-///                 make_per_token_scales_for is [batch, capacity, heads]); page_stride stays 0.
+///   ContiguousKV: k[b * batch_stride + t * token_stride + h * head_stride], any strides
+///                 (make_per_token_scales_for makes [batch, capacity, heads],
+///                 make_per_token_scales_head_major [batch, heads, capacity], which the GPU decode
+///                 reads in 16-byte pieces); page_stride stays 0.
 ///   PagedKV:      one float per (page, slot, head) in the page layout of the rows: page p's scales at
 ///                 k + p * page_stride, inside it [page_size, heads] for NHD pages and [heads,
 ///                 page_size] for HND ones, so a kernel that has the row's page id and slot has the
