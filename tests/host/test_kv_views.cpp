@@ -256,6 +256,14 @@ TEST_CASE("ContiguousKV fp8 scales: per head and per token address the documente
           REQUIRE(kv.k_scale(b, h, t) == ks[(std::size_t(b) * S + t) * H + h]);
           REQUIRE(kv.v_scale(b, h, t) == vs[(std::size_t(b) * S + t) * H + h]);
         }
+    kv.scales = kvsift::make_per_token_scales_head_major(kv, ks.data(), vs.data());  // [batch, head, token]
+    REQUIRE(kv.validate().ok());
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int t = 0; t < S; ++t) {
+          REQUIRE(kv.k_scale(b, h, t) == ks[(std::size_t(b) * H + h) * S + t]);
+          REQUIRE(kv.v_scale(b, h, t) == vs[(std::size_t(b) * H + h) * S + t]);
+        }
     kv.scales = kvsift::make_per_head_scales(ks.data(), vs.data());
     REQUIRE(kv.validate().ok());
     CHECK(kv.k_scale(1, 2, 4) == ks[2]);
