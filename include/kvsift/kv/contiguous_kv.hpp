@@ -133,14 +133,9 @@ KvScales make_per_token_scales_for(const ContiguousKV<T>& kv, float* k, float* v
 /// copied in 16-byte pieces, where [batch, capacity, heads] costs one 4-byte read per scale.
 template <class T>
 KvScales make_per_token_scales_head_major(const ContiguousKV<T>& kv, float* k, float* v) {
-  KvScales s;
-  s.k = k;
-  s.v = v;
-  s.granularity = ScaleGranularity::kPerToken;
+  KvScales s = make_per_token_scales_for(kv, k, v);  // the same sequences, heads and tokens within one
   s.token_stride = 1;
   s.head_stride = kv.capacity;
-  // Beyond int32 the stride wraps negative, which validate() names.
-  s.batch_stride = static_cast<std::int32_t>(std::int64_t(kv.capacity) * kv.num_kv_heads);
   return s;
 }
 
