@@ -443,7 +443,7 @@ void run_random(std::uint64_t salt, int cases) {
   coverage() = Coverage();
   auto rng = kvsift_test::make_rng(salt);
   const Layout layouts[] = {Layout::kBHSD, Layout::kBSHD, Layout::kPagedNHD, Layout::kPagedHND};
-  const int dims[] = {64, 128, 256}, groups[] = {1, 2, 4, 8}, pages[] = {16, 32, 64}, blocks[] = {16, 32, 64};
+  const int dims[] = {64, 128, 256}, groups[] = {1, 2, 4, 8}, pages[] = {16, 32, 64}, blocks[] = {16, 32, 64, 128};
   const int sms[] = {0, 1, 3, 7, 132, 1000}, score_blocks[] = {0, 0, 1, 16, 64};
   for (int i = 0; i < cases; ++i) {
     Case c;
@@ -462,7 +462,7 @@ void run_random(std::uint64_t salt, int cases) {
     if (c.roles.count_sparse(c.hkv) == 0 && uniform_int(rng, 0, 4)) c.roles.set_sparse(uniform_int(rng, 0, c.hkv - 1), true);
     if (c.roles.count_sparse(c.hkv) > 0) {
       c.gather = uniform_int(rng, 0, 1) ? Gather::kToken : Gather::kBlock;
-      c.gather_block = blocks[uniform_int(rng, 0, 2)];
+      c.gather_block = blocks[uniform_int(rng, 0, 3)];  // 64 and 128: whole stages of one block (block runs)
       const int block = c.gather == Gather::kBlock ? c.gather_block : 1;
       const int units = (S + block - 1) / block;
       c.idx_cap = uniform_int(rng, 0, 2) ? uniform_int(rng, 1, 2 * units + 3) : 0;

@@ -109,7 +109,7 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   for (int h = 0; h < H; ++h) roles.set_sparse(h, role_pick == 2 || (role_pick == 1 && chance(rng, 50)));
   const bool any_sparse = roles.count_sparse(H) > 0;
   const bool block_gather = chance(rng, 40);
-  const int gblock = block_gather ? fz::one_of(rng, {16, 32, 64}) : 1;
+  const int gblock = block_gather ? fz::one_of(rng, {16, 32, 64, 128}) : 1;
   const int units = (S + gblock - 1) / gblock;
   const int idx_cap = any_sparse ? pick(rng, 1, 2 * units + 2) : 0;
   const int idx_stride = idx_cap + (chance(rng, 30) ? 3 : 0);
