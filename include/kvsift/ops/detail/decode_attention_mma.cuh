@@ -26,10 +26,10 @@
 // care about the order of its terms, and each output dim is written to its true place at the end).
 //
 // A dense split over an affine view (ContiguousKV) streams consecutive tokens by advancing pointers
-// (AffineCursor). Elsewhere a position becomes a row address through a lookahead chain, so no thread waits on a dependent load
-// inside the loop: the token ids of a stage (an index-entry load for sparse heads) are read two
-// stages before its copies are issued, its row handles (the block-table load of a paged view) one
-// stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
+// (AffineCursor). Elsewhere a position becomes a row address through a lookahead chain, so no thread
+// waits on a dependent load inside the loop: the token ids of a stage (an index-entry load for sparse
+// heads) are read two stages before its copies are issued, its row handles (the block-table load of a
+// paged view) one stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
 // never put a NaN into P V; their token id -1 in the slot's id table masks their scores. A token whose
 // page lies outside the pool (a bad block-table entry) is masked the same way, and recorded.
 
