@@ -29,9 +29,10 @@
 // (AffineCursor). Elsewhere a position becomes a row address through a lookahead chain, so no thread
 // waits on a dependent load inside the loop: the token ids of a stage (an index-entry load for sparse
 // heads) are read two stages before its copies are issued, its row handles (the block-table load of a
-// paged view) one stage before. Masked positions are zero-filled (cp.async with source size 0), so a stale slot can
-// never put a NaN into P V; their token id -1 in the slot's id table masks their scores. A token whose
-// page lies outside the pool (a bad block-table entry) is masked the same way, and recorded.
+// paged view) one stage before. Masked positions are zero-filled (cp.async with source size 0), so a
+// stale slot can never put a NaN into P V; their token id -1 in the slot's id table masks their
+// scores. A token whose page lies outside the pool (a bad block-table entry) is masked the same way,
+// and recorded.
 
 #include "kvsift/ops/detail/decode_attention_common.cuh"
 
