@@ -248,22 +248,20 @@ TEST_CASE("ContiguousKV fp8 scales: per head and per token address the documente
     // Without scales an fp8 view is invalid.
     CHECK(kv.validate().code() == kvsift::StatusCode::kNullPointer);
     CHECK(kv.validate().message() == "kv.scales.k is null");
-    kv.scales = kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());
-    REQUIRE(kv.validate().ok());
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int t = 0; t < S; ++t) {
-          REQUIRE(kv.k_scale(b, h, t) == ks[(std::size_t(b) * S + t) * H + h]);
-          REQUIRE(kv.v_scale(b, h, t) == vs[(std::size_t(b) * S + t) * H + h]);
-        }
+    // Per-token scales valid and at index_of(b, h, t) of both arrays.
+    auto check_per_token = [&](auto index_of) {
+      REQUIRE(kv.validate().ok());
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int t = 0; t < S; ++t) {
+            REQUIRE(kv.k_scale(b, h, t) == ks[index_of(b, h, t)]);
+            REQUIRE(kv.v_scale(b, h, t) == vs[index_of(b, h, t)]);
+          }
+    };
+    kv.scales = kvsift::make_per_token_scales_for(kv, ks.data(), vs.data());  // [batch, token, head]
+    check_per_token([&](int b, int h, int t) { return (std::size_t(b) * S + t) * H + h; });
     kv.scales = kvsift::make_per_token_scales_head_major(kv, ks.data(), vs.data());  // [batch, head, token]
-    REQUIRE(kv.validate().ok());
-    for (int b = 0; b < B; ++b)
-      for (int h = 0; h < H; ++h)
-        for (int t = 0; t < S; ++t) {
-          REQUIRE(kv.k_scale(b, h, t) == ks[(std::size_t(b) * H + h) * S + t]);
-          REQUIRE(kv.v_scale(b, h, t) == vs[(std::size_t(b) * H + h) * S + t]);
-        }
+    check_per_token([&](int b, int h, int t) { return (std::size_t(b) * H + h) * S + t; });
     kv.scales = kvsift::make_per_head_scales(ks.data(), vs.data());
     REQUIRE(kv.validate().ok());
     CHECK(kv.k_scale(1, 2, 4) == ks[2]);
