@@ -19,20 +19,6 @@ constexpr int kHq = 32, kHkv = 8, kD = 128;
 
 enum class Mode { kDense, kGatherToken, kGatherBlock, kMixed };
 
-// Sorted random selections: `per_row` distinct tokens (or blocks) per (batch, KV head) row.
-std::vector<std::int32_t> random_rows(int rows, int units, int per_row, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::int32_t> all(units), out;
-  out.reserve(std::size_t(rows) * per_row);
-  for (int r = 0; r < rows; ++r) {
-    for (int i = 0; i < units; ++i) all[i] = i;
-    for (int i = 0; i < per_row; ++i) std::swap(all[i], all[i + rng() % (units - i)]);
-    std::sort(all.begin(), all.begin() + per_row);
-    out.insert(out.end(), all.begin(), all.begin() + per_row);
-  }
-  return out;
-}
-
 struct Inputs {
   int batch, seq;
   kvsift_bench::DeviceArray<BF16> k, v, q, out;
@@ -57,7 +43,7 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
       counts(std::size_t(in.batch) * kHkv);
   double kv_tokens = double(in.batch) * kHkv * in.seq;
   if (mode != Mode::kDense) {
-    const auto rows = random_rows(in.batch * kHkv, in.seq / gblock, per_row, 7);
+    const auto rows = kvsift_bench::random_sorted_rows(in.batch * kHkv, in.seq / gblock, per_row, 7);
     std::vector<std::int32_t> cnt(std::size_t(in.batch) * kHkv, per_row);
     KVSIFT_BENCH_CUDA(cudaMemcpy(idx.get(), rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
     KVSIFT_BENCH_CUDA(cudaMemcpy(counts.get(), cnt.data(), cnt.size() * 4, cudaMemcpyHostToDevice));
@@ -184,4 +170,6 @@ KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerTokenBHT);
 KVSIFT_DECODE_BENCH(dense_fp8_per_head_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerHead);
 KVSIFT_DECODE_BENCH(gather_token_4096_fp8, BM_ContiguousFp8, batch_shapes, Mode::kGatherToken, 1);
+KVSIFT_DECODE_BENCH(gather_token_4096_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kGatherToken, 1, Fp8Scales::kPerTokenBHT);
+KVSIFT_DECODE_BENCH(gather_token_4096_fp8_per_head_scales, BM_ContiguousFp8, batch_shapes, Mode::kGatherToken, 1, Fp8Scales::kPerHead);
 KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Paged, paged_gather_shapes, Mode::kGatherBlock, 64);

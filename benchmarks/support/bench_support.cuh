@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -58,6 +59,21 @@ struct DeviceArray {
 void fill_uniform(float* p, std::size_t n, float lo, float hi, std::uint64_t seed, cudaStream_t s = nullptr);
 void fill_uniform_bf16(void* p, std::size_t n, float lo, float hi, std::uint64_t seed, cudaStream_t s = nullptr);
 void fill_uniform_half(void* p, std::size_t n, float lo, float hi, std::uint64_t seed, cudaStream_t s = nullptr);
+
+// Sorted random selections, as a top-k hands them to a gathered decode: `per_row` distinct units (tokens
+// or blocks) out of `units` for each of `rows` rows, ascending within a row, from a fixed seed.
+inline std::vector<std::int32_t> random_sorted_rows(int rows, int units, int per_row, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::int32_t> all(units), out;
+  out.reserve(std::size_t(rows) * per_row);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < units; ++i) all[i] = i;
+    for (int i = 0; i < per_row; ++i) std::swap(all[i], all[i + rng() % (units - i)]);
+    std::sort(all.begin(), all.begin() + per_row);
+    out.insert(out.end(), all.begin(), all.begin() + per_row);
+  }
+  return out;
+}
 
 // Streaming-read bandwidth of this GPU in TB/s (bytes read / median kernel time over a buffer many
 // times the L2), measured on first use.

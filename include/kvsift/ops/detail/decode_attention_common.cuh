@@ -58,8 +58,12 @@ struct DecodeWork {
   __device__ __forceinline__ int token(int p) const {
     if (p >= positions) return -1;
     if (!sparse) return base + p;
+    return entry_token(p, __ldg(entries + (p >> block_shift)));
+  }
+  // token(p) of a sparse split (p < positions) given its index entry e = entries[p >> block_shift], for
+  // a kernel that staged the entries itself.
+  __device__ __forceinline__ int entry_token(int p, std::int64_t e) const {
     const int j = p >> block_shift;
-    const std::int64_t e = __ldg(entries + j);
     const std::int64_t t = (e << block_shift) + (p & ((1 << block_shift) - 1));
     if (e >= 0 && t < len) return int(t);
     return (e < 0 || (e << block_shift) >= len) ? -2 - j : -1;

@@ -27,9 +27,10 @@
 //
 // A dense split over an affine view (ContiguousKV) streams consecutive tokens by advancing pointers
 // (AffineCursor). Elsewhere a position becomes a row address through a lookahead chain, so no thread
-// waits on a dependent load inside the loop: the token ids of a stage (an index-entry load for sparse
-// heads) are read two stages before its copies are issued, its row handles (the block-table load of a
-// paged view) one stage before. Masked positions are zero-filled (cp.async with source size 0), so a
+// waits on a dependent load inside the loop: a sparse head's index entries ride the ring itself (an
+// entry ring in shared memory, filled a whole ring depth ahead), the token ids of a stage are formed
+// two stages before its copies are issued, its row handles (the block-table load of a paged view) one
+// stage before. Masked positions are zero-filled (cp.async with source size 0), so a
 // stale slot can never put a NaN into P V; their token id -1 in the slot's id table masks their
 // scores. A token whose page lies outside the pool (a bad block-table entry) is masked the same way,
 // and recorded.
@@ -202,11 +203,16 @@ __host__ __device__ constexpr std::size_t mma_ring_bytes() {
   return ring > merge ? ring : merge;
 }
 
+// The index entries of a sparse split, staged in shared memory well before the copies that need them
+// (see the kernel): kEntrySlots stages' worth, up to kStageTokens entries a stage.
+inline constexpr int kEntrySlots = 8;
+inline constexpr std::size_t kEntryRingBytes = std::size_t(kEntrySlots) * kStageTokens * sizeof(std::int32_t);
+
 /// Dynamic shared memory of the tensor-core kernel: up to one line of padding to align the ring, the
-/// ring, then the block-max scratch of score emission.
+/// ring, the entry ring, then the block-max scratch of score emission.
 template <int D, int R, int EB>
 constexpr std::size_t mma_smem_bytes(int score_blocks) {
-  return kSmemLine + mma_ring_bytes<D, R, EB>() + std::size_t(score_blocks) * sizeof(unsigned);
+  return kSmemLine + mma_ring_bytes<D, R, EB>() + kEntryRingBytes + std::size_t(score_blocks) * sizeof(unsigned);
 }
 
 template <int D, int R, class View, class QT>
@@ -232,7 +238,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   unsigned char* smem_raw =
       smem_dynamic + ((kSmemLine - (unsigned(__cvta_generic_to_shared(smem_dynamic)) & (kSmemLine - 1))) & (kSmemLine - 1));
   auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);  // valid only after the loop
-  unsigned* scratch = reinterpret_cast<unsigned*>(smem_raw + mma_ring_bytes<D, R, int(sizeof(T))>());
+  std::int32_t* entry_ring = reinterpret_cast<std::int32_t*>(smem_raw + mma_ring_bytes<D, R, int(sizeof(T))>());
+  unsigned* scratch = reinterpret_cast<unsigned*>(smem_raw + mma_ring_bytes<D, R, int(sizeof(T))>() + kEntryRingBytes);
   const unsigned ring = unsigned(__cvta_generic_to_shared(smem_raw));
   auto slot_k = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes); };
   auto slot_v = [&](int slot) { return ring + unsigned(slot * L::kSlotBytes + L::kKBytes); };
@@ -273,10 +280,28 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   int tok_next[kLoadTokensPerThread];   // token ids of the stage after the one to issue
   int tok_issue[kLoadTokensPerThread];  // token ids of the stage to issue
   Handle hdl_issue[kLoadTokensPerThread];
+  // A sparse split's index entries reach the token ids through the entry ring: the entries of stage y
+  // (those of its positions, from entry (y kStageTokens) >> block_shift on) sit in slot y % kEntrySlots.
+  // They travel in the cp.async group of the rows of stage y - kStages - 1, so they get the ring's whole
+  // depth to land and are waited with those rows, before advance() turns them into ids. Read from
+  // global memory one iteration ahead instead, each stage's ids had one iteration to land whatever the
+  // ring's depth: fp8 gathers, with three stages of rows in flight, were no faster than 16-bit ones
+  // with one. (Blocks of a stage or more, 32 stages to a 128-byte line that L1 keeps, had no such wait;
+  // they take the ring too: a per-block choice of paths measured slower on them than either path.)
+  auto stage_entries = [&](int y) {
+    if (!w.sparse) return;
+    const int j0 = (y * kStageTokens) >> w.block_shift;
+    const int n = min(max(kStageTokens >> w.block_shift, 1), (w.positions >> w.block_shift) - j0);
+    if (tid < n)
+      cp_async4(unsigned(__cvta_generic_to_shared(entry_ring + (y % kEntrySlots) * kStageTokens + tid)), w.entries + j0 + tid, 4);
+  };
   auto read_tokens = [&](int (&tok)[kLoadTokensPerThread], int stage) {
+    const std::int32_t* entries = entry_ring + (stage % kEntrySlots) * kStageTokens - ((stage * kStageTokens) >> w.block_shift);
 #pragma unroll
-    for (int i = 0; i < kLoadTokensPerThread; ++i)
-      tok[i] = w.token(stage * kStageTokens + load_row + i * kLoadRowsPerPass);
+    for (int i = 0; i < kLoadTokensPerThread; ++i) {
+      const int p = stage * kStageTokens + load_row + i * kLoadRowsPerPass;
+      tok[i] = p >= w.positions ? -1 : !w.sparse ? w.base + p : w.entry_token(p, entries[p >> w.block_shift]);
+    }
   };
   // Bad engine data met by this thread's loads (a token whose page is outside the pool, an entry of the
   // split out of range): skipped here, noted, and recorded once after the loop, so the unrolled loads
@@ -410,11 +435,18 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       cp_async_commit();
     }
   } else {
+    if (w.sparse) {  // the entries of the first kStages + 1 stages, before any row can be addressed
+      for (int y = 0; y <= kStages; ++y) stage_entries(y);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
     read_tokens(tok_next, 0);
     advance(1);
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {
       if (s < steps) issue(s);
+      stage_entries(s + kStages + 1);
       cp_async_commit();
       advance(s + 2);
     }
@@ -761,6 +793,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
         cp_async_commit();
       } else {
         if (next < steps) issue(next);
+        stage_entries(next + kStages + 1);
         cp_async_commit();
         advance(next + 2);
       }
