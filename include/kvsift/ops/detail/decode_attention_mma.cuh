@@ -288,6 +288,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // ring's depth: fp8 gathers, with three stages of rows in flight, were no faster than 16-bit ones
   // with one. (Blocks of a stage or more, 32 stages to a 128-byte line that L1 keeps, had no such wait;
   // they take the ring too: a per-block choice of paths measured slower on them than either path.)
+  // A slot is rewritten kEntrySlots stages after its stage: the prologue fills stages 0 .. 2 kStages - 1
+  // before any is read, so they need distinct slots.
+  static_assert(2 * kStages <= kEntrySlots, "the entry ring holds the prologue's stages");
   auto stage_entries = [&](int y) {
     if (!w.sparse) return;
     const int j0 = (y * kStageTokens) >> w.block_shift;
