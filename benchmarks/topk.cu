@@ -2,11 +2,13 @@
 // k = budget) and the block case (n = 2048 block scores, k = 64). Bytes counted: the scores read once
 // plus the positions and counts written, so `of_ceiling` is the fraction of the one-pass read floor
 // reached, `floor_us` that floor in microseconds, and `target_us` issue 15's target for the shape
-// (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select), `group`
+// (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select,
+// 3 register select), `group`
 // its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
 // runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
 // without the bracket, BM_TopKGroup the candidate select in a forced CTA group size, with and without
-// the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection. The torch.topk
+// the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection, BM_TopKRegister the
+// register select in a forced CTA group and BM_TopKNoRegister the plan without it. The torch.topk
 // baseline for the same shapes is benchmarks/torch_topk.py; FlashInfer's through ../shared/peer
 // (issue 15).
 #include <benchmark/benchmark.h>
@@ -165,6 +167,32 @@ void BM_TopKGroup(benchmark::State& state) {
   if (shape.time_plan(state, plan)) plan_counters(state, plan);
 }
 
+// The register select in a forced CTA group (args: rows, n, k, 0, 0, group, exact): detail::
+// plan_topk_register, with `exact` 1 running its exact search only (no bracket). Where the plan takes
+// it, and with which group, is read off this table beside BM_TopK.
+void BM_TopKRegister(benchmark::State& state) {
+  const TopkShape shape(state);
+  auto plan = kvsift::detail::plan_topk_register<std::uint32_t>(shape.rows, shape.n, int(state.range(5)),
+                                                                kvsift_bench::gpu().device);
+  if (plan.kernel != kvsift::detail::TopkKernel::kRegisterSelect) {
+    state.SkipWithError("the register select does not take this shape in this group");
+    return;
+  }
+  if (state.range(6) != 0) plan.bracket_capacity = 0;
+  if (shape.time_plan(state, plan)) {
+    plan_counters(state, plan);
+    state.counters["keys"] = plan.slice / plan.threads;
+  }
+}
+
+// The plan without the register select (detail::plan_topk_cta_groups, cuda::topk's plan before
+// 2026-12-04) on the plan's own shapes: the register select's gain, read off beside BM_TopK.
+void BM_TopKNoRegister(benchmark::State& state) {
+  const TopkShape shape(state);
+  const auto plan = kvsift::detail::plan_topk_cta_groups<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
+  if (shape.time_plan(state, plan)) plan_counters(state, plan);
+}
+
 // The stream select with other sample periods (args: rows, n, k, 0, 0, period in 32-byte sectors).
 void BM_TopKStreamSample(benchmark::State& state) {
   const TopkShape shape(state);
@@ -206,6 +234,19 @@ void group_shapes(benchmark::internal::Benchmark* b) {
         for (int bracket : {0, 1}) b->Args({rows, n, 4096, 0, 0, group, bracket});
 }
 
+void register_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {1, 2, 4, 8, 12})
+    for (int n : {32768, 131072})
+      for (int k : {1024, 4096})
+        for (int group : {8, 16})
+          if (rows * group <= 128) b->Args({rows, n, k, 0, 0, group, 0});
+  for (int rows : {16, 32})
+    for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0, 64 / rows * 2, 0});
+  b->Args({8, 32768, 4096, 0, 0, 8, 1});  // the exact search alone
+  b->Args({4, 131072, 4096, 0, 0, 16, 1});
+  b->Args({4, 131072, 4096, 128, 256, 16, 0});  // LycheeDecode token mode
+}
+
 void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 64, 256}) b->Args({rows, 2048, 64, 0, 0});  // block scores, 64 blocks kept
   b->Args({32, 131072, 4096, 128, 256});                          // LycheeDecode token mode
@@ -244,6 +285,19 @@ BENCHMARK(BM_TopKStreamSample)
 BENCHMARK(BM_TopKGroup)
     ->Apply(group_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent", "group", "bracket"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKNoRegister)
+    ->Apply(token_shapes)
+    ->Apply(selected_row_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK(BM_TopKRegister)
+    ->Apply(register_shapes)
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "group", "exact"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -32,6 +32,11 @@ Case with_facts(Case c, Case::Facts f) {
   return c;
 }
 
+Case no_register_select(Case c) {
+  c.register_select = false;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("topk gpu paths: candidate select, one 256-thread CTA per row (block scores)") {
@@ -85,19 +90,20 @@ TEST_CASE("topk gpu paths: candidate select, CTA groups of 2 and 4") {
 
 TEST_CASE("topk gpu paths: candidate select, CTA groups of 8") {
   auto rng = kvsift_test::make_rng(504);
-  const Case c = shape(3, 131072, 4096, 4096);  // 16384-position slices
+  // The few-row shapes go to the register select by default; here the CTA-group plan alone.
+  const Case c = no_register_select(shape(3, 131072, 4096, 4096));  // 16384-position slices
   require_path<float>(c, kCand, 8, 512);
   check_all_fills<float>(rng, c);
-  const Case mid = shape(12, 32768, 2048, 1024);  // 4096-position slices; 12 x 8 CTAs, one per SM
+  const Case mid = no_register_select(shape(12, 32768, 2048, 1024));  // 4096-position slices; one CTA per SM
   require_path<float>(mid, kCand, 8, 512);
   check_all_fills<float>(rng, mid);
-  const Case edges = edge_rows(rng, 14, 131072, 4096);
+  const Case edges = no_register_select(edge_rows(rng, 14, 131072, 4096));
   require_path<float>(edges, kCand, 8, 512);
   check_edges<float>(rng, edges);
   const Case longest = shape(2, 262144, 4096, 4096);  // 32768-position slices: the load loop continues
   require_path<float>(longest, kCand, 8, 512);
   check_case<float>(rng, longest);
-  Case odd = shape(5, 32771, 1500, 1500);  // rows not 16-byte aligned: scalar loads
+  Case odd = no_register_select(shape(5, 32771, 1500, 1500));  // rows not 16-byte aligned: scalar loads
   odd.stride_pad = 3;
   require_path<float>(odd, kCand, 8, 512);
   check_all_fills<float>(rng, odd);
@@ -114,9 +120,10 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     const Case wide = shape(32, 32768, 4096, 4096);
     REQUIRE(plan_of<float>(wide).bracket_capacity == 0);
   }
-  // (and 100000-position rows: a short last slice).
-  for (const Case& base : {shape(8, 32768, 1024, 1024), shape(3, 100000, 2048, 2000), shape(8, 131072, 4096, 4096),
-                          shape(2, 65536, 8, 7)}) {
+  // (and 100000-position rows: a short last slice). The register select takes these shapes by default.
+  for (const Case& base :
+       {no_register_select(shape(8, 32768, 1024, 1024)), no_register_select(shape(3, 100000, 2048, 2000)),
+        no_register_select(shape(8, 131072, 4096, 4096)), no_register_select(shape(2, 65536, 8, 7))}) {
     CAPTURE(base.rows);
     CAPTURE(base.cols);
     require_path<float>(base, kCand, 8, 512);
@@ -139,11 +146,11 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
     for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
     check_all_fills<float>(rng, c);
-    check_edges<float>(rng, edge_rows(rng, base.rows, base.cols, base.capacity));
+    check_edges<float>(rng, no_register_select(edge_rows(rng, base.rows, base.cols, base.capacity)));
   }
   // Budgets at both ends of the region (a bracket of one rank; one not there at all).
   for (int k : {1, 2, 32767, 32766, 16384}) {
-    Case c = shape(8, 32768, 32768, k);
+    Case c = no_register_select(shape(8, 32768, 32768, k));
     CAPTURE(k);
     require_bracket<float>(c, 1);
     check_case<float>(rng, c);
@@ -151,11 +158,11 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     check_case<float>(rng, c);
   }
   // 16- and 19-bit keys, flag-first 33-bit keys in uint64 (a list of 4096 keys).
-  Case half_rows = shape(8, 32768, 1024, 1000);
+  Case half_rows = no_register_select(shape(8, 32768, 1024, 1000));
   require_bracket<half_t>(half_rows, 8192);
   check_all_fills<half_t>(rng, half_rows);
   check_all_fills<bfloat16_t>(rng, half_rows);
-  Case flagged = shape(8, 131072, 4096, 4096);
+  Case flagged = no_register_select(shape(8, 131072, 4096, 4096));
   flagged.flagged = true;
   require_bracket<float>(flagged, 4096);
   check_all_fills<float>(rng, flagged);
@@ -166,7 +173,7 @@ TEST_CASE("topk gpu paths: fp16 and bf16 inputs on every candidate-select shape"
   struct Shape { int rows, cols, capacity, k, group, threads; };
   for (const Shape s : {Shape{300, 2048, 64, 64, 1, 256}, Shape{40, 4099, 100, 77, 2, 512},
                         Shape{24, 8192, 1024, 1000, 4, 512}, Shape{4, 131072, 2048, 2048, 8, 512}}) {
-    const Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    const Case c = no_register_select(shape(s.rows, s.cols, s.capacity, s.k));
     CAPTURE(s.rows);
     CAPTURE(s.cols);
     require_path<half_t>(c, kCand, s.group, s.threads);
@@ -185,7 +192,7 @@ TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) 
   struct Shape { int rows, cols, capacity, k, group, threads; };
   for (const Shape s : {Shape{100, 3000, 512, 500, 1, 256}, Shape{8, 32768, 992, 992, 8, 512},
                         Shape{5, 131072, 4096, 4096, 8, 512}}) {
-    Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    Case c = no_register_select(shape(s.rows, s.cols, s.capacity, s.k));
     c.flagged = true;
     CAPTURE(s.rows);
     CAPTURE(s.cols);
@@ -201,6 +208,86 @@ TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) 
   few.flagged = true;
   require_path<float>(few, kCand, 4, 512);
   check_all_fills<float>(rng, few);
+}
+
+TEST_CASE("topk gpu paths: register select, CTA groups of 2 to 16, the bracket and the exact search") {
+  auto rng = kvsift_test::make_rng(509);
+  constexpr TopkKernel kReg = TopkKernel::kRegisterSelect;
+  // The few-row shapes of the benchmark: eight rows of 32K (groups of 8, 16 keys a thread), two and four
+  // rows of 128K (groups of 16, 32 keys), one and two rows (16 keys; a short last slice), 12 rows and a
+  // row that leaves the group's last CTAs empty. Each under every fill, with the bracket and with the exact search alone.
+  struct Shape { int rows, cols, capacity, k, group; };
+  for (const Shape s : {Shape{8, 32768, 1024, 1024, 8}, Shape{2, 131072, 4096, 4096, 16},
+                        Shape{4, 131072, 4096, 4096, 16}, Shape{1, 65536, 2048, 2000, 16},
+                        Shape{2, 100000, 4096, 3000, 16}, Shape{12, 32768, 4096, 4096, 8},
+                        Shape{3, 16384, 512, 500, 8}}) {
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    require_path<float>(c, kReg, s.group, 256);
+    check_all_fills<float>(rng, c);
+    for (Fill f : {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues}) {
+      c.fill = f;
+      CAPTURE(int(f));
+      c.bracket = true;
+      check_case<float>(rng, c);
+      c.bracket = false;
+      check_case<float>(rng, c);
+    }
+    // LycheeDecode's forced ranges and ragged rows (short rows draw their sample again), the row edges.
+    c = shape(s.rows, s.cols, s.capacity, s.k);
+    c.params.sink = 128 < s.capacity / 4 ? 128 : s.capacity / 4;
+    c.params.recent = 256 < s.capacity / 4 ? 256 : s.capacity / 4;
+    for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+    check_all_fills<float>(rng, c);
+    const Case edges = edge_rows(rng, s.rows, s.cols, s.capacity);
+    require_path<float>(edges, kReg, s.group, 256);
+    check_edges<float>(rng, edges);
+  }
+  // Forced groups of 2, 4 and 8 on one shape each (the plan's own choice is 16 there).
+  for (int group : {2, 4, 8}) {
+    const Case c = shape(2, 16384, 1024, 900);
+    const auto exec = exec_for(c, nullptr);
+    const auto plan = kvsift::detail::plan_topk_register<std::uint32_t>(c.rows, c.cols, group, exec.device);
+    CAPTURE(group);
+    REQUIRE(int(plan.kernel) == int(kReg));
+    REQUIRE(plan.ctas_per_row == group);
+  }
+  // Budgets at both ends of the region, unaligned rows (scalar loads), aligned rows whose last vector
+  // passes the columns, lists past the copy's room (rows of few values: the exact search).
+  for (int k : {1, 2, 32767, 32766, 16384}) {
+    Case c = shape(8, 32768, 32768, k);
+    CAPTURE(k);
+    require_path<float>(c, kReg, 8, 256);
+    check_case<float>(rng, c);
+    c.fill = Fill::kFewValues;
+    check_case<float>(rng, c);
+    c.fill = Fill::kAscending;
+    check_case<float>(rng, c);
+  }
+  Case odd = shape(5, 32771, 1500, 1500);
+  odd.stride_pad = 3;
+  require_path<float>(odd, kReg, 8, 256);
+  check_all_fills<float>(rng, odd);
+  Case tail = shape(4, 20001, 700, 650);
+  tail.stride_pad = 3;
+  require_path<float>(tail, kReg, 16, 256);
+  check_all_fills<float>(rng, tail);
+  // 16- and 19-bit keys (8 per 16-byte vector) and 17- and 20-bit flag-first keys (still 32-bit).
+  for (const Shape s : {Shape{8, 32768, 1024, 1000, 8}, Shape{4, 131072, 4096, 4096, 16}}) {
+    Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    require_path<half_t>(c, kReg, s.group, 256);
+    check_all_fills<half_t>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+    c.flagged = true;
+    require_path<half_t>(c, kReg, s.group, 256);
+    check_all_fills<half_t>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+    c.bracket = false;
+    check_case<half_t>(rng, c);
+  }
+  check_case<__half>(rng, shape(8, 50000, 512, 512));
+  check_case<__nv_bfloat16>(rng, shape(8, 50000, 512, 512));
 }
 
 TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (many long rows)") {

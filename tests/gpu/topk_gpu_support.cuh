@@ -65,9 +65,21 @@ struct Case {
   bool stream = false;
   int stream_list = 0;
   int stream_period = 0;  // > 0: the sample's period in sectors (the plan's 4 otherwise)
-  // Candidate select in CTA groups: false runs the exact digit searches only (the plan's bracket off).
+  // Candidate select in CTA groups and register select: false runs the exact searches only (the
+  // plan's bracket off).
   bool bracket = true;
+  // false: the plan without the register select (plan_topk_cta_groups), so the candidate select's
+  // CTA groups stay tested on the few-row shapes the register select now takes.
+  bool register_select = true;
 };
+
+// The plan cuda::topk makes for the case's key width, or plan_topk_cta_groups for a case that turns
+// the register select off.
+template <class KeyT>
+kvsift::detail::TopkPlan case_plan(const Case& c, std::int64_t rows, const kvsift::DeviceFacts& device) {
+  return c.register_select ? kvsift::detail::plan_topk<KeyT>(rows, c.cols, device)
+                           : kvsift::detail::plan_topk_cta_groups<KeyT>(rows, c.cols, device);
+}
 
 inline kvsift::cuda::Exec exec_for(const Case& c, cudaStream_t stream) {
   kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
@@ -83,8 +95,8 @@ template <class T>
 kvsift::detail::TopkPlan plan_of(const Case& c) {
   const auto exec = exec_for(c, nullptr);
   const std::int64_t rows = kvsift::topk_written_rows(c.params, c.rows);
-  if (c.flagged) return kvsift::detail::plan_topk<typename kvsift::FlagFirstKey<T>::key_type>(rows, c.cols, exec.device);
-  return kvsift::detail::plan_topk<typename kvsift::ScoreKey<T>::key_type>(rows, c.cols, exec.device);
+  if (c.flagged) return case_plan<typename kvsift::FlagFirstKey<T>::key_type>(c, rows, exec.device);
+  return case_plan<typename kvsift::ScoreKey<T>::key_type>(c, rows, exec.device);
 }
 
 // REQUIREs that the case runs the given kernel with the given CTA group and CTA size.
@@ -192,11 +204,10 @@ struct DeviceCase {
     const auto exec = exec_for(c, stream);
     auto run = [&](auto key) {
       using Key = decltype(key);
-      if (!c.bracket) {
+      if (!c.bracket || !c.register_select) {
         KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
-        auto plan = kvsift::detail::plan_topk<typename Key::key_type>(kvsift::topk_written_rows(p, c.rows), c.cols,
-                                                                      exec.device);
-        plan.bracket_capacity = 0;
+        auto plan = case_plan<typename Key::key_type>(c, kvsift::topk_written_rows(p, c.rows), exec.device);
+        if (!c.bracket) plan.bracket_capacity = 0;
         return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
       }
       if (!c.stream) return kvsift::cuda::topk(exec, view, p, out, values.get(), key);

@@ -370,7 +370,7 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
                        Want{16, 131072, 4, 32768, 512, false}, Want{28, 131072, 4, 32768, 512, false},
                        Want{8, 2048, 1, 2048, 256, false}, Want{64, 2048, 1, 2048, 256, false},
                        Want{256, 2048, 1, 2048, 256, false}}) {
-    const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
+    const auto p = kvsift::detail::plan_topk_cta_groups<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
     CAPTURE(w.cols);
     CHECK(p.kernel == TopkKernel::kCandidateSelect);
@@ -404,8 +404,34 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(p.smem_bytes == std::size_t(p.bitmap_words) * 4 + std::size_t(p.list_capacity) * 8);  // ties in the histogram
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkStreamStaticSmem + 1024) <= 233472);
   }
+  // A few long rows with 32-bit keys: the register select, 256 threads, the smallest of 8, 16 or 32
+  // keys a thread that covers the row in the largest group whose grid fits: groups of 16 up to half
+  // the SMs, smaller ones up to 7/8 of them.
+  struct Reg { std::int64_t rows; int cols; int group, keys; };
+  for (const Reg w : {Reg{1, 32768, 16, 8}, Reg{4, 32768, 16, 8}, Reg{8, 32768, 8, 16}, Reg{14, 32768, 8, 16},
+                      Reg{4, 131072, 16, 32}, Reg{1, 131072, 16, 32}, Reg{2, 65536, 16, 16}, Reg{3, 16384, 8, 8},
+                      Reg{14, 65536, 8, 32}}) {
+    const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
+    CAPTURE(w.rows);
+    CAPTURE(w.cols);
+    CHECK(p.kernel == TopkKernel::kRegisterSelect);
+    CHECK(p.ctas_per_row == w.group);
+    CHECK(p.threads == 256);
+    CHECK(p.slice == 256 * w.keys);
+    CHECK(p.smem_bytes + kvsift::detail::kTopkRegStaticSmem <= h200.max_smem_optin);
+    CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) > 233472);  // one CTA per SM
+  }
+  // Not taken: 64-bit keys, rows past 16 x 256 x 32 positions (8 x 256 x 32 from 5 rows on), more
+  // rows than groups of 8 fit one CTA per SM on 7/8 of the SMs, no clusters.
+  CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 32768, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131080, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(5, 131072, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(15, 32768, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 32768, kvsift::DeviceFacts{132, 232448, false, 9, 0}).kernel ==
+        TopkKernel::kCandidateSelect);
   // LycheeDecode's retrieval layer at batch 8, 128K, one retrieval head of 8: the call has 64 rows
-  // (the stream select's shape) but writes 8, and is planned as 8 rows (CTA groups of 8, the bracket).
+  // (the stream select's shape) but writes 8, and is planned as 8 rows (CTA groups of 8, the bracket;
+  // the register select would need 64 keys a thread there).
   kvsift::TopKParams filtered;
   filtered.num_kv_heads = 8;
   for (int h = 1; h < 8; ++h) filtered.roles.set_sparse(h, true);

@@ -1,6 +1,7 @@
 #pragma once
 /// \file
-/// \brief raise_dynamic_smem_limit: a kernel's dynamic shared-memory limit, raised and never lowered.
+/// \brief raise_dynamic_smem_limit: a kernel's dynamic shared-memory limit, raised and never lowered;
+/// allow_nonportable_clusters: clusters past 8 CTAs, allowed once per kernel.
 ///
 /// `cudaFuncAttributeMaxDynamicSharedMemorySize` belongs to the kernel (per device), not to a launch.
 /// Setting it to each call's own need is a race between host threads: a call that needs less can lower
@@ -47,6 +48,23 @@ inline Status raise_dynamic_smem_limit(const void* kernel, std::size_t bytes, bo
 template <class Kernel>
 Status raise_dynamic_smem_limit(Kernel* kernel, std::size_t bytes, bool max_carveout, const char* what) {
   return raise_dynamic_smem_limit(reinterpret_cast<const void*>(kernel), bytes, max_carveout, what);
+}
+
+/// Lets `kernel` on the current device launch in clusters larger than the portable 8 CTAs (16 on an
+/// H100 or H200), set once per (kernel, device) under the same rules as the limit above: the
+/// attribute belongs to the kernel, it is only ever turned on, and nothing is enqueued.
+template <class Kernel>
+Status allow_nonportable_clusters(Kernel* kernel, const char* what) {
+  int device = 0;
+  KVSIFT_TRY(from_cuda(cudaGetDevice(&device), what));
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, bool> allowed;
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::pair<const void*, int> id{reinterpret_cast<const void*>(kernel), device};
+  if (allowed.count(id)) return Status();
+  KVSIFT_TRY(from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), what));
+  allowed[id] = true;
+  return Status();
 }
 
 }  // namespace detail

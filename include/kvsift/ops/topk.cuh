@@ -19,12 +19,22 @@
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/ops/detail/topk_candidate_select.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
+#include "kvsift/ops/detail/topk_register_select.cuh"
 #include "kvsift/ops/detail/topk_stream_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 
 namespace kvsift {
 namespace detail {
+
+/// The plan cuda::topk launches for scores of type T under key policy Key: plan_topk, except that a
+/// 32-bit key policy with no value it never produces (kTopkRegHasSentinel) keeps to the CTA-group plan.
+template <class T, class Key>
+TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
+  using K = typename Key::key_type;
+  if constexpr (!kTopkRegHasSentinel<T, Key>) return plan_topk_cta_groups<K>(rows, cols, device);
+  else return plan_topk<K>(rows, cols, device);
+}
 
 /// Launches the plan's kernel for an already validated call (cuda::topk's second half). Tests and
 /// bench_topk also call it with a plan of their choosing (plan_topk_stream, or a forced CTA group) to
@@ -53,6 +63,24 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                 : plan.kernel == TopkKernel::kStreamSelect ? topk_stream_select_kernel<T, Key>
                 : plan.threads == 256                      ? topk_candidate_select_kernel<T, Key, 256>
                                                            : topk_candidate_select_kernel<T, Key, 512>;
+  if constexpr (kTopkRegHasSentinel<T, Key>) {
+    if (plan.kernel == TopkKernel::kRegisterSelect) {
+      const int keys = plan.slice / kTopkRegThreads;
+      KVSIFT_REQUIRE(plan.threads == kTopkRegThreads && plan.slice % kTopkRegThreads == 0 &&
+                         (keys == 8 || keys == 16 || keys == 32) && plan.ctas_per_row >= 2 &&
+                         plan.ctas_per_row <= kTopkRegMaxGroup && exec.device.clusters &&
+                         std::int64_t(plan.slice) * plan.ctas_per_row >= plan.cols,
+                     kInternal, "topk plan: a register select with slice ", plan.slice, " in groups of ",
+                     plan.ctas_per_row);
+      kernel = keys == 8    ? topk_register_select_kernel<T, Key, 8>
+               : keys == 16 ? topk_register_select_kernel<T, Key, 16>
+                            : topk_register_select_kernel<T, Key, 32>;
+      if (plan.ctas_per_row > 8) KVSIFT_TRY(allow_nonportable_clusters(kernel, "topk: cudaFuncSetAttribute"));
+    }
+  } else {
+    KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
+                   "topk plan: a register select for a key policy without a sentinel (topk_plan_for)");
+  }
   // Static shared memory (17-34 KB) counts against the 48 KB default too, so the dynamic limit is
   // raised for every launch with dynamic shared memory, not only above 48 KB, and only ever raised
   // (core/smem_limit.cuh: several host threads). Two CTAs per SM of the candidate and stream selects
@@ -92,10 +120,10 @@ Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& p
   KVSIFT_TRY(detail::validate_topk(scores, params, out, values, key));
   if (scores.rows == 0) return Status();
   KVSIFT_TRY(exec.device.validate("topk"));
-  using K = typename Key::key_type;
-  return detail::launch_topk(exec, detail::TopkLaunch<T, Key>{scores, params, out, values, key,
-                                                              detail::plan_topk<K>(topk_written_rows(params, scores.rows),
-                                                                                   int(scores.cols), exec.device)});
+  return detail::launch_topk(exec, detail::TopkLaunch<T, Key>{
+                                       scores, params, out, values, key,
+                                       detail::topk_plan_for<T, Key>(topk_written_rows(params, scores.rows),
+                                                                     int(scores.cols), exec.device)});
 }
 
 }  // namespace cuda

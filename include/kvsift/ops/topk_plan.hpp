@@ -43,7 +43,24 @@ enum class TopkKernel : int {
   kRadixSelect = 0,      ///< ops/detail/topk_radix_select.cuh: any slice; re-reads global memory past 128 KiB
   kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
   kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row: a sparse sample, then one stream
+  kRegisterSelect = 3,   ///< ops/detail/topk_register_select.cuh: a few long rows, keys in registers, one exchange
 };
+
+/// The register select: 256-thread CTAs holding 8, 16 or 32 keys a thread in registers, in CTA groups
+/// of up to 16 (a non-portable cluster size on sm_90), every CTA drawing the row's whole sample of
+/// kTopkRegSamples keys itself.
+inline constexpr int kTopkRegThreads = 256;
+inline constexpr int kTopkRegSamples = 2048;
+inline constexpr int kTopkRegMaxGroup = 16;
+inline constexpr int kTopkRegMaxKeys = 32;
+inline constexpr int kTopkRegMinCols = 16384;  ///< shorter rows stay on the candidate select
+/// Its lists: each CTA's own (keys of its slice inside the bracket) and the copy of the whole group's.
+/// A 4096 budget of 128K lists about 4,200 keys in all; the copy's room is what a row of mostly equal
+/// or sorted keys would need before the exact search takes over. 96 KiB with the 24 KiB of static
+/// histograms also keeps one CTA per SM, so a group of 16 spreads over 16 SMs.
+inline constexpr int kTopkRegOwnListKeys = 8192;
+inline constexpr int kTopkRegCopyKeys = 16384;
+inline constexpr std::size_t kTopkRegStaticSmem = 3 * 2048 * 4 + 512;
 
 struct TopkPlan {
   int cols = 0;
@@ -55,10 +72,13 @@ struct TopkPlan {
   TopkKernel kernel = TopkKernel::kRadixSelect;
   int threads = 512;  ///< threads per CTA
   int bitmap_words = 0;   ///< stream select: 32-bit words per position bitmap (even; covers cols)
-  int list_capacity = 0;  ///< stream select: candidate (key, position) entries in shared memory
+  /// Stream select: candidate (key, position) entries in shared memory. Register select: keys of a
+  /// CTA's own list.
+  int list_capacity = 0;
   int sample_period = 16;  ///< stream select: one 32-byte sector of every sample_period is sampled (>= 1)
   /// Candidate select in CTA groups: keys of the whole group's bracket list that fit shared memory
-  /// (ops/detail/topk_bracket.hpp); 0 runs the exact digit searches only.
+  /// (ops/detail/topk_bracket.hpp); 0 runs the exact digit searches only. Register select: keys of the
+  /// copy of the group's lists (0 runs its exact search only).
   int bracket_capacity = 0;
 };
 
@@ -138,6 +158,40 @@ TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& devic
   return s;
 }
 
+/// The register select's plan for `rows` rows of `cols` positions with a CTA group of `c` CTAs (0: the
+/// largest power of two up to 16 whose grid stays within one CTA per SM), or a plan whose kernel is
+/// not kRegisterSelect where it does not apply: keys wider than 32 bits, no clusters, rows longer than
+/// the group's c x 256 x 32 keys, or shared memory too small. The slice is 256 x 8, 16 or 32 keys,
+/// the smallest that covers the row; the group shrinks while half of it still covers the row.
+template <class KeyT>
+TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFacts& device) {
+  TopkPlan s;
+  s.cols = cols;
+  s.threads = kTopkRegThreads;
+  const std::size_t lists = std::size_t(kTopkRegOwnListKeys + kTopkRegCopyKeys) * sizeof(KeyT);
+  if (sizeof(KeyT) != 4 || !device.clusters || lists + kTopkRegStaticSmem > device.max_smem_optin || rows < 1)
+    return s;
+  if (c == 0) {
+    // Groups of 16 need 16 free SMs of one GPC each: an H200 holds 7 of them at one CTA per SM, and
+    // 15 groups of 8 (7/8 of its SMs), so larger grids would run in two waves.
+    c = kTopkRegMaxGroup;
+    while (c > 2 && rows * c > (c == kTopkRegMaxGroup ? device.num_sms / 2 : device.num_sms * 7 / 8)) c /= 2;
+    if (rows * c > device.num_sms * 7 / 8) return s;
+  }
+  int keys = 8;
+  while (keys < kTopkRegMaxKeys && std::int64_t(c) * kTopkRegThreads * keys < cols) keys *= 2;
+  if (std::int64_t(c) * kTopkRegThreads * keys < cols) return s;
+  while (c > 2 && std::int64_t(c / 2) * kTopkRegThreads * keys >= cols) c /= 2;
+  s.kernel = TopkKernel::kRegisterSelect;
+  s.ctas_per_row = c;
+  s.slice = kTopkRegThreads * keys;
+  s.cached = true;
+  s.list_capacity = kTopkRegOwnListKeys;
+  s.bracket_capacity = kTopkRegCopyKeys;
+  s.smem_bytes = lists;
+  return s;
+}
+
 /// Few long rows get groups of up to 8 CTAs (enough CTAs to fill the GPU); many rows get the smallest
 /// group whose slices fit shared memory. Rows of at least kTopkStreamMinCols positions whose groups
 /// would need more than one wave take the stream select. Otherwise the candidate select runs
@@ -146,7 +200,7 @@ TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& devic
 /// with less shared memory), except that a GPU without clusters streams rows the radix select could
 /// not keep in shared memory. `rows` is the number of rows the call writes (topk_written_rows).
 template <class KeyT>
-TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
+TopkPlan plan_topk_cta_groups(std::int64_t rows, int cols, const DeviceFacts& device) {
   const int max_group = device.clusters ? kTopkMaxCtasPerRow : 1;
   int c = 1;
   while (c < max_group && std::size_t(topk_slice(cols, c)) * sizeof(KeyT) > kTopkPreferredSliceBytes) c *= 2;
@@ -187,6 +241,18 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     if (stream.list_capacity > 0) return stream;
   }
   return s;
+}
+
+/// The plan cuda::topk launches: a few long rows with 32-bit keys take the register select (one
+/// group exchange instead of the candidate select's rounds), everything else plan_topk_cta_groups.
+/// `rows` is the number of rows the call writes (topk_written_rows).
+template <class KeyT>
+TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
+  if (cols >= kTopkRegMinCols && rows * 8 <= device.num_sms * 7 / 8) {
+    const TopkPlan reg = plan_topk_register<KeyT>(rows, cols, 0, device);
+    if (reg.kernel == TopkKernel::kRegisterSelect) return reg;
+  }
+  return plan_topk_cta_groups<KeyT>(rows, cols, device);
 }
 
 }  // namespace detail

@@ -1,0 +1,595 @@
+#pragma once
+// The register select behind cuda::topk for a few long rows (contract in ops/topk.hpp, plan in
+// ops/topk_plan.hpp, design and measurements in docs/ops/topk.md, "The register select").
+//
+// The candidate select's few-row time was a chain of group-wide rounds, each waiting for the slowest
+// CTA of the group, and block-wide steps over 512 threads that cost their instructions four times
+// per scheduler. This kernel keeps one group-wide exchange on ordinary rows:
+//
+// 1. Every CTA (256 threads, up to 16 per row: a non-portable cluster size on sm_90) loads its slice
+//    into registers (kKeys keys a thread) and, in the same burst, the whole row's sample itself: 256
+//    runs of 8 keys spread over the row (kTopkRegSamples keys, one 32-byte sector a run), mostly from
+//    L2. No CTA waits for a peer to publish its share of the sample.
+// 2. From the sample, each CTA finds the same bracket [bottom, top] (two 11-bit rounds of a radix
+//    select for the two sample ranks that end it, topk_bracket_ranks), counts its keys above the top
+//    and lists the keys inside.
+// 3. One group barrier. Each CTA reads the peers' two counts. If the budget-th key lies inside the
+//    bracket and the lists fit, it copies the whole group's list (a few thousand keys) and finishes
+//    the selection alone: an 11-bit radix select over the copy, with block barriers only. The lower
+//    ranks' counts of keys above and at the k-th key, which the ordered output needs, come from the
+//    peers' counts and their part of the copy.
+// 4. Otherwise (a bracket the row's structure misleads, a row of equal keys) the exact search runs
+//    instead: 8-bit digit passes over the keys in registers, one group barrier each, then one more
+//    exchange of the lower ranks' counts. Same bits either way; a miss costs time only.
+// 5. Ordered output: every warp owns a contiguous run of the slice; ballot prefix sums place the
+//    keys above the k-th key and the lowest-positioned equal keys the budget still takes.
+//
+// A CTA leaves only after every peer has finished reading its shared memory (a split cluster
+// barrier: arrive after the last remote read, wait at exit).
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "kvsift/ops/detail/topk_bracket.hpp"
+#include "kvsift/ops/detail/topk_radix_select.cuh"
+#include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kTopkRegWarps = kTopkRegThreads / 32;
+inline constexpr int kTopkRegBins = 2048;                 // 11-bit digits: the bracket and the finish
+inline constexpr int kTopkRegBinsPerThread = kTopkRegBins / kTopkRegThreads;  // 8, read as two int4
+inline constexpr int kTopkRegExactBits = 8;               // the exact search's digits: one bin a thread
+inline constexpr int kTopkRegRunKeys = 8;                 // the sample: runs of 8 keys (one 32-byte sector)
+inline constexpr int kTopkRegHistStride = kTopkRegBins + 4;  // + a bin that takes masked-off atomics
+static_assert(kTopkRegBinsPerThread == 8 && (1 << kTopkRegExactBits) == kTopkRegThreads,
+              "the scans below give each thread 8 bins of 2048, or one of 256");
+static_assert(kTopkRegSamples == kTopkRegThreads * kTopkRegRunKeys, "one sample run per thread");
+
+// Where a 1-based descending rank falls in a histogram: its bin and the count in the bins above it.
+struct TopkRankHit {
+  int bin;
+  int above;
+};
+
+// Exclusive sum over the block in thread order, and the block's total (warp shuffles, one barrier;
+// `scratch` holds kTopkRegWarps ints, 16-byte aligned, and is free again after the next barrier).
+__device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  int incl = v;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, incl, d);
+    if (lane >= d) incl += u;
+  }
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  const int4 w0 = reinterpret_cast<const int4*>(scratch)[0], w1 = reinterpret_cast<const int4*>(scratch)[1];
+  const int w[kTopkRegWarps] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  int before = incl - v, all = 0;
+#pragma unroll
+  for (int i = 0; i < kTopkRegWarps; ++i) {
+    before += i < warp ? w[i] : 0;
+    all += w[i];
+  }
+  *total = all;
+  return before;
+}
+
+// Finds, in descending bin order, the bin of rank ra (1-based) in histogram ha and of rank rb in hb
+// (2048 bins each; hb null: ha again), both counts packed in one int (every total stays below 2^16).
+// `ranks(total_a)` gives (ra, rb) once the first histogram's total is known; a rank outside [1, total]
+// leaves its hit as it was. Thread t scans bins [2040 - 8t, 2048 - 8t). Ends with a barrier.
+template <class Ranks>
+__device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Ranks&& ranks, int* scratch,
+                                              TopkRankHit* hits) {
+  const int base = kTopkRegBins - kTopkRegBinsPerThread * (int(threadIdx.x) + 1);
+  int c[kTopkRegBinsPerThread], sum = 0;
+  {
+    const int4 a0 = reinterpret_cast<const int4*>(ha + base)[0], a1 = reinterpret_cast<const int4*>(ha + base)[1];
+    const int4 b0 = hb ? reinterpret_cast<const int4*>(hb + base)[0] : a0;
+    const int4 b1 = hb ? reinterpret_cast<const int4*>(hb + base)[1] : a1;
+    // Descending: index j is bin base + 7 - j.
+    c[0] = a1.w | b1.w << 16, c[1] = a1.z | b1.z << 16, c[2] = a1.y | b1.y << 16, c[3] = a1.x | b1.x << 16;
+    c[4] = a0.w | b0.w << 16, c[5] = a0.z | b0.z << 16, c[6] = a0.y | b0.y << 16, c[7] = a0.x | b0.x << 16;
+  }
+#pragma unroll
+  for (int j = 0; j < kTopkRegBinsPerThread; ++j) sum += c[j];
+  int total = 0;
+  int p = topk_reg_scan(sum, scratch, &total);
+  const int2 r = ranks(total & 0xffff);
+#pragma unroll
+  for (int j = 0; j < kTopkRegBinsPerThread; ++j) {
+    const int pa = p & 0xffff, pb = p >> 16, ca = c[j] & 0xffff, cb = c[j] >> 16;
+    if (pa < r.x && pa + ca >= r.x) hits[0] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pa};
+    if (pb < r.y && pb + cb >= r.y) hits[1] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pb};
+    p += c[j];
+  }
+  __syncthreads();
+}
+
+// Exclusive prefix over the warp's lanes of a count c in [0, 2^kBits) (kBits ballots, no shuffles).
+template <int kBits>
+__device__ __forceinline__ int topk_reg_lane_prefix(int c, unsigned lanes_below) {
+  int p = 0;
+#pragma unroll
+  for (int b = 0; b < kBits; ++b) p += __popc(__ballot_sync(0xffffffffu, (c >> b) & 1) & lanes_below) << b;
+  return p;
+}
+
+// Loads 16 bytes of a peer CTA's shared memory through its shared::cluster address.
+__device__ __forceinline__ uint4 topk_reg_load_peer(std::uint32_t address) {
+  uint4 v;
+  asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(address)
+               : "memory");
+  return v;
+}
+
+/// Whether a key policy has a value it never produces, which the register select pads its lists
+/// with: any key narrower than 32 bits (2^kBits), and ScoreKey<float> (all ones: NaN maps to 0, +inf
+/// to 0xff800000). Other 32-bit policies take the other kernels.
+template <class T, class Key>
+inline constexpr bool kTopkRegHasSentinel =
+    sizeof(typename Key::key_type) == 4 && (Key::kBits < 32 || std::is_same_v<Key, ScoreKey<float>>);
+
+template <class T, class Key, int kKeys>
+__global__ void __launch_bounds__(kTopkRegThreads, 1)
+    topk_register_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
+                                TopkPlan launch_plan) {
+  static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
+                    sizeof(launch_plan) <= 128,
+                "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  using K = typename Key::key_type;
+  static_assert(sizeof(K) == 4, "the register select takes 32-bit keys (the plan sends wider ones elsewhere)");
+  constexpr int kThreads = kTopkRegThreads;
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  static_assert(kKeys % kPerVector == 0 && kPerVector <= 8 && kKeys <= 32, "whole 16-byte vectors, a 32-bit mask");
+  using Mask = std::uint32_t;  // one bit per key of a thread
+  constexpr int kVectors = kKeys / kPerVector;
+  constexpr int kWarpRun = kKeys * 32;  // contiguous positions a warp owns
+  constexpr int kRunVectors = kTopkRegRunKeys / kPerVector;  // 16-byte vectors in one sample run
+  constexpr int kCountBits = kPerVector == 8 ? 4 : 3;        // bits of a count of one vector's keys
+  constexpr K kKeyMax = Key::kBits >= 32 ? ~K(0) : (K(1) << Key::kBits) - 1;
+  constexpr int kExactPasses = (Key::kBits + kTopkRegExactBits - 1) / kTopkRegExactBits;
+  static_assert(kExactPasses <= 4, "the exact search's four 256-bin buffers");
+  static_assert(kTopkRegHasSentinel<T, Key>, "the plan takes the register select only for keys with a sentinel");
+  // Pads the lists to whole 16-byte vectors; above every key the bracket can hold (top < kSentinel).
+  constexpr K kSentinel = Key::kBits < 32 ? K(1) << Key::kBits : ~K(0);
+  constexpr int kDummy = kTopkRegBins;  // the bin masked-off keys count into (never scanned)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // the plan picks this kernel only where clusters exist (sm_90+)
+#else
+  const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};
+  namespace cg = cooperative_groups;
+  const cg::cluster_group group = cg::this_cluster();
+  extern __shared__ __align__(16) unsigned char topk_dynamic_smem[];
+  // The group's copied list first (16-byte aligned), then this CTA's own list (read by the peers).
+  K* const list_all = reinterpret_cast<K*>(topk_dynamic_smem);
+  K* const list_own = list_all + a.plan.bracket_capacity;
+  __shared__ __align__(16) int hist[3][kTopkRegHistStride];
+  __shared__ __align__(16) int s_scan[kTopkRegWarps];
+  __shared__ TopkRankHit s_hit[2];
+  __shared__ int s_listed, s_above;         // published to the peers before the group barrier
+  __shared__ int s_gt_local, s_eq_local;    // published by the exact search's last exchange
+  __shared__ int s_offsets[kTopkRegMaxGroup + 1];          // each peer's first vector in the copy
+  __shared__ std::uint32_t s_peer_list[kTopkRegMaxGroup];  // each peer's list, shared::cluster address
+  __shared__ __align__(16) int s_warp_gt[kTopkRegWarps], s_warp_eq[kTopkRegWarps];
+
+  const int group_size = a.plan.ctas_per_row;
+  const int rank = int(group.block_rank());
+  const std::int64_t row = topk_written_row(a.params, blockIdx.x / group_size);
+  const int tid = int(threadIdx.x);
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const T* row_scores = a.scores.data + row * a.scores.row_stride;
+  std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
+  T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
+  const int cols = a.plan.cols;
+
+  // ---- one burst of loads: length, budget, the slice and the row's sample ----
+  const int len_raw = a.params.lengths ? a.params.lengths[row] : cols;
+  const int k_raw = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
+  const int run_lo = rank * a.plan.slice + warp * kWarpRun;  // this warp's positions [run_lo, run_lo + kWarpRun)
+  auto load_vector = [&](int p0) {  // kPerVector scores from p0; zeros past the columns
+    if (a.plan.vector_loads && p0 + kPerVector <= cols) return __ldg(reinterpret_cast<const uint4*>(row_scores + p0));
+    T e[kPerVector];
+#pragma unroll
+    for (int i = 0; i < kPerVector; ++i) e[i] = p0 + i < cols ? row_scores[p0 + i] : T{};
+    uint4 v;
+    memcpy(&v, e, 16);
+    return v;
+  };
+  uint4 raw[kVectors];
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
+  // The sample: thread t's run of 8 keys at t * run_stride, spread over the view's columns and drawn
+  // before the length is known (samples outside the scored region are dropped). One 32-byte sector a
+  // run: a CTA's 256 runs cost it 256 sector reads, where 2048 single keys cost 2048.
+  const int run_stride = (cols + kThreads - 1) / kThreads / kTopkRegRunKeys * kTopkRegRunKeys +
+                         ((cols + kThreads - 1) / kThreads % kTopkRegRunKeys ? kTopkRegRunKeys : 0);
+  uint4 sampled[kRunVectors];
+#pragma unroll
+  for (int j = 0; j < kRunVectors; ++j) sampled[j] = load_vector(tid * run_stride + j * kPerVector);
+  {
+    int4* const h4 = reinterpret_cast<int4*>(&hist[0][0]);
+    for (int b = tid; b < 3 * kTopkRegHistStride / 4; b += kThreads) h4[b] = make_int4(0, 0, 0, 0);
+  }
+  if (tid == 0) {
+    s_listed = 0;
+    s_above = 0;
+  }
+
+  const TopKRowPlan plan = plan_topk_row(cols, len_raw, k_raw, a.out.capacity, a.params.sink, a.params.recent);
+  auto emit = [&](int offset, int position) {
+    row_out[offset] = position;
+    if (row_values) row_values[offset] = row_scores[position];
+  };
+  const int forced = plan.forced();
+  for (int f = rank * kThreads + tid; f < forced; f += group_size * kThreads) {
+    if (f < plan.sink_end) emit(f, f);
+    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
+  }
+  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
+  // Same decision in every CTA of the group (it depends on the row only), before any group barrier.
+  if (plan.budget == 0) return;
+  auto in_region = [&](int pos) { return pos >= plan.sink_end && pos < plan.recent_begin; };
+  auto position_of = [&](int i) { return run_lo + ((i / kPerVector) * 32 + lane) * kPerVector + i % kPerVector; };
+  if (plan.budget == plan.region()) {  // the whole region: offsets are the positions themselves
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i)
+      if (in_region(position_of(i))) emit(position_of(i), position_of(i));
+    return;
+  }
+
+  // The keys, once (a key policy may read memory of its own, such as ClusterAttn's flags), and which
+  // of them lie in the scored region (bit i of `valid`).
+  K keys[kKeys];
+  Mask valid = 0;
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) {
+    const int pos = position_of(i);
+    const bool in = in_region(pos);
+    valid |= Mask(in) << i;
+    keys[i] = in ? a.key(reinterpret_cast<const T*>(&raw[i / kPerVector])[i % kPerVector], row, pos) : K(0);
+  }
+
+  // ---- the bracket, from the sample (every CTA finds the same one) ----
+  // A short scored region (under half the columns: ragged rows) samples the region itself instead, with
+  // single keys at a stride (the positions depend on the length, so these loads wait for it).
+  K sample_keys[kTopkRegRunKeys];
+  std::uint32_t sample_valid = 0;
+  if (plan.region() * 2 >= cols) {
+#pragma unroll
+    for (int e = 0; e < kTopkRegRunKeys; ++e) {
+      const int pos = tid * run_stride + e;
+      const bool in = in_region(pos);
+      sample_valid |= std::uint32_t(in) << e;
+      sample_keys[e] = in ? a.key(reinterpret_cast<const T*>(sampled)[e], row, pos) : K(0);
+    }
+  } else {
+    const TopkBracketSample sample = topk_bracket_sample(plan, kTopkRegSamples);
+#pragma unroll
+    for (int e = 0; e < kTopkRegRunKeys; ++e) {
+      const int j = e * kThreads + tid;
+      const int pos = sample.first + j * sample.stride;
+      const bool in = j < sample.count;
+      sample_valid |= std::uint32_t(in) << e;
+      sample_keys[e] = in ? a.key(row_scores[pos], row, pos) : K(0);
+    }
+  }
+  constexpr int kShift1 = Key::kBits > 11 ? Key::kBits - 11 : 0;
+  constexpr int kShift2 = Key::kBits > 22 ? Key::kBits - 22 : 0;
+  K top = kKeyMax, bottom = 0;
+  {
+    if (tid == 0) {
+      s_hit[0] = TopkRankHit{-1, 0};
+      s_hit[1] = TopkRankHit{-1, 0};
+    }
+    __syncthreads();  // the zeroed histograms and list counters, before the first atomics
+#pragma unroll
+    for (int e = 0; e < kTopkRegRunKeys; ++e)
+      atomicAdd(&hist[0][sample_valid >> e & 1 ? int(sample_keys[e] >> kShift1) : kDummy], 1);
+    __syncthreads();
+    // The ends' sample ranks come from the sample's size, the histogram's total (0: no end there).
+    int ra = 0, rb = 0;
+    topk_reg_find(hist[0], nullptr,
+                  [&](int count) {
+                    const TopkBracketRanks r = topk_bracket_ranks(plan.budget, plan.region(), count);
+                    ra = r.above >= 1 ? r.above : 0;
+                    rb = r.below <= count ? r.below : 0;
+                    return make_int2(ra, rb);
+                  },
+                  s_scan, s_hit);
+    const TopkRankHit ha = s_hit[0], hb = s_hit[1];
+    if (kShift1 == 0) {
+      if (ha.bin >= 0) top = K(ha.bin);
+      if (hb.bin >= 0) bottom = K(hb.bin);
+    } else {
+      // Second round: the next bits of the samples in each end's bin, each end its own histogram.
+#pragma unroll
+      for (int e = 0; e < kTopkRegRunKeys; ++e) {
+        const int bin = int(sample_keys[e] >> kShift1);
+        const int digit = int(sample_keys[e] >> kShift2) & ((1 << (kShift1 - kShift2)) - 1);
+        atomicAdd(&hist[1][(sample_valid >> e & 1) && bin == ha.bin ? digit : kDummy], 1);
+        atomicAdd(&hist[2][(sample_valid >> e & 1) && bin == hb.bin ? digit : kDummy], 1);
+      }
+      __syncthreads();  // also: every thread has read s_hit before it is rewritten
+      if (tid == 0) {
+        s_hit[0] = TopkRankHit{-1, 0};
+        s_hit[1] = TopkRankHit{-1, 0};
+      }
+      __syncthreads();
+      const int ra2 = ha.bin >= 0 ? ra - ha.above : 0, rb2 = hb.bin >= 0 ? rb - hb.above : 0;
+      topk_reg_find(hist[1], hist[2], [&](int) { return make_int2(ra2, rb2); }, s_scan, s_hit);
+      const TopkRankHit ha2 = s_hit[0], hb2 = s_hit[1];
+      // The top of the upper end's bin and the bottom of the lower end's, at 22-bit resolution.
+      if (ha.bin >= 0 && ha2.bin >= 0) {
+        const K prefix = (K(ha.bin) << (kShift1 - kShift2)) | K(ha2.bin);
+        top = kShift2 == 0 ? prefix : ((prefix << kShift2) | ((K(1) << kShift2) - 1));
+      }
+      if (hb.bin >= 0 && hb2.bin >= 0) bottom = ((K(hb.bin) << (kShift1 - kShift2)) | K(hb2.bin)) << kShift2;
+    }
+  }
+  if (top >= kSentinel) top = kSentinel - 1;  // no upper end: still below the padding
+  if (top < bottom) top = bottom;  // cannot happen for ranks above < below; keeps the list well formed
+
+  // ---- count above the bracket, list inside it (one shared atomic per warp) ----
+  {
+    Mask inside = 0;
+    int above = 0;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+      above += (valid >> i & 1) && keys[i] > top;
+      inside |= Mask((valid >> i & 1) && keys[i] <= top && keys[i] >= bottom) << i;
+    }
+    const int listed = __popc(inside);
+    int incl = listed;
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int u = __shfl_up_sync(0xffffffffu, incl, d);
+      if (lane >= d) incl += u;
+    }
+    int base = 0;
+    if (lane == 31) base = atomicAdd(&s_listed, incl);
+    base = __shfl_sync(0xffffffffu, base, 31) + incl - listed;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i)
+      if (inside >> i & 1) {
+        if (base < a.plan.list_capacity) list_own[base] = keys[i];
+        ++base;
+      }
+    const int warp_above = __reduce_add_sync(0xffffffffu, above);
+    if (lane == 0 && warp_above) atomicAdd(&s_above, warp_above);
+  }
+  // The finish's histograms start zeroed: the bracket's rounds are done with them (after a barrier).
+  __syncthreads();
+  if (tid < 3 && s_listed + tid < a.plan.list_capacity && (s_listed + tid) % 4 != 0)
+    list_own[s_listed + tid] = kSentinel;  // whole vectors: the peers copy 16 bytes at a time
+  {
+    int4* const h4 = reinterpret_cast<int4*>(&hist[0][0]);
+    for (int b = tid; b < 3 * kTopkRegHistStride / 4; b += kThreads) h4[b] = make_int4(0, 0, 0, 0);
+  }
+  group.sync();  // the group barrier: every CTA's counts and list are published
+
+  // ---- every warp reads the peers' counts (lane r: peer r) ----
+  const int peer_listed = lane < group_size ? *group.map_shared_rank(&s_listed, lane) : 0;
+  const int peer_above = lane < group_size ? *group.map_shared_rank(&s_above, lane) : 0;
+  const int peer_vectors = (peer_listed + 3) / 4;  // each peer's list in whole 16-byte vectors
+  int list_offset = peer_vectors;  // inclusive, then exclusive prefix over the peers (in vectors)
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, list_offset, d);
+    if (lane >= d) list_offset += u;
+  }
+  list_offset -= peer_vectors;
+  const int above_total = __reduce_add_sync(0xffffffffu, peer_above);
+  const int listed_total = __reduce_add_sync(0xffffffffu, peer_listed);
+  const int vectors_total = __reduce_add_sync(0xffffffffu, peer_vectors);
+  const int above_lower = __reduce_add_sync(0xffffffffu, lane < rank ? peer_above : 0);
+  const bool overflow = __any_sync(0xffffffffu, peer_listed > a.plan.list_capacity - 3);
+  const bool hit = !overflow && vectors_total * 4 <= a.plan.bracket_capacity && above_total < plan.budget &&
+                   plan.budget <= above_total + listed_total;
+
+  K kth = 0;
+  int ties = 0;  // keys equal to kth the budget takes, in position order, across the row
+  int gt_lower = 0, eq_lower = 0;
+  if (hit) {
+    // ---- copy the group's lists (whole vectors, padded), in rank order, then finish alone ----
+    const int my_vector = __shfl_sync(0xffffffffu, list_offset, rank);
+    if (warp == 0) {
+      if (lane <= group_size) s_offsets[lane] = lane < group_size ? list_offset : vectors_total;
+      if (lane < group_size)
+        s_peer_list[lane] = std::uint32_t(__cvta_generic_to_shared(group.map_shared_rank(list_own, lane)));
+    }
+    __syncthreads();
+    uint4* const all4 = reinterpret_cast<uint4*>(list_all);
+    constexpr int kBatch = 4;
+#pragma unroll 1
+    for (int v0 = 0; v0 < vectors_total; v0 += kThreads * kBatch) {
+      uint4 got[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int v = v0 + u * kThreads + tid;
+        // The owning peer (offsets ascend; binary search over group_size <= 16 of them).
+        int owner = 0;
+#pragma unroll
+        for (int step = kTopkRegMaxGroup / 2; step > 0; step /= 2)
+          if (owner + step < group_size && s_offsets[owner + step] <= v) owner += step;
+        if (v < vectors_total) got[u] = topk_reg_load_peer(s_peer_list[owner] + 16u * std::uint32_t(v - s_offsets[owner]));
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u)
+        if (v0 + u * kThreads + tid < vectors_total) all4[v0 + u * kThreads + tid] = got[u];
+    }
+    __cluster_barrier_arrive();  // done reading the peers' shared memory
+    __syncthreads();
+    // Radix select of rank r = budget - above_total over the copy, on keys relative to the bracket's
+    // bottom; the padding (kSentinel, above the top) is never counted.
+    const int bits = topk_bit_width(K(top - bottom));
+    int r = plan.budget - above_total;
+    K prefix = 0;
+    int hi = bits;  // bits above hi are known (prefix)
+    int gt_in_list = 0;
+    int buffer = 0;
+    while (hi > 0) {  // uniform: bits and the hits are the same in every thread
+      const int shift = hi > 11 ? hi - 11 : 0;
+      const int mask = (1 << (hi - shift)) - 1;
+      int* h = hist[buffer];
+#pragma unroll 1
+      for (int v = tid; v < vectors_total; v += kThreads) {
+        const uint4 q = all4[v];
+        const K k4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const K rel = k4[e] - bottom;
+          const bool match = k4[e] <= top && (hi >= 32 ? K(0) : rel >> hi) == prefix;
+          atomicAdd(&h[match ? int(rel >> shift) & mask : kDummy], 1);
+        }
+      }
+      if (tid == 0) s_hit[0] = TopkRankHit{-1, 0};
+      __syncthreads();
+      topk_reg_find(h, nullptr, [&](int) { return make_int2(r, 0); }, s_scan, s_hit);
+      const TopkRankHit found = s_hit[0];
+      prefix = (prefix << (hi - shift)) | K(found.bin);
+      r -= found.above;
+      gt_in_list += found.above;
+      hi = shift;
+      buffer = buffer == 2 ? 0 : buffer + 1;
+      __syncthreads();  // s_hit is read by everyone before the next round writes it
+    }
+    kth = bottom + prefix;
+    ties = plan.budget - above_total - gt_in_list;
+    // The lower ranks' keys above and at kth: their counts above the bracket and their part of the copy.
+    int gl = 0, el = 0;
+#pragma unroll 1
+    for (int v = tid; v < my_vector; v += kThreads) {
+      const uint4 q = all4[v];
+      const K k4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        gl += k4[e] > kth && k4[e] <= top;
+        el += k4[e] == kth;
+      }
+    }
+    int packed = 0;
+    topk_reg_scan(gl | el << 16, s_scan, &packed);  // under 2^16 keys: no carry
+    gt_lower = above_lower + (packed & 0xffff);
+    eq_lower = packed >> 16;
+  } else {
+    // ---- the exact search: 8-bit digit passes over the group's keys in registers ----
+    int r = plan.budget;
+    K prefix = 0;
+    int* const exact = &hist[0][0];  // four 256-bin buffers, one per pass (zeroed before the barrier)
+#pragma unroll 1
+    for (int pass = 0; pass < kExactPasses; ++pass) {
+      const int hi = Key::kBits - pass * kTopkRegExactBits;
+      const int shift = hi > kTopkRegExactBits ? hi - kTopkRegExactBits : 0;
+      int* h = exact + pass * 256;
+#pragma unroll
+      for (int i = 0; i < kKeys; ++i) {
+        const bool match = (valid >> i & 1) && (hi >= 32 ? K(0) : keys[i] >> hi) == prefix;
+        const int bin = match ? int(keys[i] >> shift) & ((1 << (hi - shift)) - 1) : -1;
+        // Equal bins of a warp take one atomic (rows of mostly equal keys would serialize on one address).
+        const unsigned same = __match_any_sync(0xffffffffu, bin);
+        if (bin >= 0 && lane == __ffs(int(same)) - 1) atomicAdd(&h[bin], __popc(same));
+      }
+      group.sync();
+      // Thread t owns bin 255 - t: descending thread order is descending bin order.
+      int count = 0;
+      for (int p = 0; p < group_size; ++p) count += group.map_shared_rank(h, p)[255 - tid];
+      int unused = 0;
+      const int ex = topk_reg_scan(count, s_scan, &unused);
+      if (ex < r && ex + count >= r) s_hit[0] = TopkRankHit{255 - tid, ex};
+      __syncthreads();
+      const TopkRankHit found = s_hit[0];
+      prefix = (prefix << (hi - shift)) | K(found.bin);
+      r -= found.above;
+      __syncthreads();  // s_hit and s_scan are rewritten by the next pass
+    }
+    kth = prefix;
+    ties = r;
+    int gt = 0, eq = 0;
+#pragma unroll
+    for (int i = 0; i < kKeys; ++i) {
+      gt += (valid >> i & 1) && keys[i] > kth;
+      eq += (valid >> i & 1) && keys[i] == kth;
+    }
+    gt = __reduce_add_sync(0xffffffffu, gt);
+    eq = __reduce_add_sync(0xffffffffu, eq);
+    if (tid == 0) {
+      s_gt_local = 0;
+      s_eq_local = 0;
+    }
+    __syncthreads();
+    if (lane == 0) {
+      atomicAdd(&s_gt_local, gt);
+      atomicAdd(&s_eq_local, eq);
+    }
+    group.sync();
+    const int peer_gt = lane < rank ? *group.map_shared_rank(&s_gt_local, lane) : 0;
+    const int peer_eq = lane < rank ? *group.map_shared_rank(&s_eq_local, lane) : 0;
+    gt_lower = __reduce_add_sync(0xffffffffu, peer_gt);
+    eq_lower = __reduce_add_sync(0xffffffffu, peer_eq);
+    __cluster_barrier_arrive();  // done reading the peers' shared memory
+  }
+
+  // ---- ordered output: warp counts, one barrier, then each warp writes its run in order ----
+  const int ties_here = ties - eq_lower;  // equal keys this CTA may still take (<= 0: none)
+  Mask gt_bits = 0, eq_bits = 0;
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) {
+    gt_bits |= Mask((valid >> i & 1) && keys[i] > kth) << i;
+    eq_bits |= Mask((valid >> i & 1) && keys[i] == kth) << i;
+  }
+  {
+    const int gt = __reduce_add_sync(0xffffffffu, __popc(gt_bits));
+    const int eq = __reduce_add_sync(0xffffffffu, __popc(eq_bits));
+    if (lane == 0) {
+      s_warp_gt[warp] = gt;
+      s_warp_eq[warp] = eq;
+    }
+  }
+  __syncthreads();
+  int gt_before = 0, eq_before = 0;
+#pragma unroll
+  for (int w = 0; w < kTopkRegWarps; ++w) {
+    gt_before += w < warp ? s_warp_gt[w] : 0;
+    eq_before += w < warp ? s_warp_eq[w] : 0;
+  }
+  const int taken_lower = eq_lower < ties ? eq_lower : ties;
+  const int taken_before = eq_before < ties_here ? eq_before : (ties_here > 0 ? ties_here : 0);
+  int eq_run = eq_before;  // equal keys at lower positions in this CTA
+  int out_run = plan.sink_end + gt_lower + taken_lower + gt_before + taken_before;
+  constexpr std::uint32_t kVectorMask = (1u << kPerVector) - 1u;
+#pragma unroll 1
+  for (int j = 0; j < kVectors; ++j) {  // rolled: a short loop body stays in the instruction cache
+    const std::uint32_t gt = std::uint32_t(gt_bits >> (j * kPerVector)) & kVectorMask;
+    const std::uint32_t eq = std::uint32_t(eq_bits >> (j * kPerVector)) & kVectorMask;
+    std::uint32_t sel = gt;
+    if (__any_sync(0xffffffffu, eq != 0)) {  // ties in this vector round: take the lowest positions
+      int q = eq_run + topk_reg_lane_prefix<kCountBits>(__popc(eq), lanes_below);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e)
+        if (eq >> e & 1) sel |= std::uint32_t(q++ < ties_here) << e;
+      eq_run += __reduce_add_sync(0xffffffffu, __popc(eq));
+    }
+    int o = out_run + topk_reg_lane_prefix<kCountBits>(__popc(sel), lanes_below);
+    const int p0 = run_lo + (j * 32 + lane) * kPerVector;
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e)
+      if (sel >> e & 1) emit(o++, p0 + e);
+    out_run += __reduce_add_sync(0xffffffffu, __popc(sel));
+  }
+  __cluster_barrier_wait();  // no CTA leaves while a peer may still read its shared memory
+#endif
+}
+
+}  // namespace detail
+}  // namespace kvsift
