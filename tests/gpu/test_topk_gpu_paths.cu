@@ -5,6 +5,8 @@
 // budget edges. Outputs are poisoned before every run. The contract-level cases (forced ranges, row
 // filter, determinism, graphs, errors) are in test_topk_gpu_contract.cu.
 
+#include <initializer_list>
+
 #include "topk_gpu_support.cuh"
 
 using kvsift::bfloat16_t;
@@ -30,6 +32,18 @@ void check_edges(std::mt19937_64& rng, Case c) {
 Case with_facts(Case c, Case::Facts f) {
   c.facts = f;
   return c;
+}
+
+// Each fill twice: with the plan's sampled bracket and with the exact search alone (bracket off).
+void check_with_and_without_bracket(std::mt19937_64& rng, Case c, std::initializer_list<Fill> fills) {
+  for (Fill f : fills) {
+    c.fill = f;
+    CAPTURE(int(f));
+    c.bracket = true;
+    check_case<float>(rng, c);
+    c.bracket = false;
+    check_case<float>(rng, c);
+  }
 }
 
 Case no_register_select(Case c) {
@@ -132,14 +146,7 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     check_all_fills<float>(rng, c);
     // Fills the stride sample misreads (the bracket misses and the digit searches run), and the same
     // rows with the bracket off.
-    for (Fill f : {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant}) {
-      c.fill = f;
-      CAPTURE(int(f));
-      c.bracket = true;
-      check_case<float>(rng, c);
-      c.bracket = false;
-      check_case<float>(rng, c);
-    }
+    check_with_and_without_bracket(rng, c, {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant});
     // LycheeDecode's forced ranges and ragged rows, and the row edges.
     c = base;
     c.params.sink = 128 < base.capacity / 4 ? 128 : base.capacity / 4;
@@ -226,14 +233,8 @@ TEST_CASE("topk gpu paths: register select, CTA groups of 2 to 16, the bracket a
     Case c = shape(s.rows, s.cols, s.capacity, s.k);
     require_path<float>(c, kReg, s.group, 256);
     check_all_fills<float>(rng, c);
-    for (Fill f : {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues}) {
-      c.fill = f;
-      CAPTURE(int(f));
-      c.bracket = true;
-      check_case<float>(rng, c);
-      c.bracket = false;
-      check_case<float>(rng, c);
-    }
+    check_with_and_without_bracket(rng, c,
+                                   {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues});
     // LycheeDecode's forced ranges and ragged rows (short rows draw their sample again), the row edges.
     c = shape(s.rows, s.cols, s.capacity, s.k);
     c.params.sink = 128 < s.capacity / 4 ? 128 : s.capacity / 4;

@@ -132,12 +132,7 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
     row_out[offset] = position;
     if (row_values) row_values[offset] = row_scores[position];
   };
-  const int forced = plan.forced();
-  for (int f = rank * Threads + tid; f < forced; f += group_size * Threads) {
-    if (f < plan.sink_end) emit(f, f);
-    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
-  }
-  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
+  topk_write_forced(plan, rank * Threads + tid, group_size * Threads, rank == 0 && tid == 0, a.out.counts + row, emit);
 
   const int lo = slice_lo > plan.sink_end ? slice_lo : plan.sink_end;
   const int hi_raw = slice_lo + a.plan.slice < plan.recent_begin ? slice_lo + a.plan.slice : plan.recent_begin;

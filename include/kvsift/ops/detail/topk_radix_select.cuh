@@ -72,6 +72,19 @@ struct TopkCtaGroup {
   }
 };
 
+// Every kernel's forced output: the row's sink positions at the front, its recent window after the
+// budget's picks (forced indices first, first + step, ... are this thread's), and the row's count from
+// the one thread that has `counter`. The picks by key are each kernel's own.
+template <class Emit>
+__device__ __forceinline__ void topk_write_forced(const TopKRowPlan& plan, int first, int step, bool counter,
+                                                  std::int32_t* count, Emit&& emit) {
+  for (int f = first; f < plan.forced(); f += step) {
+    if (f < plan.sink_end) emit(f, f);
+    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
+  }
+  if (counter) *count = plan.count();
+}
+
 // Keys per thread loaded from shared memory before any is used, so a scan is not one long chain of
 // dependent load -> compare -> atomic steps.
 inline constexpr int kTopkScanBatch = 8;
@@ -155,12 +168,8 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   };
 
   // Forced ranges, spread over the whole group.
-  const int forced = plan.forced();
-  for (int f = rank * kTopkThreads + tid; f < forced; f += a.plan.ctas_per_row * kTopkThreads) {
-    if (f < plan.sink_end) emit(f, f);
-    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
-  }
-  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
+  topk_write_forced(plan, rank * kTopkThreads + tid, a.plan.ctas_per_row * kTopkThreads, rank == 0 && tid == 0,
+                    a.out.counts + row, emit);
 
   // This CTA's part of the scored region.
   const int slice_lo = rank * a.plan.slice;

@@ -231,12 +231,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
     row_out[offset] = position;
     if (row_values) row_values[offset] = row_scores[position];
   };
-  const int forced = plan.forced();
-  for (int f = rank * kThreads + tid; f < forced; f += group_size * kThreads) {
-    if (f < plan.sink_end) emit(f, f);
-    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
-  }
-  if (rank == 0 && tid == 0) a.out.counts[row] = plan.count();
+  topk_write_forced(plan, rank * kThreads + tid, group_size * kThreads, rank == 0 && tid == 0, a.out.counts + row, emit);
   // Same decision in every CTA of the group (it depends on the row only), before any group barrier.
   if (plan.budget == 0) return;
   auto in_region = [&](int pos) { return pos >= plan.sink_end && pos < plan.recent_begin; };

@@ -251,12 +251,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     row_out[offset] = position;
     if (row_values) row_values[offset] = row_scores[position];
   };
-  const int forced = plan.forced();
-  for (int f = tid; f < forced; f += kTopkThreads) {
-    if (f < plan.sink_end) emit(f, f);
-    else emit(plan.sink_end + plan.budget + (f - plan.sink_end), plan.recent_begin + (f - plan.sink_end));
-  }
-  if (tid == 0) a.out.counts[row] = plan.count();
+  topk_write_forced(plan, tid, kTopkThreads, tid == 0, a.out.counts + row, emit);
   const int lo = plan.sink_end, hi = plan.recent_begin;
   if (plan.budget == 0) return;
   if (plan.budget == plan.region()) {
