@@ -18,6 +18,7 @@ namespace {
 
 constexpr TopkKernel kCand = TopkKernel::kCandidateSelect;
 constexpr TopkKernel kRadix = TopkKernel::kRadixSelect;
+constexpr TopkKernel kReg = TopkKernel::kRegisterSelect;
 
 // The edge rows of one path under the fills that stress it most.
 template <class T>
@@ -217,34 +218,54 @@ TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) 
   check_all_fills<float>(rng, few);
 }
 
-TEST_CASE("topk gpu paths: register select, CTA groups of 2 to 16, the bracket and the exact search") {
+namespace {
+
+// The register select on one shape: every fill, the fills its sample misreads with the bracket and
+// with the exact search alone, LycheeDecode's forced ranges over ragged rows (short rows draw their
+// sample again) and the row edges.
+struct RegisterShape {
+  int rows, cols, capacity, k, group;
+};
+
+void check_register_shape(std::mt19937_64& rng, const RegisterShape& s) {
+  CAPTURE(s.rows);
+  CAPTURE(s.cols);
+  Case c = shape(s.rows, s.cols, s.capacity, s.k);
+  require_path<float>(c, kReg, s.group, 256);
+  check_all_fills<float>(rng, c);
+  check_with_and_without_bracket(rng, c,
+                                 {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues});
+  c = shape(s.rows, s.cols, s.capacity, s.k);
+  c.params.sink = 128 < s.capacity / 4 ? 128 : s.capacity / 4;
+  c.params.recent = 256 < s.capacity / 4 ? 256 : s.capacity / 4;
+  for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+  check_all_fills<float>(rng, c);
+  const Case edges = edge_rows(rng, s.rows, s.cols, s.capacity);
+  require_path<float>(edges, kReg, s.group, 256);
+  check_edges<float>(rng, edges);
+}
+
+}  // namespace
+
+// The register-select cases are split by shape so that each fits one racecheck run.
+TEST_CASE("topk gpu paths: register select, 32K rows in groups of 8 (benchmark shapes)") {
   auto rng = kvsift_test::make_rng(509);
-  constexpr TopkKernel kReg = TopkKernel::kRegisterSelect;
-  // The few-row shapes of the benchmark: eight rows of 32K (groups of 8, 16 keys a thread), two and four
-  // rows of 128K (groups of 16, 32 keys), one and two rows (16 keys; a short last slice), 12 rows and a
-  // row that leaves the group's last CTAs empty. Each under every fill, with the bracket and with the exact search alone.
-  struct Shape { int rows, cols, capacity, k, group; };
-  for (const Shape s : {Shape{8, 32768, 1024, 1024, 8}, Shape{2, 131072, 4096, 4096, 16},
-                        Shape{4, 131072, 4096, 4096, 16}, Shape{1, 65536, 2048, 2000, 16},
-                        Shape{2, 100000, 4096, 3000, 16}, Shape{12, 32768, 4096, 4096, 8},
-                        Shape{3, 16384, 512, 500, 8}}) {
-    CAPTURE(s.rows);
-    CAPTURE(s.cols);
-    Case c = shape(s.rows, s.cols, s.capacity, s.k);
-    require_path<float>(c, kReg, s.group, 256);
-    check_all_fills<float>(rng, c);
-    check_with_and_without_bracket(rng, c,
-                                   {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues});
-    // LycheeDecode's forced ranges and ragged rows (short rows draw their sample again), the row edges.
-    c = shape(s.rows, s.cols, s.capacity, s.k);
-    c.params.sink = 128 < s.capacity / 4 ? 128 : s.capacity / 4;
-    c.params.recent = 256 < s.capacity / 4 ? 256 : s.capacity / 4;
-    for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
-    check_all_fills<float>(rng, c);
-    const Case edges = edge_rows(rng, s.rows, s.cols, s.capacity);
-    require_path<float>(edges, kReg, s.group, 256);
-    check_edges<float>(rng, edges);
-  }
+  // Eight and twelve rows of 32K (16 keys a thread), and a row that leaves the group's last CTA empty.
+  for (const RegisterShape s : {RegisterShape{8, 32768, 1024, 1024, 8}, RegisterShape{12, 32768, 4096, 4096, 8},
+                                RegisterShape{3, 16384, 512, 500, 8}})
+    check_register_shape(rng, s);
+}
+
+TEST_CASE("topk gpu paths: register select, long rows in groups of 16") {
+  auto rng = kvsift_test::make_rng(510);
+  // Two and four rows of 128K (32 keys a thread), one row of 64K and two of 100000 (a short last slice).
+  for (const RegisterShape s : {RegisterShape{2, 131072, 4096, 4096, 16}, RegisterShape{4, 131072, 4096, 4096, 16},
+                                RegisterShape{1, 65536, 2048, 2000, 16}, RegisterShape{2, 100000, 4096, 3000, 16}})
+    check_register_shape(rng, s);
+}
+
+TEST_CASE("topk gpu paths: register select, forced groups, budget ends, unaligned rows") {
+  auto rng = kvsift_test::make_rng(511);
   // Forced groups of 2, 4 and 8 on one shape each (the plan's own choice is 16 there).
   for (int group : {2, 4, 8}) {
     const Case c = shape(2, 16384, 1024, 900);
@@ -274,8 +295,12 @@ TEST_CASE("topk gpu paths: register select, CTA groups of 2 to 16, the bracket a
   tail.stride_pad = 3;
   require_path<float>(tail, kReg, 16, 256);
   check_all_fills<float>(rng, tail);
+}
+
+TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag-first)") {
+  auto rng = kvsift_test::make_rng(512);
   // 16- and 19-bit keys (8 per 16-byte vector) and 17- and 20-bit flag-first keys (still 32-bit).
-  for (const Shape s : {Shape{8, 32768, 1024, 1000, 8}, Shape{4, 131072, 4096, 4096, 16}}) {
+  for (const RegisterShape s : {RegisterShape{8, 32768, 1024, 1000, 8}, RegisterShape{4, 131072, 4096, 4096, 16}}) {
     Case c = shape(s.rows, s.cols, s.capacity, s.k);
     require_path<half_t>(c, kReg, s.group, 256);
     check_all_fills<half_t>(rng, c);
