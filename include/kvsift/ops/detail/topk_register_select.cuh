@@ -56,16 +56,22 @@ struct TopkRankHit {
   int above;
 };
 
+// Inclusive sum over the warp's lanes, in lane order.
+__device__ __forceinline__ int topk_reg_warp_scan(int v) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+
 // Exclusive sum over the block in thread order, and the block's total (warp shuffles, one barrier;
 // `scratch` holds kTopkRegWarps ints, 16-byte aligned, and is free again after the next barrier).
 __device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  int incl = v;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int u = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += u;
-  }
+  const int incl = topk_reg_warp_scan(v);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
   const int4 w0 = reinterpret_cast<const int4*>(scratch)[0], w1 = reinterpret_cast<const int4*>(scratch)[1];
@@ -155,7 +161,6 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   constexpr int kWarpRun = kKeys * 32;  // contiguous positions a warp owns
   constexpr int kRunVectors = kTopkRegRunKeys / kPerVector;  // 16-byte vectors in one sample run
   constexpr int kCountBits = kPerVector == 8 ? 4 : 3;        // bits of a count of one vector's keys
-  constexpr K kKeyMax = Key::kBits >= 32 ? ~K(0) : (K(1) << Key::kBits) - 1;
   constexpr int kExactPasses = (Key::kBits + kTopkRegExactBits - 1) / kTopkRegExactBits;
   static_assert(kExactPasses <= 4, "the exact search's four 256-bin buffers");
   static_assert(kTopkRegHasSentinel<T, Key>, "the plan takes the register select only for keys with a sentinel");
@@ -281,7 +286,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   }
   constexpr int kShift1 = Key::kBits > 11 ? Key::kBits - 11 : 0;
   constexpr int kShift2 = Key::kBits > 22 ? Key::kBits - 22 : 0;
-  K top = kKeyMax, bottom = 0;
+  K top = kSentinel - 1, bottom = 0;  // no end found: every key (the padding stays above the top)
   {
     if (tid == 0) {
       s_hit[0] = TopkRankHit{-1, 0};
@@ -332,7 +337,6 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       if (hb.bin >= 0 && hb2.bin >= 0) bottom = ((K(hb.bin) << (kShift1 - kShift2)) | K(hb2.bin)) << kShift2;
     }
   }
-  if (top >= kSentinel) top = kSentinel - 1;  // no upper end: still below the padding
   if (top < bottom) top = bottom;  // cannot happen for ranks above < below; keeps the list well formed
 
   // ---- count above the bracket, list inside it (one shared atomic per warp) ----
@@ -345,12 +349,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       inside |= Mask((valid >> i & 1) && keys[i] <= top && keys[i] >= bottom) << i;
     }
     const int listed = __popc(inside);
-    int incl = listed;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int u = __shfl_up_sync(0xffffffffu, incl, d);
-      if (lane >= d) incl += u;
-    }
+    const int incl = topk_reg_warp_scan(listed);
     int base = 0;
     if (lane == 31) base = atomicAdd(&s_listed, incl);
     base = __shfl_sync(0xffffffffu, base, 31) + incl - listed;
@@ -377,13 +376,8 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   const int peer_listed = lane < group_size ? *group.map_shared_rank(&s_listed, lane) : 0;
   const int peer_above = lane < group_size ? *group.map_shared_rank(&s_above, lane) : 0;
   const int peer_vectors = (peer_listed + 3) / 4;  // each peer's list in whole 16-byte vectors
-  int list_offset = peer_vectors;  // inclusive, then exclusive prefix over the peers (in vectors)
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int u = __shfl_up_sync(0xffffffffu, list_offset, d);
-    if (lane >= d) list_offset += u;
-  }
-  list_offset -= peer_vectors;
+  // Each peer's first vector in the copy: the exclusive prefix over the peers (lanes).
+  const int list_offset = topk_reg_warp_scan(peer_vectors) - peer_vectors;
   const int above_total = __reduce_add_sync(0xffffffffu, peer_above);
   const int listed_total = __reduce_add_sync(0xffffffffu, peer_listed);
   const int vectors_total = __reduce_add_sync(0xffffffffu, peer_vectors);
