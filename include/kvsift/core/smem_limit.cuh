@@ -1,7 +1,7 @@
 #pragma once
 /// \file
 /// \brief raise_dynamic_smem_limit: a kernel's dynamic shared-memory limit, raised and never lowered;
-/// allow_nonportable_clusters: clusters past 8 CTAs, allowed once per kernel.
+/// nonportable_clusters_fit: whether clusters past 8 CTAs can run, asked once per kernel.
 ///
 /// `cudaFuncAttributeMaxDynamicSharedMemorySize` belongs to the kernel (per device), not to a launch.
 /// Setting it to each call's own need is a race between host threads: a call that needs less can lower
@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 #include "kvsift/core/cuda_status.cuh"
@@ -50,20 +51,45 @@ Status raise_dynamic_smem_limit(Kernel* kernel, std::size_t bytes, bool max_carv
   return raise_dynamic_smem_limit(reinterpret_cast<const void*>(kernel), bytes, max_carveout, what);
 }
 
-/// Lets `kernel` on the current device launch in clusters larger than the portable 8 CTAs (16 on an
-/// H100 or H200), set once per (kernel, device) under the same rules as the limit above: the
-/// attribute belongs to the kernel, it is only ever turned on, and nothing is enqueued.
+/// Whether `kernel` on the current device can run clusters of `cluster` CTAs, more than the portable
+/// 8, of `threads` threads and `smem_bytes` of dynamic shared memory each (its limit raised first). The
+/// first ask per (kernel, device, cluster, bytes) lets the kernel use such clusters (an attribute of the
+/// kernel, only ever turned on) and asks the occupancy calculator whether one fits at all: an H100 or
+/// H200 holds several clusters of 16, a part whose GPCs have fewer free SMs holds none. The answer is
+/// kept, so later calls enqueue nothing and query nothing (a captured graph is unaffected).
 template <class Kernel>
-Status allow_nonportable_clusters(Kernel* kernel, const char* what) {
+Status nonportable_clusters_fit(Kernel* kernel, int cluster, int threads, std::size_t smem_bytes, bool* fits,
+                                const char* what) {
   int device = 0;
   KVSIFT_TRY(from_cuda(cudaGetDevice(&device), what));
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, bool> allowed;
+  static std::map<std::tuple<const void*, int, int, std::size_t>, bool> known;
   std::lock_guard<std::mutex> lock(mutex);
-  const std::pair<const void*, int> id{reinterpret_cast<const void*>(kernel), device};
-  if (allowed.count(id)) return Status();
+  const std::tuple<const void*, int, int, std::size_t> id{reinterpret_cast<const void*>(kernel), device, cluster,
+                                                          smem_bytes};
+  const auto found = known.find(id);
+  if (found != known.end()) {
+    *fits = found->second;
+    return Status();
+  }
   KVSIFT_TRY(from_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), what));
-  allowed[id] = true;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(cluster));
+  config.blockDim = dim3(unsigned(threads));
+  config.dynamicSmemBytes = smem_bytes;
+  cudaLaunchAttribute dim;
+  dim.id = cudaLaunchAttributeClusterDimension;
+  dim.val.clusterDim.x = unsigned(cluster);
+  dim.val.clusterDim.y = 1;
+  dim.val.clusterDim.z = 1;
+  config.attrs = &dim;
+  config.numAttrs = 1;
+  int clusters = 0;
+  // A size the device cannot schedule at all may be reported as an error rather than 0: both mean no.
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  if (err != cudaSuccess) (void)cudaGetLastError();
+  *fits = err == cudaSuccess && clusters > 0;
+  known[id] = *fits;
   return Status();
 }
 

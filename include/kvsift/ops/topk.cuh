@@ -75,7 +75,6 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
       kernel = keys == 8    ? topk_register_select_kernel<T, Key, 8>
                : keys == 16 ? topk_register_select_kernel<T, Key, 16>
                             : topk_register_select_kernel<T, Key, 32>;
-      if (plan.ctas_per_row > 8) KVSIFT_TRY(allow_nonportable_clusters(kernel, "topk: cudaFuncSetAttribute"));
     }
   } else {
     KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
@@ -88,6 +87,19 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   if (plan.smem_bytes > 0)
     KVSIFT_TRY(raise_dynamic_smem_limit(kernel, plan.smem_bytes, plan.kernel != TopkKernel::kRadixSelect,
                                         "topk: cudaFuncSetAttribute"));
+  // Groups of 16 (the register select's) are a non-portable cluster size: where the device cannot
+  // schedule one, the same rows are planned again in groups of at most 8.
+  if (plan.ctas_per_row > kTopkMaxCtasPerRow) {
+    bool fits = false;
+    KVSIFT_TRY(nonportable_clusters_fit(kernel, plan.ctas_per_row, plan.threads, plan.smem_bytes, &fits,
+                                        "topk: cluster size"));
+    if (!fits) {
+      using K = typename Key::key_type;
+      launch.plan = plan_topk_register<K>(rows, plan.cols, kTopkMaxCtasPerRow, exec.device);
+      if (launch.plan.kernel != TopkKernel::kRegisterSelect) launch.plan = plan_topk_cta_groups<K>(rows, plan.cols, exec.device);
+      return launch_topk(exec, launch);
+    }
+  }
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(rows * plan.ctas_per_row));
