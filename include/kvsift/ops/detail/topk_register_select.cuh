@@ -127,6 +127,15 @@ __device__ __forceinline__ int topk_reg_lane_prefix(int c, unsigned lanes_below)
   return p;
 }
 
+// The shared::cluster address of `local` (this CTA's shared memory) in the CTA of rank `rank`.
+__device__ __forceinline__ std::uint32_t topk_reg_peer_address(const void* local, int rank) {
+  std::uint32_t address;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(address)
+               : "r"(std::uint32_t(__cvta_generic_to_shared(local))), "r"(rank));
+  return address;
+}
+
 // Loads 16 bytes of a peer CTA's shared memory through its shared::cluster address.
 __device__ __forceinline__ uint4 topk_reg_load_peer(std::uint32_t address) {
   uint4 v;
@@ -395,7 +404,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
     if (warp == 0) {
       if (lane <= group_size) s_offsets[lane] = lane < group_size ? list_offset : vectors_total;
       if (lane < group_size)
-        s_peer_list[lane] = std::uint32_t(__cvta_generic_to_shared(group.map_shared_rank(list_own, lane)));
+        s_peer_list[lane] = topk_reg_peer_address(list_own, lane);
     }
     __syncthreads();
     uint4* const all4 = reinterpret_cast<uint4*>(list_all);
