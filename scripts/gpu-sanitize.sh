@@ -12,6 +12,7 @@
 #   SPLIT=<regex>                                   binaries run one doctest test case per run (-tc=);
 #                                                   default: the slow ones under racecheck (topk, decode, fuzz)
 #   SPLIT_TOOLS="racecheck"                         tools that split (default racecheck; "all" for every tool)
+#   CASES=<regex>                                   split binaries: only the test cases whose name matches
 #   FUZZ_CASES=<n>                                  KVSIFT_FUZZ_CASES under the sanitizer (default 300)
 #   LOG_DIR=<dir>                                   logs (default $OUT or BUILD_DIR/sanitizer-logs)
 #   JOBS=<n>                                        runs at once (default 1). The sanitizers are mostly
@@ -28,6 +29,7 @@ ONLY=${ONLY:-.}
 TIMEOUT=${TIMEOUT:-300}
 SPLIT=${SPLIT:-topk|decode_attention|fuzz|minimal_decoder}
 SPLIT_TOOLS=${SPLIT_TOOLS:-racecheck}
+CASES=${CASES:-.}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 JOBS=${JOBS:-1}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
@@ -97,7 +99,7 @@ for bin in $bins; do
         # doctest filters are wildcards: escape the ones a name may hold.
         f=${tc//\*/\\*}; f=${f//\?/\\?}; f=${f//,/\\,}
         launch "$bin" "$tool" "$tc" "$f"
-      done < <(test_cases "$bin")
+      done < <(test_cases "$bin" | grep -E -- "$CASES")
     else
       launch "$bin" "$tool" "whole binary"
     fi
