@@ -3,14 +3,14 @@
 // plus the positions and counts written, so `of_ceiling` is the fraction of the one-pass read floor
 // reached, `floor_us` that floor in microseconds, and `target_us` issue 15's target for the shape
 // (0 where it sets none). `path` is the plan's kernel (0 radix select, 1 candidate select, 2 stream select,
-// 3 register select), `group`
-// its CTAs per row, `threads` its CTA size and `bracket` its bracket list (0: none); BM_TopKStreamSelect
-// runs the stream select on the same shapes whatever the plan picks, BM_TopKDigitSearch the plan
-// without the bracket, BM_TopKGroup the candidate select in a forced CTA group size, with and without
-// the bracket, BM_TopKRetrievalRows LycheeDecode's row-filtered selection, BM_TopKRegister the
-// register select in a forced CTA group and BM_TopKNoRegister the plan without it. The torch.topk
-// baseline for the same shapes is benchmarks/torch_topk.py; FlashInfer's through ../shared/peer
-// (issue 15).
+// 3 register select, 4 short-row select), `group` its CTAs per row, `threads` its CTA size and
+// `bracket` its bracket list (0: none); BM_TopKStreamSelect runs the stream select on the same shapes
+// whatever the plan picks, BM_TopKDigitSearch the plan without the bracket, BM_TopKGroup the candidate
+// select in a forced CTA group size, with and without the bracket, BM_TopKRetrievalRows LycheeDecode's
+// row-filtered selection, BM_TopKRegister the register select in a forced CTA group and
+// BM_TopKCtaGroups the plan without the register and short-row selects. The torch.topk baseline for
+// the same shapes is benchmarks/torch_topk.py; FlashInfer's comes from a separate peer benchmark run
+// in the same call (docs/performance.md, issue 15).
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
@@ -185,9 +185,10 @@ void BM_TopKRegister(benchmark::State& state) {
   }
 }
 
-// The plan without the register select (detail::plan_topk_cta_groups, cuda::topk's plan before
-// 2026-12-04) on the plan's own shapes: the register select's gain, read off beside BM_TopK.
-void BM_TopKNoRegister(benchmark::State& state) {
+// The plan without the register and short-row selects (detail::plan_topk_cta_groups, cuda::topk's
+// plan before 2026-12-04; BM_TopKNoRegister until then) on the plan's own shapes: those kernels'
+// gain, read off beside BM_TopK in one binary.
+void BM_TopKCtaGroups(benchmark::State& state) {
   const TopkShape shape(state);
   const auto plan = kvsift::detail::plan_topk_cta_groups<std::uint32_t>(shape.rows, shape.n, kvsift_bench::gpu().device);
   if (shape.time_plan(state, plan)) plan_counters(state, plan);
@@ -247,6 +248,13 @@ void register_shapes(benchmark::internal::Benchmark* b) {
   b->Args({4, 131072, 4096, 128, 256, 16, 0});  // LycheeDecode token mode
 }
 
+// Short rows beyond the block-score case: 16 keys a thread (4096 positions), a budget of a quarter
+// of the row, many rows.
+void short_row_shapes(benchmark::internal::Benchmark* b) {
+  for (int rows : {8, 256}) b->Args({rows, 4096, 1024, 0, 0});
+  b->Args({1024, 2048, 64, 0, 0});
+}
+
 void block_and_forced_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {8, 64, 256}) b->Args({rows, 2048, 64, 0, 0});  // block scores, 64 blocks kept
   b->Args({32, 131072, 4096, 128, 256});                          // LycheeDecode token mode
@@ -258,6 +266,7 @@ BENCHMARK(BM_TopK)
     ->Apply(token_shapes)
     ->Apply(block_and_forced_shapes)
     ->Apply(selected_row_shapes)
+    ->Apply(short_row_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
@@ -288,9 +297,11 @@ BENCHMARK(BM_TopKGroup)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-BENCHMARK(BM_TopKNoRegister)
+BENCHMARK(BM_TopKCtaGroups)
     ->Apply(token_shapes)
+    ->Apply(block_and_forced_shapes)
     ->Apply(selected_row_shapes)
+    ->Apply(short_row_shapes)
     ->ArgNames({"rows", "n", "k", "sink", "recent"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

@@ -19,6 +19,7 @@ namespace {
 constexpr TopkKernel kCand = TopkKernel::kCandidateSelect;
 constexpr TopkKernel kRadix = TopkKernel::kRadixSelect;
 constexpr TopkKernel kReg = TopkKernel::kRegisterSelect;
+constexpr TopkKernel kShort = TopkKernel::kShortRowSelect;
 
 // The edge rows of one path under the fills that stress it most.
 template <class T>
@@ -47,26 +48,71 @@ void check_with_and_without_bracket(std::mt19937_64& rng, Case c, std::initializ
   }
 }
 
-Case no_register_select(Case c) {
-  c.register_select = false;
+// The CTA-group plan alone (no register or short-row select): the candidate select on their shapes.
+Case cta_group_plan(Case c) {
+  c.register_kernels = false;
   return c;
 }
 
 }  // namespace
 
 TEST_CASE("topk gpu paths: candidate select, one 256-thread CTA per row (block scores)") {
+  // The short-row select takes these shapes by default; here the CTA-group plan alone.
   auto rng = kvsift_test::make_rng(501);
   for (int rows : {8, 300}) {
-    const Case c = shape(rows, 2048, 64, 64);
+    const Case c = cta_group_plan(shape(rows, 2048, 64, 64));
     require_path<float>(c, kCand, 1, 256);
     check_all_fills<float>(rng, c);
   }
-  const Case edges = edge_rows(rng, 70, 2048, 80);
+  const Case edges = cta_group_plan(edge_rows(rng, 70, 2048, 80));
   require_path<float>(edges, kCand, 1, 256);
   check_edges<float>(rng, edges);
-  const Case small = shape(40, 37, 8, 5);  // a slice far below one load per thread
+  const Case small = cta_group_plan(shape(40, 37, 8, 5));  // a slice far below one load per thread
   require_path<float>(small, kCand, 1, 256);
   check_all_fills<float>(rng, small);
+}
+
+TEST_CASE("topk gpu paths: short-row select, one 256-thread CTA per row of up to 4096 positions") {
+  auto rng = kvsift_test::make_rng(513);
+  // The block-score shapes (8 keys a thread) and rows of 2049-4096 positions (16 keys a thread).
+  for (const Case& c : {shape(8, 2048, 64, 64), shape(300, 2048, 64, 64), shape(3, 4096, 4096, 4095),
+                       shape(5, 3000, 1024, 700), shape(2, 2049, 2048, 2047)}) {
+    require_path<float>(c, kShort, 1, 256);
+    check_all_fills<float>(rng, c);
+    check_edges<float>(rng, edge_rows(rng, c.rows < 70 ? 70 : c.rows, c.cols, c.capacity));
+  }
+  // Rows far below one load a thread, rows of one and two positions, k = len - 1, budgets at both ends.
+  for (const Case& c : {shape(40, 37, 8, 5), shape(9, 1, 1, 1), shape(9, 2, 2, 1), shape(4, 2048, 2048, 2047),
+                       shape(4, 2048, 2048, 1), shape(4, 4096, 4096, 4096)}) {
+    require_path<float>(c, kShort, 1, 256);
+    check_all_fills<float>(rng, c);
+  }
+  // Unaligned rows (scalar loads), ragged lengths with forced sink and recent ranges, the row filter.
+  Case odd = shape(7, 2047, 300, 200);
+  odd.stride_pad = 3;
+  require_path<float>(odd, kShort, 1, 256);
+  check_all_fills<float>(rng, odd);
+  Case forced = shape(16, 4000, 512, 400);
+  forced.params.sink = 64;
+  forced.params.recent = 128;
+  for (int r = 0; r < forced.rows; ++r) forced.lengths.push_back(kvsift_test::uniform_int(rng, 0, forced.cols));
+  require_path<float>(forced, kShort, 1, 256);
+  check_all_fills<float>(rng, forced);
+  // fp16 and bf16 scores (16-bit keys: two rounds), flag-first keys (17 bits in uint32).
+  for (const Case& base : {shape(64, 2048, 64, 64), shape(5, 4096, 1000, 999)}) {
+    Case c = base;
+    require_path<half_t>(c, kShort, 1, 256);
+    check_all_fills<half_t>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+    c.flagged = true;
+    require_path<half_t>(c, kShort, 1, 256);
+    check_all_fills<half_t>(rng, c);
+    check_all_fills<bfloat16_t>(rng, c);
+    // 33-bit flag-first keys of fp32 scores are 64-bit: the candidate select.
+    require_path<float>(c, kCand, 1, 256);
+  }
+  check_case<__half>(rng, shape(8, 2048, 64, 64));
+  check_case<__nv_bfloat16>(rng, shape(8, 2048, 64, 64));
 }
 
 TEST_CASE("topk gpu paths: candidate select, one 512-thread CTA per row") {
@@ -106,19 +152,19 @@ TEST_CASE("topk gpu paths: candidate select, CTA groups of 2 and 4") {
 TEST_CASE("topk gpu paths: candidate select, CTA groups of 8") {
   auto rng = kvsift_test::make_rng(504);
   // The few-row shapes go to the register select by default; here the CTA-group plan alone.
-  const Case c = no_register_select(shape(3, 131072, 4096, 4096));  // 16384-position slices
+  const Case c = cta_group_plan(shape(3, 131072, 4096, 4096));  // 16384-position slices
   require_path<float>(c, kCand, 8, 512);
   check_all_fills<float>(rng, c);
-  const Case mid = no_register_select(shape(12, 32768, 2048, 1024));  // 4096-position slices; one CTA per SM
+  const Case mid = cta_group_plan(shape(12, 32768, 2048, 1024));  // 4096-position slices; one CTA per SM
   require_path<float>(mid, kCand, 8, 512);
   check_all_fills<float>(rng, mid);
-  const Case edges = no_register_select(edge_rows(rng, 14, 131072, 4096));
+  const Case edges = cta_group_plan(edge_rows(rng, 14, 131072, 4096));
   require_path<float>(edges, kCand, 8, 512);
   check_edges<float>(rng, edges);
   const Case longest = shape(2, 262144, 4096, 4096);  // 32768-position slices: the load loop continues
   require_path<float>(longest, kCand, 8, 512);
   check_case<float>(rng, longest);
-  Case odd = no_register_select(shape(5, 32771, 1500, 1500));  // rows not 16-byte aligned: scalar loads
+  Case odd = cta_group_plan(shape(5, 32771, 1500, 1500));  // rows not 16-byte aligned: scalar loads
   odd.stride_pad = 3;
   require_path<float>(odd, kCand, 8, 512);
   check_all_fills<float>(rng, odd);
@@ -137,8 +183,8 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
   }
   // (and 100000-position rows: a short last slice). The register select takes these shapes by default.
   for (const Case& base :
-       {no_register_select(shape(8, 32768, 1024, 1024)), no_register_select(shape(3, 100000, 2048, 2000)),
-        no_register_select(shape(8, 131072, 4096, 4096)), no_register_select(shape(2, 65536, 8, 7))}) {
+       {cta_group_plan(shape(8, 32768, 1024, 1024)), cta_group_plan(shape(3, 100000, 2048, 2000)),
+        cta_group_plan(shape(8, 131072, 4096, 4096)), cta_group_plan(shape(2, 65536, 8, 7))}) {
     CAPTURE(base.rows);
     CAPTURE(base.cols);
     require_path<float>(base, kCand, 8, 512);
@@ -154,11 +200,11 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
     for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
     check_all_fills<float>(rng, c);
-    check_edges<float>(rng, no_register_select(edge_rows(rng, base.rows, base.cols, base.capacity)));
+    check_edges<float>(rng, cta_group_plan(edge_rows(rng, base.rows, base.cols, base.capacity)));
   }
   // Budgets at both ends of the region (a bracket of one rank; one not there at all).
   for (int k : {1, 2, 32767, 32766, 16384}) {
-    Case c = no_register_select(shape(8, 32768, 32768, k));
+    Case c = cta_group_plan(shape(8, 32768, 32768, k));
     CAPTURE(k);
     require_bracket<float>(c, 1);
     check_case<float>(rng, c);
@@ -166,11 +212,11 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
     check_case<float>(rng, c);
   }
   // 16- and 19-bit keys, flag-first 33-bit keys in uint64 (a list of 4096 keys).
-  Case half_rows = no_register_select(shape(8, 32768, 1024, 1000));
+  Case half_rows = cta_group_plan(shape(8, 32768, 1024, 1000));
   require_bracket<half_t>(half_rows, 8192);
   check_all_fills<half_t>(rng, half_rows);
   check_all_fills<bfloat16_t>(rng, half_rows);
-  Case flagged = no_register_select(shape(8, 131072, 4096, 4096));
+  Case flagged = cta_group_plan(shape(8, 131072, 4096, 4096));
   flagged.flagged = true;
   require_bracket<float>(flagged, 4096);
   check_all_fills<float>(rng, flagged);
@@ -181,7 +227,7 @@ TEST_CASE("topk gpu paths: fp16 and bf16 inputs on every candidate-select shape"
   struct Shape { int rows, cols, capacity, k, group, threads; };
   for (const Shape s : {Shape{300, 2048, 64, 64, 1, 256}, Shape{40, 4099, 100, 77, 2, 512},
                         Shape{24, 8192, 1024, 1000, 4, 512}, Shape{4, 131072, 2048, 2048, 8, 512}}) {
-    const Case c = no_register_select(shape(s.rows, s.cols, s.capacity, s.k));
+    const Case c = cta_group_plan(shape(s.rows, s.cols, s.capacity, s.k));
     CAPTURE(s.rows);
     CAPTURE(s.cols);
     require_path<half_t>(c, kCand, s.group, s.threads);
@@ -200,7 +246,7 @@ TEST_CASE("topk gpu paths: flag-first keys (33-bit in uint64, 17-bit in uint32) 
   struct Shape { int rows, cols, capacity, k, group, threads; };
   for (const Shape s : {Shape{100, 3000, 512, 500, 1, 256}, Shape{8, 32768, 992, 992, 8, 512},
                         Shape{5, 131072, 4096, 4096, 8, 512}}) {
-    Case c = no_register_select(shape(s.rows, s.cols, s.capacity, s.k));
+    Case c = cta_group_plan(shape(s.rows, s.cols, s.capacity, s.k));
     c.flagged = true;
     CAPTURE(s.rows);
     CAPTURE(s.cols);

@@ -68,16 +68,16 @@ struct Case {
   // Candidate select in CTA groups and register select: false runs the exact searches only (the
   // plan's bracket off).
   bool bracket = true;
-  // false: the plan without the register select (plan_topk_cta_groups), so the candidate select's
-  // CTA groups stay tested on the few-row shapes the register select now takes.
-  bool register_select = true;
+  // false: the plan without the register and short-row selects (plan_topk_cta_groups), so the
+  // candidate select stays tested on the few-row and short-row shapes those kernels now take.
+  bool register_kernels = true;
 };
 
 // The plan cuda::topk makes for the case's key width, or plan_topk_cta_groups for a case that turns
-// the register select off.
+// the register kernels off.
 template <class KeyT>
 kvsift::detail::TopkPlan case_plan(const Case& c, std::int64_t rows, const kvsift::DeviceFacts& device) {
-  return c.register_select ? kvsift::detail::plan_topk<KeyT>(rows, c.cols, device)
+  return c.register_kernels ? kvsift::detail::plan_topk<KeyT>(rows, c.cols, device)
                            : kvsift::detail::plan_topk_cta_groups<KeyT>(rows, c.cols, device);
 }
 
@@ -204,7 +204,7 @@ struct DeviceCase {
     const auto exec = exec_for(c, stream);
     auto run = [&](auto key) {
       using Key = decltype(key);
-      if (!c.bracket || !c.register_select) {
+      if (!c.bracket || !c.register_kernels) {
         KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
         auto plan = case_plan<typename Key::key_type>(c, kvsift::topk_written_rows(p, c.rows), exec.device);
         if (!c.bracket) plan.bracket_capacity = 0;

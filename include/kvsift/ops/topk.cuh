@@ -2,9 +2,11 @@
 /// \file
 /// \brief CUDA backend of topk (contract in topk.hpp, plan in topk_plan.hpp, design notes in docs/ops/topk.md).
 ///
-/// One launch: the stream select (ops/detail/topk_stream_select.cuh) for many long rows, the
-/// candidate select (ops/detail/topk_candidate_select.cuh) where the plan finds its shared memory,
-/// else the radix select (ops/detail/topk_radix_select.cuh). The launch shape comes
+/// One launch: the register select (ops/detail/topk_register_select.cuh) for a few long rows, the
+/// short-row select (ops/detail/topk_short_row_select.cuh) for rows of up to 4096 positions, the
+/// stream select (ops/detail/topk_stream_select.cuh) for many long rows, the candidate select
+/// (ops/detail/topk_candidate_select.cuh) where the plan finds its shared memory, else the radix
+/// select (ops/detail/topk_radix_select.cuh). The launch shape comes
 /// from the plan, never from lengths or k in device memory, so a call can be captured in a CUDA graph.
 
 #include <cuda_runtime_api.h>
@@ -20,6 +22,7 @@
 #include "kvsift/ops/detail/topk_candidate_select.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/detail/topk_register_select.cuh"
+#include "kvsift/ops/detail/topk_short_row_select.cuh"
 #include "kvsift/ops/detail/topk_stream_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
@@ -28,12 +31,17 @@ namespace kvsift {
 namespace detail {
 
 /// The plan cuda::topk launches for scores of type T under key policy Key: plan_topk, except that a
-/// 32-bit key policy with no value it never produces (kTopkRegHasSentinel) keeps to the CTA-group plan.
+/// 32-bit key policy with no value it never produces (kTopkRegHasSentinel) skips the register select
+/// (short rows still take the short-row select, which needs no sentinel).
 template <class T, class Key>
 TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
   using K = typename Key::key_type;
-  if constexpr (!kTopkRegHasSentinel<T, Key>) return plan_topk_cta_groups<K>(rows, cols, device);
-  else return plan_topk<K>(rows, cols, device);
+  if constexpr (!kTopkRegHasSentinel<T, Key>) {
+    const TopkPlan short_row = plan_topk_short_row<K>(cols);
+    return short_row.kernel == TopkKernel::kShortRowSelect ? short_row : plan_topk_cta_groups<K>(rows, cols, device);
+  } else {
+    return plan_topk<K>(rows, cols, device);
+  }
 }
 
 /// Launches the plan's kernel for an already validated call (cuda::topk's second half). Tests and
@@ -80,6 +88,19 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
     KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
                    "topk plan: a register select for a key policy without a sentinel (topk_plan_for)");
   }
+  if constexpr (sizeof(typename Key::key_type) == 4) {
+    if (plan.kernel == TopkKernel::kShortRowSelect) {
+      const int keys = plan.slice / kTopkRegThreads;
+      KVSIFT_REQUIRE(plan.threads == kTopkRegThreads && plan.ctas_per_row == 1 && (keys == 8 || keys == 16) &&
+                         plan.slice % kTopkRegThreads == 0 && plan.slice >= plan.cols && plan.smem_bytes == 0,
+                     kInternal, "topk plan: a short-row select with slice ", plan.slice, " for ", plan.cols,
+                     " positions");
+      kernel = keys == 8 ? topk_short_row_select_kernel<T, Key, 8> : topk_short_row_select_kernel<T, Key, 16>;
+    }
+  } else {
+    KVSIFT_REQUIRE(plan.kernel != TopkKernel::kShortRowSelect, kInternal,
+                   "topk plan: a short-row select for keys wider than 32 bits");
+  }
   // Static shared memory (17-34 KB) counts against the 48 KB default too, so the dynamic limit is
   // raised for every launch with dynamic shared memory, not only above 48 KB, and only ever raised
   // (core/smem_limit.cuh: several host threads). Two CTAs per SM of the candidate and stream selects
@@ -112,7 +133,11 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   group_dim.val.clusterDim.y = 1;
   group_dim.val.clusterDim.z = 1;
   config.attrs = &group_dim;
-  config.numAttrs = exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect ? 1 : 0;
+  // One CTA a row without a peer: the stream and short-row selects launch no clusters.
+  config.numAttrs = exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect &&
+                            plan.kernel != TopkKernel::kShortRowSelect
+                        ? 1
+                        : 0;
   KVSIFT_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, launch.scores, launch.params, launch.out, launch.values,
                                      launch.key, launch.plan));
   return Status();

@@ -44,6 +44,7 @@ enum class TopkKernel : int {
   kCandidateSelect = 1,  ///< ops/detail/topk_candidate_select.cuh: slice and candidate list in shared memory
   kStreamSelect = 2,     ///< ops/detail/topk_stream_select.cuh: one CTA per row: a sparse sample, then one stream
   kRegisterSelect = 3,   ///< ops/detail/topk_register_select.cuh: a few long rows, keys in registers, one exchange
+  kShortRowSelect = 4,   ///< ops/detail/topk_short_row_select.cuh: rows up to 4096 positions, one CTA, keys in registers
 };
 
 /// The register select: 256-thread CTAs holding 8, 16 or 32 keys a thread in registers, in CTA groups
@@ -245,9 +246,30 @@ TopkPlan plan_topk_cta_groups(std::int64_t rows, int cols, const DeviceFacts& de
   return s;
 }
 
+/// The short-row select: one 256-thread CTA per row holding 8 or 16 keys a thread in registers.
+inline constexpr int kTopkShortMaxKeys = 16;
+inline constexpr int kTopkShortMaxCols = kTopkRegThreads * kTopkShortMaxKeys;  ///< 4096 positions
+
+/// The short-row select's plan for rows of `cols` positions, or a plan whose kernel is not
+/// kShortRowSelect where it does not apply (keys wider than 32 bits, rows longer than 4096). It needs
+/// no cluster and no dynamic shared memory (two 2048-bin histograms, about 16.5 KB, are static).
+template <class KeyT>
+TopkPlan plan_topk_short_row(int cols) {
+  TopkPlan s;
+  s.cols = cols;
+  if (sizeof(KeyT) != 4 || cols > kTopkShortMaxCols || cols < 1) return s;
+  s.kernel = TopkKernel::kShortRowSelect;
+  s.threads = kTopkRegThreads;
+  s.ctas_per_row = 1;
+  s.slice = kTopkRegThreads * (cols <= kTopkRegThreads * 8 ? 8 : 16);
+  s.cached = true;
+  return s;
+}
+
 /// The plan cuda::topk launches: a few long rows with 32-bit keys take the register select (one
-/// group exchange instead of the candidate select's rounds), everything else plan_topk_cta_groups.
-/// `rows` is the number of rows the call writes (topk_written_rows).
+/// group exchange instead of the candidate select's rounds), rows of up to 4096 positions with 32-bit
+/// keys the short-row select, everything else plan_topk_cta_groups. `rows` is the number of rows the
+/// call writes (topk_written_rows).
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
   // Only where groups of 8 or 16 fit one wave: in smaller groups it lost to the CTA-group plan (H200,
@@ -257,6 +279,8 @@ TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
     const TopkPlan reg = plan_topk_register<KeyT>(rows, cols, 0, device);
     if (reg.kernel == TopkKernel::kRegisterSelect) return reg;
   }
+  const TopkPlan short_row = plan_topk_short_row<KeyT>(cols);
+  if (short_row.kernel == TopkKernel::kShortRowSelect) return short_row;
   return plan_topk_cta_groups<KeyT>(rows, cols, device);
 }
 

@@ -34,98 +34,17 @@
 
 #include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
+#include "kvsift/ops/detail/topk_register_common.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 
 namespace kvsift {
 namespace detail {
 
-inline constexpr int kTopkRegWarps = kTopkRegThreads / 32;
-inline constexpr int kTopkRegBins = 2048;                 // 11-bit digits: the bracket and the finish
-inline constexpr int kTopkRegBinsPerThread = kTopkRegBins / kTopkRegThreads;  // 8, read as two int4
-inline constexpr int kTopkRegExactBits = 8;               // the exact search's digits: one bin a thread
-inline constexpr int kTopkRegRunKeys = 8;                 // the sample: runs of 8 keys (one 32-byte sector)
-inline constexpr int kTopkRegHistStride = kTopkRegBins + 4;  // + a bin that takes masked-off atomics
-static_assert(kTopkRegBinsPerThread == 8 && (1 << kTopkRegExactBits) == kTopkRegThreads,
-              "the scans below give each thread 8 bins of 2048, or one of 256");
+inline constexpr int kTopkRegExactBits = 8;  // the exact search's digits: one bin a thread
+inline constexpr int kTopkRegRunKeys = 8;    // the sample: runs of 8 keys (one 32-byte sector)
+static_assert((1 << kTopkRegExactBits) == kTopkRegThreads, "the exact search gives each thread one bin of 256");
 static_assert(kTopkRegSamples == kTopkRegThreads * kTopkRegRunKeys, "one sample run per thread");
-
-// Where a 1-based descending rank falls in a histogram: its bin and the count in the bins above it.
-struct TopkRankHit {
-  int bin;
-  int above;
-};
-
-// Inclusive sum over the warp's lanes, in lane order.
-__device__ __forceinline__ int topk_reg_warp_scan(int v) {
-  const int lane = int(threadIdx.x) % 32;
-#pragma unroll
-  for (int d = 1; d < 32; d *= 2) {
-    const int u = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += u;
-  }
-  return v;
-}
-
-// Exclusive sum over the block in thread order, and the block's total (warp shuffles, one barrier;
-// `scratch` holds kTopkRegWarps ints, 16-byte aligned, and is free again after the next barrier).
-__device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
-  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
-  const int incl = topk_reg_warp_scan(v);
-  if (lane == 31) scratch[warp] = incl;
-  __syncthreads();
-  const int4 w0 = reinterpret_cast<const int4*>(scratch)[0], w1 = reinterpret_cast<const int4*>(scratch)[1];
-  const int w[kTopkRegWarps] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-  int before = incl - v, all = 0;
-#pragma unroll
-  for (int i = 0; i < kTopkRegWarps; ++i) {
-    before += i < warp ? w[i] : 0;
-    all += w[i];
-  }
-  *total = all;
-  return before;
-}
-
-// Finds, in descending bin order, the bin of rank ra (1-based) in histogram ha and of rank rb in hb
-// (2048 bins each; hb null: ha again), both counts packed in one int (every total stays below 2^16).
-// `ranks(total_a)` gives (ra, rb) once the first histogram's total is known; a rank outside [1, total]
-// leaves its hit as it was. Thread t scans bins [2040 - 8t, 2048 - 8t). Ends with a barrier.
-template <class Ranks>
-__device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Ranks&& ranks, int* scratch,
-                                              TopkRankHit* hits) {
-  const int base = kTopkRegBins - kTopkRegBinsPerThread * (int(threadIdx.x) + 1);
-  int c[kTopkRegBinsPerThread], sum = 0;
-  {
-    const int4 a0 = reinterpret_cast<const int4*>(ha + base)[0], a1 = reinterpret_cast<const int4*>(ha + base)[1];
-    const int4 b0 = hb ? reinterpret_cast<const int4*>(hb + base)[0] : a0;
-    const int4 b1 = hb ? reinterpret_cast<const int4*>(hb + base)[1] : a1;
-    // Descending: index j is bin base + 7 - j.
-    c[0] = a1.w | b1.w << 16, c[1] = a1.z | b1.z << 16, c[2] = a1.y | b1.y << 16, c[3] = a1.x | b1.x << 16;
-    c[4] = a0.w | b0.w << 16, c[5] = a0.z | b0.z << 16, c[6] = a0.y | b0.y << 16, c[7] = a0.x | b0.x << 16;
-  }
-#pragma unroll
-  for (int j = 0; j < kTopkRegBinsPerThread; ++j) sum += c[j];
-  int total = 0;
-  int p = topk_reg_scan(sum, scratch, &total);
-  const int2 r = ranks(total & 0xffff);
-#pragma unroll
-  for (int j = 0; j < kTopkRegBinsPerThread; ++j) {
-    const int pa = p & 0xffff, pb = p >> 16, ca = c[j] & 0xffff, cb = c[j] >> 16;
-    if (pa < r.x && pa + ca >= r.x) hits[0] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pa};
-    if (pb < r.y && pb + cb >= r.y) hits[1] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pb};
-    p += c[j];
-  }
-  __syncthreads();
-}
-
-// Exclusive prefix over the warp's lanes of a count c in [0, 2^kBits) (kBits ballots, no shuffles).
-template <int kBits>
-__device__ __forceinline__ int topk_reg_lane_prefix(int c, unsigned lanes_below) {
-  int p = 0;
-#pragma unroll
-  for (int b = 0; b < kBits; ++b) p += __popc(__ballot_sync(0xffffffffu, (c >> b) & 1) & lanes_below) << b;
-  return p;
-}
 
 // The shared::cluster address of `local` (this CTA's shared memory) in the CTA of rank `rank`.
 __device__ __forceinline__ std::uint32_t topk_reg_peer_address(const void* local, int rank) {
@@ -169,7 +88,6 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   constexpr int kVectors = kKeys / kPerVector;
   constexpr int kWarpRun = kKeys * 32;  // contiguous positions a warp owns
   constexpr int kRunVectors = kTopkRegRunKeys / kPerVector;  // 16-byte vectors in one sample run
-  constexpr int kCountBits = kPerVector == 8 ? 4 : 3;        // bits of a count of one vector's keys
   constexpr int kExactPasses = (Key::kBits + kTopkRegExactBits - 1) / kTopkRegExactBits;
   static_assert(kExactPasses <= 4, "the exact search's four 256-bin buffers");
   static_assert(kTopkRegHasSentinel<T, Key>, "the plan takes the register select only for keys with a sentinel");
@@ -201,7 +119,6 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   const int tid = int(threadIdx.x);
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const unsigned lanes_below = (1u << lane) - 1u;
   const T* row_scores = a.scores.data + row * a.scores.row_stride;
   std::int32_t* row_out = a.out.indices + row * a.out.row_stride;
   T* row_values = a.values ? a.values + row * a.out.row_stride : nullptr;
@@ -211,15 +128,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   const int len_raw = a.params.lengths ? a.params.lengths[row] : cols;
   const int k_raw = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
   const int run_lo = rank * a.plan.slice + warp * kWarpRun;  // this warp's positions [run_lo, run_lo + kWarpRun)
-  auto load_vector = [&](int p0) {  // kPerVector scores from p0; zeros past the columns
-    if (a.plan.vector_loads && p0 + kPerVector <= cols) return __ldg(reinterpret_cast<const uint4*>(row_scores + p0));
-    T e[kPerVector];
-#pragma unroll
-    for (int i = 0; i < kPerVector; ++i) e[i] = p0 + i < cols ? row_scores[p0 + i] : T{};
-    uint4 v;
-    memcpy(&v, e, 16);
-    return v;
-  };
+  auto load_vector = [&](int p0) { return topk_reg_load_vector(row_scores, cols, a.plan.vector_loads, p0); };
   uint4 raw[kVectors];
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
@@ -249,25 +158,12 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   // Same decision in every CTA of the group (it depends on the row only), before any group barrier.
   if (plan.budget == 0) return;
   auto in_region = [&](int pos) { return pos >= plan.sink_end && pos < plan.recent_begin; };
-  auto position_of = [&](int i) { return run_lo + ((i / kPerVector) * 32 + lane) * kPerVector + i % kPerVector; };
   if (plan.budget == plan.region()) {  // the whole region: offsets are the positions themselves
-#pragma unroll
-    for (int i = 0; i < kKeys; ++i)
-      if (in_region(position_of(i))) emit(position_of(i), position_of(i));
+    topk_reg_emit_region<kKeys, kPerVector>(plan, run_lo, emit);
     return;
   }
-
-  // The keys, once (a key policy may read memory of its own, such as ClusterAttn's flags), and which
-  // of them lie in the scored region (bit i of `valid`).
   K keys[kKeys];
-  Mask valid = 0;
-#pragma unroll
-  for (int i = 0; i < kKeys; ++i) {
-    const int pos = position_of(i);
-    const bool in = in_region(pos);
-    valid |= Mask(in) << i;
-    keys[i] = in ? a.key(reinterpret_cast<const T*>(&raw[i / kPerVector])[i % kPerVector], row, pos) : K(0);
-  }
+  const Mask valid = topk_reg_keys<kKeys, T>(a.key, row, plan, raw, run_lo, keys);
 
   // ---- the bracket, from the sample (every CTA finds the same one) ----
   // A short scored region (under half the columns: ragged rows) samples the region itself instead, with
@@ -539,52 +435,8 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   }
 
   // ---- ordered output: warp counts, one barrier, then each warp writes its run in order ----
-  const int ties_here = ties - eq_lower;  // equal keys this CTA may still take (<= 0: none)
-  Mask gt_bits = 0, eq_bits = 0;
-#pragma unroll
-  for (int i = 0; i < kKeys; ++i) {
-    gt_bits |= Mask((valid >> i & 1) && keys[i] > kth) << i;
-    eq_bits |= Mask((valid >> i & 1) && keys[i] == kth) << i;
-  }
-  {
-    const int gt = __reduce_add_sync(0xffffffffu, __popc(gt_bits));
-    const int eq = __reduce_add_sync(0xffffffffu, __popc(eq_bits));
-    if (lane == 0) {
-      s_warp_gt[warp] = gt;
-      s_warp_eq[warp] = eq;
-    }
-  }
-  __syncthreads();
-  int gt_before = 0, eq_before = 0;
-#pragma unroll
-  for (int w = 0; w < kTopkRegWarps; ++w) {
-    gt_before += w < warp ? s_warp_gt[w] : 0;
-    eq_before += w < warp ? s_warp_eq[w] : 0;
-  }
-  const int taken_lower = eq_lower < ties ? eq_lower : ties;
-  const int taken_before = eq_before < ties_here ? eq_before : (ties_here > 0 ? ties_here : 0);
-  int eq_run = eq_before;  // equal keys at lower positions in this CTA
-  int out_run = plan.sink_end + gt_lower + taken_lower + gt_before + taken_before;
-  constexpr std::uint32_t kVectorMask = (1u << kPerVector) - 1u;
-#pragma unroll 1
-  for (int j = 0; j < kVectors; ++j) {  // rolled: a short loop body stays in the instruction cache
-    const std::uint32_t gt = std::uint32_t(gt_bits >> (j * kPerVector)) & kVectorMask;
-    const std::uint32_t eq = std::uint32_t(eq_bits >> (j * kPerVector)) & kVectorMask;
-    std::uint32_t sel = gt;
-    if (__any_sync(0xffffffffu, eq != 0)) {  // ties in this vector round: take the lowest positions
-      int q = eq_run + topk_reg_lane_prefix<kCountBits>(__popc(eq), lanes_below);
-#pragma unroll
-      for (int e = 0; e < kPerVector; ++e)
-        if (eq >> e & 1) sel |= std::uint32_t(q++ < ties_here) << e;
-      eq_run += __reduce_add_sync(0xffffffffu, __popc(eq));
-    }
-    int o = out_run + topk_reg_lane_prefix<kCountBits>(__popc(sel), lanes_below);
-    const int p0 = run_lo + (j * 32 + lane) * kPerVector;
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e)
-      if (sel >> e & 1) emit(o++, p0 + e);
-    out_run += __reduce_add_sync(0xffffffffu, __popc(sel));
-  }
+  topk_reg_write_ordered<kKeys, kPerVector>(keys, valid, kth, ties, gt_lower, eq_lower, plan.sink_end, run_lo, s_warp_gt,
+                                            s_warp_eq, emit);
   __cluster_barrier_wait();  // no CTA leaves while a peer may still read its shared memory
 #endif
 }

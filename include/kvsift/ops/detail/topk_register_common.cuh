@@ -1,0 +1,217 @@
+#pragma once
+// What the two register kernels of cuda::topk share (ops/detail/topk_register_select.cuh for a few
+// long rows, ops/detail/topk_short_row_select.cuh for rows of up to 4096 positions): 256-thread CTAs
+// whose keys sit in registers, every warp owning a contiguous run of positions; block scans over
+// 2048-bin histograms that find where a rank falls; and the ordered output, which places the keys
+// above the k-th key and the lowest-positioned keys equal to it with ballot prefix sums.
+
+#include <cstdint>
+#include <cstring>
+
+#include "kvsift/ops/topk.hpp"
+#include "kvsift/ops/topk_plan.hpp"
+
+namespace kvsift {
+namespace detail {
+
+inline constexpr int kTopkRegWarps = kTopkRegThreads / 32;
+inline constexpr int kTopkRegBins = 2048;                 // 11-bit digits
+inline constexpr int kTopkRegBinsPerThread = kTopkRegBins / kTopkRegThreads;  // 8, read as two int4
+inline constexpr int kTopkRegHistStride = kTopkRegBins + 4;  // + a bin that takes masked-off atomics
+static_assert(kTopkRegBinsPerThread == 8 && kTopkRegWarps == 8, "the scans below: 8 bins a thread, 8 warps");
+
+// Where a 1-based descending rank falls in a histogram: its bin and the count in the bins above it.
+struct TopkRankHit {
+  int bin;
+  int above;
+};
+
+// Inclusive sum over the warp's lanes, in lane order.
+__device__ __forceinline__ int topk_reg_warp_scan(int v) {
+  const int lane = int(threadIdx.x) % 32;
+#pragma unroll
+  for (int d = 1; d < 32; d *= 2) {
+    const int u = __shfl_up_sync(0xffffffffu, v, d);
+    if (lane >= d) v += u;
+  }
+  return v;
+}
+
+// Exclusive sum over the block in thread order, and the block's total (warp shuffles, one barrier;
+// `scratch` holds kTopkRegWarps ints, 16-byte aligned, and is free again after the next barrier).
+__device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
+  const int incl = topk_reg_warp_scan(v);
+  if (lane == 31) scratch[warp] = incl;
+  __syncthreads();
+  const int4 w0 = reinterpret_cast<const int4*>(scratch)[0], w1 = reinterpret_cast<const int4*>(scratch)[1];
+  const int w[kTopkRegWarps] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
+  int before = incl - v, all = 0;
+#pragma unroll
+  for (int i = 0; i < kTopkRegWarps; ++i) {
+    before += i < warp ? w[i] : 0;
+    all += w[i];
+  }
+  *total = all;
+  return before;
+}
+
+// Finds, in descending bin order, the bin of rank ra (1-based) in histogram ha and of rank rb in hb
+// (2048 bins each; hb null: ha again), both counts packed in one int (every total stays below 2^16).
+// `ranks(total_a)` gives (ra, rb) once the first histogram's total is known; a rank outside [1, total]
+// leaves its hit as it was. Thread t scans bins [2040 - 8t, 2048 - 8t). Ends with a barrier.
+template <class Ranks>
+__device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Ranks&& ranks, int* scratch,
+                                              TopkRankHit* hits) {
+  const int base = kTopkRegBins - kTopkRegBinsPerThread * (int(threadIdx.x) + 1);
+  int c[kTopkRegBinsPerThread], sum = 0;
+  {
+    const int4 a0 = reinterpret_cast<const int4*>(ha + base)[0], a1 = reinterpret_cast<const int4*>(ha + base)[1];
+    const int4 b0 = hb ? reinterpret_cast<const int4*>(hb + base)[0] : a0;
+    const int4 b1 = hb ? reinterpret_cast<const int4*>(hb + base)[1] : a1;
+    // Descending: index j is bin base + 7 - j.
+    c[0] = a1.w | b1.w << 16, c[1] = a1.z | b1.z << 16, c[2] = a1.y | b1.y << 16, c[3] = a1.x | b1.x << 16;
+    c[4] = a0.w | b0.w << 16, c[5] = a0.z | b0.z << 16, c[6] = a0.y | b0.y << 16, c[7] = a0.x | b0.x << 16;
+  }
+#pragma unroll
+  for (int j = 0; j < kTopkRegBinsPerThread; ++j) sum += c[j];
+  int total = 0;
+  int p = topk_reg_scan(sum, scratch, &total);
+  const int2 r = ranks(total & 0xffff);
+#pragma unroll
+  for (int j = 0; j < kTopkRegBinsPerThread; ++j) {
+    const int pa = p & 0xffff, pb = p >> 16, ca = c[j] & 0xffff, cb = c[j] >> 16;
+    if (pa < r.x && pa + ca >= r.x) hits[0] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pa};
+    if (pb < r.y && pb + cb >= r.y) hits[1] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pb};
+    p += c[j];
+  }
+  __syncthreads();
+}
+
+// Exclusive prefix over the warp's lanes of a count c in [0, 2^kBits) (kBits ballots, no shuffles).
+template <int kBits>
+__device__ __forceinline__ int topk_reg_lane_prefix(int c, unsigned lanes_below) {
+  int p = 0;
+#pragma unroll
+  for (int b = 0; b < kBits; ++b) p += __popc(__ballot_sync(0xffffffffu, (c >> b) & 1) & lanes_below) << b;
+  return p;
+}
+
+// 16 bytes of scores from position p0 (16 / sizeof(T) of them); zeros past the columns. One vector
+// load where every row starts 16-byte aligned and the vector lies inside the columns, else scalars.
+template <class T>
+__device__ __forceinline__ uint4 topk_reg_load_vector(const T* row_scores, int cols, bool vector_loads, int p0) {
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  if (vector_loads && p0 + kPerVector <= cols) return __ldg(reinterpret_cast<const uint4*>(row_scores + p0));
+  T e[kPerVector];
+#pragma unroll
+  for (int i = 0; i < kPerVector; ++i) e[i] = p0 + i < cols ? row_scores[p0 + i] : T{};
+  uint4 v;
+  memcpy(&v, e, 16);
+  return v;
+}
+
+// The position of this lane's key i in the warp run that starts at run_lo: vector j of the run is
+// 32 lanes' 16-byte vectors side by side, so every load of a warp reads 512 contiguous bytes.
+template <int kPerVector>
+__device__ __forceinline__ int topk_reg_position(int run_lo, int i) {
+  return run_lo + ((i / kPerVector) * 32 + int(threadIdx.x) % 32) * kPerVector + i % kPerVector;
+}
+
+// This lane's kKeys keys from its loaded vectors, computed once (a key policy may read memory of its
+// own, such as ClusterAttn's flags); bit i of the result says key i lies in the scored region
+// [plan.sink_end, plan.recent_begin) (key 0 otherwise).
+template <int kKeys, class T, class Key>
+__device__ __forceinline__ std::uint32_t topk_reg_keys(const Key& key, std::int64_t row, const TopKRowPlan& plan,
+                                                       const uint4* raw, int run_lo,
+                                                       typename Key::key_type (&keys)[kKeys]) {
+  constexpr int kPerVector = 16 / int(sizeof(T));
+  std::uint32_t valid = 0;
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) {
+    const int pos = topk_reg_position<kPerVector>(run_lo, i);
+    const bool in = pos >= plan.sink_end && pos < plan.recent_begin;
+    valid |= std::uint32_t(in) << i;
+    keys[i] = in ? key(reinterpret_cast<const T*>(&raw[i / kPerVector])[i % kPerVector], row, pos)
+                 : typename Key::key_type(0);
+  }
+  return valid;
+}
+
+// A budget that takes the whole scored region: every position of this lane's run inside it, at its
+// own offset (the output is the region in order).
+template <int kKeys, int kPerVector, class Emit>
+__device__ __forceinline__ void topk_reg_emit_region(const TopKRowPlan& plan, int run_lo, Emit&& emit) {
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) {
+    const int pos = topk_reg_position<kPerVector>(run_lo, i);
+    if (pos >= plan.sink_end && pos < plan.recent_begin) emit(pos, pos);
+  }
+}
+
+// Writes this CTA's part of a row's selection in ascending position order. The CTA's keys are kKeys
+// a thread (bit i of `valid`: key i lies in the scored region); warp w owns positions
+// [run_lo, run_lo + 32 kKeys) of the CTA (run_lo is the warp's), key i of a lane sitting at
+// run_lo + ((i / kPerVector) * 32 + lane) * kPerVector + i % kPerVector. `kth` is the row's k-th key,
+// `ties` how many keys equal to it the row takes (the lowest-positioned), `gt_lower` / `eq_lower` the
+// keys above / equal to kth at lower positions in other CTAs of the row, `first` the output offset of
+// the row's first selected key (after the forced sink). emit(offset, position) writes one entry.
+// Holds one block barrier; s_warp_gt / s_warp_eq hold kTopkRegWarps ints each.
+template <int kKeys, int kPerVector, class K, class Mask, class Emit>
+__device__ __forceinline__ void topk_reg_write_ordered(const K (&keys)[kKeys], Mask valid, K kth, int ties,
+                                                       int gt_lower, int eq_lower, int first, int run_lo,
+                                                       int* s_warp_gt, int* s_warp_eq, Emit&& emit) {
+  constexpr int kVectors = kKeys / kPerVector;
+  constexpr int kCountBits = kPerVector == 8 ? 4 : 3;  // bits of a count of one vector's keys
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const unsigned lanes_below = (1u << lane) - 1u;
+  const int ties_here = ties - eq_lower;  // equal keys this CTA may still take (<= 0: none)
+  Mask gt_bits = 0, eq_bits = 0;
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) {
+    gt_bits |= Mask((valid >> i & 1) && keys[i] > kth) << i;
+    eq_bits |= Mask((valid >> i & 1) && keys[i] == kth) << i;
+  }
+  {
+    const int gt = __reduce_add_sync(0xffffffffu, __popc(gt_bits));
+    const int eq = __reduce_add_sync(0xffffffffu, __popc(eq_bits));
+    if (lane == 0) {
+      s_warp_gt[warp] = gt;
+      s_warp_eq[warp] = eq;
+    }
+  }
+  __syncthreads();
+  int gt_before = 0, eq_before = 0;
+#pragma unroll
+  for (int w = 0; w < kTopkRegWarps; ++w) {
+    gt_before += w < warp ? s_warp_gt[w] : 0;
+    eq_before += w < warp ? s_warp_eq[w] : 0;
+  }
+  const int taken_lower = eq_lower < ties ? eq_lower : ties;
+  const int taken_before = eq_before < ties_here ? eq_before : (ties_here > 0 ? ties_here : 0);
+  int eq_run = eq_before;  // equal keys at lower positions in this CTA
+  int out_run = first + gt_lower + taken_lower + gt_before + taken_before;
+  constexpr std::uint32_t kVectorMask = (1u << kPerVector) - 1u;
+#pragma unroll 1
+  for (int j = 0; j < kVectors; ++j) {  // rolled: a short loop body stays in the instruction cache
+    const std::uint32_t gt = std::uint32_t(gt_bits >> (j * kPerVector)) & kVectorMask;
+    const std::uint32_t eq = std::uint32_t(eq_bits >> (j * kPerVector)) & kVectorMask;
+    std::uint32_t sel = gt;
+    if (__any_sync(0xffffffffu, eq != 0)) {  // ties in this vector round: take the lowest positions
+      int q = eq_run + topk_reg_lane_prefix<kCountBits>(__popc(eq), lanes_below);
+#pragma unroll
+      for (int e = 0; e < kPerVector; ++e)
+        if (eq >> e & 1) sel |= std::uint32_t(q++ < ties_here) << e;
+      eq_run += __reduce_add_sync(0xffffffffu, __popc(eq));
+    }
+    int o = out_run + topk_reg_lane_prefix<kCountBits>(__popc(sel), lanes_below);
+    const int p0 = run_lo + (j * 32 + lane) * kPerVector;
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e)
+      if (sel >> e & 1) emit(o++, p0 + e);
+    out_run += __reduce_add_sync(0xffffffffu, __popc(sel));
+  }
+}
+
+}  // namespace detail
+}  // namespace kvsift
