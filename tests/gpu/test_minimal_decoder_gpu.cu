@@ -370,11 +370,15 @@ void apply(md::CudaBackend& gpu, const LaunchConfig& lc) {
 // keeps the blocked one's summation order: equal bits). {5000, 4096}: several tiles per persistent
 // block (the pipeline crossing tiles, the cached inputs reused); {600, 14336}: inputs too large to
 // cache from 6 rows on (the L2 path).
-TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a host bf16 x bf16 product, for 1..8 rows") {
+namespace {
+
+// The decode GEMV (plain and SwiGLU-fused) on weight matrices of the given (rows, cols) against a host
+// bf16 x bf16 product, for 1..kGemvMaxRows input rows and every launch configuration.
+void check_gemv_shapes(const std::vector<std::pair<int, int>>& shapes, unsigned seed) {
   md::CudaBackend gpu;
-  std::mt19937 rng(17);
+  std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
-  for (const auto& shape : std::vector<std::pair<int, int>>{{13, 40}, {64, 4096}, {7, 8}, {1030, 392}, {5000, 4096}, {600, 14336}}) {
+  for (const auto& shape : shapes) {
     const int rows = shape.first, cols = shape.second;
     std::vector<float> w(std::size_t(rows) * cols);
     for (float& x : w) x = round_bf16(normal(rng));
@@ -429,6 +433,17 @@ TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a ho
     }
   }
   apply(gpu, kLaunchConfigs[0]);
+}
+
+}  // namespace
+
+// Split by size so that each case fits one compute-sanitizer racecheck run (docs/testing.md).
+TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a host bf16 x bf16 product, for 1..8 rows (small and odd shapes)") {
+  check_gemv_shapes({{13, 40}, {64, 4096}, {7, 8}, {1030, 392}}, 17);
+}
+
+TEST_CASE("minimal decoder: the decode GEMV (plain and SwiGLU-fused) equals a host bf16 x bf16 product, for 1..8 rows (projection-sized shapes)") {
+  check_gemv_shapes({{5000, 4096}, {600, 14336}}, 18);
 }
 
 // The norm fused into the GEMV's prologue against the norm kernel followed by the GEMV: the residual
@@ -505,55 +520,72 @@ TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kern
   gpu.set_norm_fusion(true);
 }
 
-TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit") {
+namespace {
+
+// Decode steps of `batch` sequences under every policy, replayed from a CUDA graph and on a paged cache,
+// against launched steps, bit for bit. 3 sequences take the scalar GEMV by shape, 5 the tensor-core
+// one, 10 cuBLAS; LycheeDecode's corrections run outside the graph between replays.
+void check_graph_and_paged_steps(int batch) {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);
   md::CudaBackend gpu;
-  // 3 sequences take the scalar GEMV by shape, 5 the tensor-core one, 10 cuBLAS; LycheeDecode's
-  // corrections run outside the graph between replays.
-  for (int batch : {3, 5, 10})
-    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
-      const md::PolicyOptions p = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);
-      INFO("batch ", batch, ", policy ", p.describe());
-      std::vector<int> lengths;
-      for (int b = 0; b < batch; ++b) lengths.push_back(30 + 7 * b);
-      const auto prompts = random_prompts(lengths, c.vocab_size, unsigned(batch));
-      std::vector<std::vector<std::int32_t>> tokens;
-      // The references: each summation family's plain launches, no graph (for the scalar GEMVs the
-      // behaviour before PDL). Every launch configuration, launched and replayed, must give its
-      // family's logits bit for bit.
-      apply(gpu, kLaunchConfigs[kPlainBlocked]);
-      const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
-      apply(gpu, kLaunchConfigs[kPlainMma]);
-      const auto launched_mma = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
-      apply(gpu, kLaunchConfigs[kPlainByShape]);
-      const auto launched_by_shape = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
-      const auto reference_of = [&](const LaunchConfig& lc) {
-        if (lc.gemv == md::CudaBackend::GemvKernel::kByShape) return &launched_by_shape;
-        return lc.gemv == md::CudaBackend::GemvKernel::kTensorCore ? &launched_mma : &launched;
-      };
-      for (const LaunchConfig& lc : kLaunchConfigs)
-        for (bool graph : {false, true}) {
-          INFO(std::string(lc.name), std::string(graph ? ", graph replay" : ", direct launches"));
-          apply(gpu, lc);
-          const auto& reference = *reference_of(lc);
-          const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, graph);
-          REQUIRE(reference.size() == replayed.size());
-          for (std::size_t s = 0; s < reference.size(); ++s) {
-            INFO("step ", s);
-            CHECK(reference[s] == replayed[s]);
-          }
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
+    const md::PolicyOptions p = decoder_test::test_policy(kind, 24, 16, 2, 4, 3);
+    INFO("batch ", batch, ", policy ", p.describe());
+    std::vector<int> lengths;
+    for (int b = 0; b < batch; ++b) lengths.push_back(30 + 7 * b);
+    const auto prompts = random_prompts(lengths, c.vocab_size, unsigned(batch));
+    std::vector<std::vector<std::int32_t>> tokens;
+    // The references: each summation family's plain launches, no graph (for the scalar GEMVs the
+    // behaviour before PDL). Every launch configuration, launched and replayed, must give its
+    // family's logits bit for bit.
+    apply(gpu, kLaunchConfigs[kPlainBlocked]);
+    const auto launched = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+    apply(gpu, kLaunchConfigs[kPlainMma]);
+    const auto launched_mma = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+    apply(gpu, kLaunchConfigs[kPlainByShape]);
+    const auto launched_by_shape = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false);
+    const auto reference_of = [&](const LaunchConfig& lc) {
+      if (lc.gemv == md::CudaBackend::GemvKernel::kByShape) return &launched_by_shape;
+      return lc.gemv == md::CudaBackend::GemvKernel::kTensorCore ? &launched_mma : &launched;
+    };
+    for (const LaunchConfig& lc : kLaunchConfigs)
+      for (bool graph : {false, true}) {
+        INFO(std::string(lc.name), std::string(graph ? ", graph replay" : ", direct launches"));
+        apply(gpu, lc);
+        const auto& reference = *reference_of(lc);
+        const auto replayed = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, graph);
+        REQUIRE(reference.size() == replayed.size());
+        for (std::size_t s = 0; s < reference.size(); ++s) {
+          INFO("step ", s);
+          CHECK(reference[s] == replayed[s]);
         }
-      apply(gpu, kLaunchConfigs[0]);
-      const auto& reference = *reference_of(kLaunchConfigs[0]);
-      // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
-      const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
-      REQUIRE(paged.size() == reference.size());
-      for (std::size_t s = 0; s < reference.size(); ++s) {
-        INFO("step ", s, " (paged)");
-        CHECK(paged[s] == reference[s]);
       }
+    apply(gpu, kLaunchConfigs[0]);
+    const auto& reference = *reference_of(kLaunchConfigs[0]);
+    // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
+    const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
+    REQUIRE(paged.size() == reference.size());
+    for (std::size_t s = 0; s < reference.size(); ++s) {
+      INFO("step ", s, " (paged)");
+      CHECK(paged[s] == reference[s]);
     }
+  }
+}
+
+}  // namespace
+
+// One case per batch, so that each fits one compute-sanitizer racecheck run (docs/testing.md).
+TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit (3 sequences)") {
+  check_graph_and_paged_steps(3);
+}
+
+TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit (5 sequences)") {
+  check_graph_and_paged_steps(5);
+}
+
+TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit (10 sequences)") {
+  check_graph_and_paged_steps(10);
 }
 
 TEST_CASE("minimal decoder: --profile on the GPU times every part of a decode step (graph replay and direct launches)") {
