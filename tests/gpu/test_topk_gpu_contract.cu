@@ -74,7 +74,7 @@ TEST_CASE("topk gpu: the filtered launch maps its CTAs onto the written rows, on
   for (const Filter& f : filters) {
     for (int path = 0; path < 5; ++path) {
       // 0: the device's plan for 20K rows (CTA groups, or one CTA a row once they fill the GPU),
-      // 1: short rows, 2: the radix select (no clusters, an sm_86's shared memory), 3: the stream
+      // 1: short rows (the short-row select), 2: the radix select (no clusters, an sm_86's shared memory), 3: the stream
       // select forced, 4: the radix select in CTA groups (rows too long to cache; few rows only).
       if (path == 4 && f.rows > 16) continue;
       Case c = shape(f.rows, path == 1 ? 2048 : path == 4 ? 600000 : 20000, 256, 200);

@@ -87,7 +87,8 @@ TEST_CASE("topk gpu paths: short-row select, one 256-thread CTA per row of up to
     require_path<float>(c, kShort, 1, 256);
     check_all_fills<float>(rng, c);
   }
-  // Unaligned rows (scalar loads), ragged lengths with forced sink and recent ranges, the row filter.
+  // Unaligned rows (scalar loads), ragged lengths with forced sink and recent ranges (the row filter on
+  // this path: test_topk_gpu_contract's short rows).
   Case odd = shape(7, 2047, 300, 200);
   odd.stride_pad = 3;
   require_path<float>(odd, kShort, 1, 256);
