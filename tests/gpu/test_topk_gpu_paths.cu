@@ -99,7 +99,7 @@ TEST_CASE("topk gpu paths: short-row select, one 256-thread CTA per row of up to
   for (int r = 0; r < forced.rows; ++r) forced.lengths.push_back(kvsift_test::uniform_int(rng, 0, forced.cols));
   require_path<float>(forced, kShort, 1, 256);
   check_all_fills<float>(rng, forced);
-  // fp16 and bf16 scores (16-bit keys: two rounds), flag-first keys (17 bits in uint32).
+  // fp16 and bf16 scores (16-bit keys: two rounds), flag-first keys (17 bits in uint32, 33 in uint64).
   for (const Case& base : {shape(64, 2048, 64, 64), shape(5, 4096, 1000, 999)}) {
     Case c = base;
     require_path<half_t>(c, kShort, 1, 256);
@@ -109,9 +109,12 @@ TEST_CASE("topk gpu paths: short-row select, one 256-thread CTA per row of up to
     require_path<half_t>(c, kShort, 1, 256);
     check_all_fills<half_t>(rng, c);
     check_all_fills<bfloat16_t>(rng, c);
-    // 33-bit flag-first keys of fp32 scores are 64-bit: the CTA-group plan's candidate select (its
-    // group size depends on the rows: 5 rows of 4096 get groups of 2).
-    REQUIRE(int(plan_of<float>(c).kernel) == int(kCand));
+    // 33-bit flag-first keys of fp32 scores: 64-bit keys in registers, three rounds.
+    require_path<float>(c, kShort, 1, 256);
+    check_all_fills<float>(rng, c);
+    Case edges = edge_rows(rng, 70, c.cols, c.capacity);
+    edges.flagged = true;
+    check_edges<float>(rng, edges);
   }
   check_case<__half>(rng, shape(8, 2048, 64, 64));
   check_case<__nv_bfloat16>(rng, shape(8, 2048, 64, 64));

@@ -429,25 +429,27 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(15, 32768, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 32768, kvsift::DeviceFacts{132, 232448, false, 9, 0}).kernel ==
         TopkKernel::kCandidateSelect);
-  // Rows of up to 4096 positions with 32-bit keys (LycheeDecode's block scores): the short-row select,
-  // one 256-thread CTA a row with 8 keys a thread up to 2048 positions, 16 up to 4096, with or
-  // without clusters; 64-bit keys and longer rows keep the CTA-group plan.
+  // Rows of up to 4096 positions (LycheeDecode's block scores): the short-row select, one 256-thread
+  // CTA a row with 8 keys a thread up to 2048 positions, 16 up to 4096, with or without clusters, for
+  // 32- and 64-bit keys; longer rows keep the CTA-group plan.
   struct Short { std::int64_t rows; int cols; int keys; };
   for (const Short w : {Short{8, 2048, 8}, Short{64, 2048, 8}, Short{256, 2048, 8}, Short{1, 1, 8}, Short{3, 2049, 16},
                         Short{4096, 4096, 16}, Short{1, 100, 8}}) {
     for (const kvsift::DeviceFacts& d : {h200, kvsift::DeviceFacts{132, 232448, false, 9, 0}}) {
-      const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, d);
-      CAPTURE(w.rows);
-      CAPTURE(w.cols);
-      CHECK(p.kernel == TopkKernel::kShortRowSelect);
-      CHECK(p.ctas_per_row == 1);
-      CHECK(p.threads == 256);
-      CHECK(p.slice == 256 * w.keys);
-      CHECK(p.smem_bytes == 0);
+      for (const auto& p : {kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, d),
+                            kvsift::detail::plan_topk<std::uint64_t>(w.rows, w.cols, d)}) {
+        CAPTURE(w.rows);
+        CAPTURE(w.cols);
+        CHECK(p.kernel == TopkKernel::kShortRowSelect);
+        CHECK(p.ctas_per_row == 1);
+        CHECK(p.threads == 256);
+        CHECK(p.slice == 256 * w.keys);
+        CHECK(p.smem_bytes == 0);
+      }
     }
   }
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
-  CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 2048, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk_short_row<std::uint32_t>(0).kernel != TopkKernel::kShortRowSelect);
   // LycheeDecode's retrieval layer at batch 8, 128K, one retrieval head of 8: the call has 64 rows
   // (the stream select's shape) but writes 8, and is planned as 8 rows (CTA groups of 8, the bracket;

@@ -31,8 +31,9 @@ namespace kvsift {
 namespace detail {
 
 /// The plan cuda::topk launches for scores of type T under key policy Key: plan_topk, except that a
-/// 32-bit key policy with no value it never produces (kTopkRegHasSentinel) skips the register select
-/// (short rows still take the short-row select, which needs no sentinel).
+/// key policy with no value it never produces (kTopkRegHasSentinel: 64-bit keys, 32-bit user
+/// policies) skips the register select (short rows still take the short-row select, which needs no
+/// sentinel).
 template <class T, class Key>
 TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
   using K = typename Key::key_type;
@@ -88,18 +89,13 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
     KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
                    "topk plan: a register select for a key policy without a sentinel (topk_plan_for)");
   }
-  if constexpr (sizeof(typename Key::key_type) == 4) {
-    if (plan.kernel == TopkKernel::kShortRowSelect) {
-      const int keys = plan.slice / kTopkRegThreads;
-      KVSIFT_REQUIRE(plan.threads == kTopkRegThreads && plan.ctas_per_row == 1 && (keys == 8 || keys == 16) &&
-                         plan.slice % kTopkRegThreads == 0 && plan.slice >= plan.cols && plan.smem_bytes == 0,
-                     kInternal, "topk plan: a short-row select with slice ", plan.slice, " for ", plan.cols,
-                     " positions");
-      kernel = keys == 8 ? topk_short_row_select_kernel<T, Key, 8> : topk_short_row_select_kernel<T, Key, 16>;
-    }
-  } else {
-    KVSIFT_REQUIRE(plan.kernel != TopkKernel::kShortRowSelect, kInternal,
-                   "topk plan: a short-row select for keys wider than 32 bits");
+  if (plan.kernel == TopkKernel::kShortRowSelect) {
+    const int keys = plan.slice / kTopkRegThreads;
+    KVSIFT_REQUIRE(plan.threads == kTopkRegThreads && plan.ctas_per_row == 1 && (keys == 8 || keys == 16) &&
+                       plan.slice % kTopkRegThreads == 0 && plan.slice >= plan.cols && plan.smem_bytes == 0,
+                   kInternal, "topk plan: a short-row select with slice ", plan.slice, " for ", plan.cols,
+                   " positions");
+    kernel = keys == 8 ? topk_short_row_select_kernel<T, Key, 8> : topk_short_row_select_kernel<T, Key, 16>;
   }
   // Static shared memory (17-34 KB) counts against the 48 KB default too, so the dynamic limit is
   // raised for every launch with dynamic shared memory, not only above 48 KB, and only ever raised

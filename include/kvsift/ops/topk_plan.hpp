@@ -251,13 +251,14 @@ inline constexpr int kTopkShortMaxKeys = 16;
 inline constexpr int kTopkShortMaxCols = kTopkRegThreads * kTopkShortMaxKeys;  ///< 4096 positions
 
 /// The short-row select's plan for rows of `cols` positions, or a plan whose kernel is not
-/// kShortRowSelect where it does not apply (keys wider than 32 bits, rows longer than 4096). It needs
-/// no cluster and no dynamic shared memory (two 2048-bin histograms, about 16.5 KB, are static).
+/// kShortRowSelect where it does not apply (rows longer than 4096). 32- and 64-bit keys (the 33-bit
+/// flag-first and recent-blocks-first keys of fp32 scores) alike. It needs no cluster and no dynamic
+/// shared memory (two 2048-bin histograms, about 16.5 KB, are static).
 template <class KeyT>
 TopkPlan plan_topk_short_row(int cols) {
   TopkPlan s;
   s.cols = cols;
-  if (sizeof(KeyT) != 4 || cols > kTopkShortMaxCols || cols < 1) return s;
+  if ((sizeof(KeyT) != 4 && sizeof(KeyT) != 8) || cols > kTopkShortMaxCols || cols < 1) return s;
   s.kernel = TopkKernel::kShortRowSelect;
   s.threads = kTopkRegThreads;
   s.ctas_per_row = 1;
@@ -267,8 +268,8 @@ TopkPlan plan_topk_short_row(int cols) {
 }
 
 /// The plan cuda::topk launches: a few long rows with 32-bit keys take the register select (one
-/// group exchange instead of the candidate select's rounds), rows of up to 4096 positions with 32-bit
-/// keys the short-row select, everything else plan_topk_cta_groups. `rows` is the number of rows the
+/// group exchange instead of the candidate select's rounds), rows of up to 4096 positions the
+/// short-row select, everything else plan_topk_cta_groups. `rows` is the number of rows the
 /// call writes (topk_written_rows).
 template <class KeyT>
 TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {

@@ -9,9 +9,9 @@
 //
 // 1. Each thread loads its 8 or 16 keys with one or two 16-byte loads per 8 keys; warp w owns a
 //    contiguous run of positions, so the output below needs no sort.
-// 2. An exact radix select over the registers, 11 bits a round from the top (3 rounds for 32-bit keys,
-//    2 for 16- to 22-bit ones): shared-memory histogram, one block scan that finds the bin of the
-//    remaining rank. Two histograms alternate, so zeroing the next is off the critical path.
+// 2. An exact radix select over the registers, 11 bits a round from the top (3 rounds for 23- to
+//    33-bit keys, such as fp32 scores and LycheeDecode's block key, 2 for 16- to 22-bit ones):
+//    shared-memory histogram, one block scan that finds the bin of the remaining rank. Two histograms alternate, so zeroing the next is off the critical path.
 // 3. The ordered output every register kernel shares (topk_reg_write_ordered): keys above the k-th
 //    key, then the lowest-positioned equal ones the budget still takes.
 //
@@ -39,7 +39,8 @@ __global__ void __launch_bounds__(kTopkRegThreads)
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
   using K = typename Key::key_type;
-  static_assert(sizeof(K) == 4, "32-bit keys (the plan sends wider ones elsewhere)");
+  static_assert(sizeof(K) == 4 || sizeof(K) == 8, "32- or 64-bit keys");
+  constexpr int kKeyBits = 8 * int(sizeof(K));
   constexpr int kThreads = kTopkRegThreads;
   constexpr int kPerVector = 16 / int(sizeof(T));
   static_assert(kKeys % kPerVector == 0 && kKeys <= 32, "whole 16-byte vectors, a 32-bit mask");
@@ -101,7 +102,7 @@ __global__ void __launch_bounds__(kTopkRegThreads)
     int* const h = hist[buffer];
 #pragma unroll
     for (int i = 0; i < kKeys; ++i) {
-      const bool match = (valid >> i & 1) && (hi >= 32 ? true : (keys[i] >> hi) == prefix);
+      const bool match = (valid >> i & 1) && (hi >= kKeyBits ? true : (keys[i] >> hi) == prefix);
       if (match) atomicAdd(&h[int((keys[i] >> shift) & digit_mask)], 1);
     }
     // The next round's histogram: its last reader (the previous round's scan) passed a barrier since.
