@@ -315,6 +315,17 @@ TEST_CASE("topk gpu paths: register select, long rows in groups of 16") {
     check_register_shape(rng, s);
 }
 
+TEST_CASE("topk gpu paths: register select, 5-8 long rows in groups of 16 packed two CTAs an SM") {
+  auto rng = kvsift_test::make_rng(513);
+  // Eight rows of 128K (LycheeDecode's retrieval rows at batch 8) and five of 100000 (a short last
+  // slice), on the packed lists: a smaller copy of the group's lists.
+  for (const RegisterShape s : {RegisterShape{8, 131072, 4096, 4096, 16}, RegisterShape{5, 100000, 4096, 3000, 16}}) {
+    const Case c = shape(s.rows, s.cols, s.capacity, s.k);
+    REQUIRE(plan_of<float>(c).bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
+    check_register_shape(rng, s);
+  }
+}
+
 TEST_CASE("topk gpu paths: register select, forced groups, budget ends, unaligned rows") {
   auto rng = kvsift_test::make_rng(511);
   // Forced groups of 2, 4 and 8 on one shape each (the plan's own choice is 16 there).

@@ -421,11 +421,32 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(p.smem_bytes + kvsift::detail::kTopkRegStaticSmem <= h200.max_smem_optin);
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) > 233472);  // one CTA per SM
   }
-  // Not taken: 64-bit keys, rows past 16 x 256 x 32 positions (8 x 256 x 32 from 5 rows on), more
-  // rows than groups of 8 fit one CTA per SM on 7/8 of the SMs, no clusters.
+  // 5-8 rows longer than groups of 8 hold (8 x 256 x 32 positions): groups of 16 packed two CTAs an SM
+  // (smaller lists), where one CTA an SM would need two waves.
+  for (const std::int64_t rows : {5, 8}) {
+    for (const int cols : {65544, 131072}) {
+      const auto p = kvsift::detail::plan_topk<std::uint32_t>(rows, cols, h200);
+      CAPTURE(rows);
+      CAPTURE(cols);
+      CHECK(p.kernel == TopkKernel::kRegisterSelect);
+      CHECK(p.ctas_per_row == 16);
+      CHECK(p.slice == 256 * 32);
+      CHECK(p.list_capacity == kvsift::detail::kTopkRegOwnListKeys);
+      CHECK(p.bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
+      CHECK(p.smem_bytes == std::size_t(p.list_capacity + p.bracket_capacity) * 4);
+      CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) <= 233472);  // two CTAs per SM
+    }
+  }
+  // Forcing groups of 16 on 8 rows of 32K packs them too; 4 rows keep one CTA an SM.
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 16, h200).bracket_capacity ==
+        kvsift::detail::kTopkRegPackedCopyKeys);
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(4, 131072, 16, h200).bracket_capacity ==
+        kvsift::detail::kTopkRegCopyKeys);
+  // Not taken: 64-bit keys, rows past 16 x 256 x 32 positions, more than 8 rows longer than groups of
+  // 8 hold, more rows than groups of 8 fit one CTA per SM on 7/8 of the SMs, no clusters.
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 32768, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131080, h200).kernel == TopkKernel::kCandidateSelect);
-  CHECK(kvsift::detail::plan_topk<std::uint32_t>(5, 131072, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(9, 131072, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(15, 32768, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 32768, kvsift::DeviceFacts{132, 232448, false, 9, 0}).kernel ==
         TopkKernel::kCandidateSelect);
@@ -452,16 +473,16 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk_short_row<std::uint32_t>(0).kernel != TopkKernel::kShortRowSelect);
   // LycheeDecode's retrieval layer at batch 8, 128K, one retrieval head of 8: the call has 64 rows
-  // (the stream select's shape) but writes 8, and is planned as 8 rows (CTA groups of 8, the bracket;
-  // the register select would need 64 keys a thread there).
+  // (the stream select's shape) but writes 8, and is planned as 8 rows (the register select in packed
+  // groups of 16).
   kvsift::TopKParams filtered;
   filtered.num_kv_heads = 8;
   for (int h = 1; h < 8; ++h) filtered.roles.set_sparse(h, true);
   const auto layer = kvsift::detail::plan_topk<std::uint32_t>(kvsift::topk_written_rows(filtered, 64), 131072, h200);
   CHECK(kvsift::topk_written_rows(filtered, 64) == 8);
-  CHECK(layer.kernel == TopkKernel::kCandidateSelect);
-  CHECK(layer.ctas_per_row == 8);
-  CHECK(layer.bracket_capacity > 0);
+  CHECK(layer.kernel == TopkKernel::kRegisterSelect);
+  CHECK(layer.ctas_per_row == 16);
+  CHECK(layer.bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
   // Rows too long for two CTAs per SM get one, with the largest list that fits.
   const auto longest = kvsift::detail::plan_topk_stream<std::uint32_t>(1 << 19, h200);
   CHECK(longest.list_capacity > 0);

@@ -61,6 +61,10 @@ inline constexpr int kTopkRegMinCols = 16384;  ///< shorter rows stay on the can
 /// histograms also keeps one CTA per SM, so a group of 16 spreads over 16 SMs.
 inline constexpr int kTopkRegOwnListKeys = 8192;
 inline constexpr int kTopkRegCopyKeys = 16384;
+/// Groups of 16 packed two CTAs an SM (5-8 rows of more than 64K positions, which one CTA an SM would
+/// run in two waves) keep 80 KiB of lists: the copy shrinks, since a 4096 budget lists about 4,200
+/// keys in all, while a CTA's own list still takes a whole slice of recent tokens that rank together.
+inline constexpr int kTopkRegPackedCopyKeys = 12288;
 inline constexpr std::size_t kTopkRegStaticSmem = 3 * 2048 * 4 + 512;  ///< its three histograms and scalars (about)
 
 struct TopkPlan {
@@ -159,12 +163,21 @@ TopkPlan plan_topk_group(int cols, int c, bool bracket, const DeviceFacts& devic
   return s;
 }
 
+/// Whether `rows` groups of `c` CTAs at one CTA per SM exceed the CTAs the device runs at once: a group
+/// of 16 needs 16 free SMs of one GPC, and 8 of them did not run at once on an H200 (two waves: 8 rows
+/// of 32K 22.8 us against 14.4 in groups of 8); ncu counts 15 co-resident groups of 8 (7/8 of its SMs).
+inline bool topk_register_groups_exceed_sms(std::int64_t rows, int c, const DeviceFacts& device) {
+  return rows * c > (c == kTopkRegMaxGroup ? device.num_sms / 2 : device.num_sms * 7 / 8);
+}
+
 /// The register select's plan for `rows` rows of `cols` positions with a CTA group of `c` CTAs (0: the
-/// plan's choice, groups of 16 up to half the SMs' worth of CTAs and smaller ones up to 7/8 of the
-/// SMs, one CTA per SM), or a plan whose kernel is
-/// not kRegisterSelect where it does not apply: keys wider than 32 bits, no clusters, rows longer than
-/// the group's c x 256 x 32 keys, or shared memory too small. The slice is 256 x 8, 16 or 32 keys,
-/// the smallest that covers the row; the group shrinks while half of it still covers the row.
+/// plan's choice: groups of 16 up to half the SMs' worth of CTAs and smaller ones up to 7/8 of the
+/// SMs, one CTA per SM; rows longer than the smaller group holds, up to one SM's worth of CTAs, in
+/// groups of 16 packed two CTAs an SM), or a plan whose kernel is not kRegisterSelect where it does
+/// not apply: keys wider than 32 bits, no clusters, rows longer than the group's c x 256 x 32 keys, or
+/// shared memory too small. The slice is 256 x 8, 16 or 32 keys, the smallest that covers the row;
+/// the group shrinks while half of it still covers the row. A grid that one CTA per SM would run in
+/// two waves gets the packed lists (kTopkRegPackedCopyKeys), which let two CTAs share an SM.
 template <class KeyT>
 TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFacts& device) {
   TopkPlan s;
@@ -174,12 +187,14 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
   if (sizeof(KeyT) != 4 || !device.clusters || lists + kTopkRegStaticSmem > device.max_smem_optin || rows < 1)
     return s;
   if (c == 0) {
-    // A group of 16 needs 16 free SMs of one GPC: 8 of them did not run at once on an H200 (two waves:
-    // 8 rows of 32K 22.8 us against 14.4 in groups of 8), and ncu counts 15 co-resident groups of 8
-    // (7/8 of its SMs); larger grids would run in two waves.
     c = kTopkRegMaxGroup;
-    while (c > 2 && rows * c > (c == kTopkRegMaxGroup ? device.num_sms / 2 : device.num_sms * 7 / 8)) c /= 2;
+    while (c > 2 && topk_register_groups_exceed_sms(rows, c, device)) c /= 2;
     if (rows * c > device.num_sms * 7 / 8) return s;
+    // 5-8 rows of 128K: groups of 8 would need 64 keys a thread (tried: no faster than the CTA-group
+    // plan), so the rows take groups of 16 at two CTAs an SM instead of the CTA-group plan.
+    if (c < kTopkRegMaxGroup && std::int64_t(c) * kTopkRegThreads * kTopkRegMaxKeys < cols &&
+        rows * kTopkRegMaxGroup <= device.num_sms)
+      c = kTopkRegMaxGroup;
   }
   int keys = 8;
   while (keys < kTopkRegMaxKeys && std::int64_t(c) * kTopkRegThreads * keys < cols) keys *= 2;
@@ -190,8 +205,8 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
   s.slice = kTopkRegThreads * keys;
   s.cached = true;
   s.list_capacity = kTopkRegOwnListKeys;
-  s.bracket_capacity = kTopkRegCopyKeys;
-  s.smem_bytes = lists;
+  s.bracket_capacity = topk_register_groups_exceed_sms(rows, c, device) ? kTopkRegPackedCopyKeys : kTopkRegCopyKeys;
+  s.smem_bytes = std::size_t(s.list_capacity + s.bracket_capacity) * sizeof(KeyT);
   return s;
 }
 
