@@ -14,6 +14,7 @@
 #   SPLIT_TOOLS="racecheck"                         tools that split (default racecheck; "all" for every tool)
 #   CASES=<regex>                                   split binaries: only the test cases whose name matches
 #   FUZZ_CASES=<n>                                  KVSIFT_FUZZ_CASES under the sanitizer (default 300)
+#   CONCURRENCY_ROUNDS=<n> CONCURRENCY_LAUNCHES=<n> test_concurrency_gpu's repetitions (default 2 and 300)
 #   LOG_DIR=<dir>                                   logs (default $OUT or BUILD_DIR/sanitizer-logs)
 #   JOBS=<n>                                        runs at once (default 1). The sanitizers are mostly
 #                                                   host-bound and one test leaves the GPU idle, so several
@@ -33,6 +34,9 @@ CASES=${CASES:-.}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 JOBS=${JOBS:-1}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
+# test_concurrency_gpu's repetitions (8 rounds, 3000 launches a thread unsanitized): a tool checks each
+# kernel's accesses, which fewer repetitions cover as well.
+export KVSIFT_CONCURRENCY_ROUNDS=${CONCURRENCY_ROUNDS:-2} KVSIFT_CONCURRENCY_LAUNCHES=${CONCURRENCY_LAUNCHES:-300}
 mkdir -p "$LOG_DIR"
 rows_dir=$(mktemp -d)
 trap 'rm -rf "$rows_dir"' EXIT

@@ -307,16 +307,26 @@ TEST_CASE("topk gpu paths: register select, 32K rows in groups of 8 (benchmark s
     check_register_shape(rng, s);
 }
 
-TEST_CASE("topk gpu paths: register select, long rows in groups of 16") {
+// Long rows in groups of 16, one case per shape or two (each fits one racecheck run): two and four
+// rows of 128K (32 keys a thread), one row of 64K and two of 100000 (a short last slice).
+TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (two rows of 128K)") {
   auto rng = kvsift_test::make_rng(510);
-  // Two and four rows of 128K (32 keys a thread), one row of 64K and two of 100000 (a short last slice).
-  for (const RegisterShape s : {RegisterShape{2, 131072, 4096, 4096, 16}, RegisterShape{4, 131072, 4096, 4096, 16},
-                                RegisterShape{1, 65536, 2048, 2000, 16}, RegisterShape{2, 100000, 4096, 3000, 16}})
+  check_register_shape(rng, RegisterShape{2, 131072, 4096, 4096, 16});
+}
+
+TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (four rows of 128K)") {
+  auto rng = kvsift_test::make_rng(514);
+  check_register_shape(rng, RegisterShape{4, 131072, 4096, 4096, 16});
+}
+
+TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (64K and 100000 positions)") {
+  auto rng = kvsift_test::make_rng(515);
+  for (const RegisterShape s : {RegisterShape{1, 65536, 2048, 2000, 16}, RegisterShape{2, 100000, 4096, 3000, 16}})
     check_register_shape(rng, s);
 }
 
 TEST_CASE("topk gpu paths: register select, 5-8 long rows in groups of 16 packed two CTAs an SM") {
-  auto rng = kvsift_test::make_rng(513);
+  auto rng = kvsift_test::make_rng(517);
   // Eight rows of 128K (LycheeDecode's retrieval rows at batch 8) and five of 100000 (a short last
   // slice), on the packed lists: a smaller copy of the group's lists.
   for (const RegisterShape s : {RegisterShape{8, 131072, 4096, 4096, 16}, RegisterShape{5, 100000, 4096, 3000, 16}}) {
@@ -359,23 +369,36 @@ TEST_CASE("topk gpu paths: register select, forced groups, budget ends, unaligne
   check_all_fills<float>(rng, tail);
 }
 
-TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag-first)") {
+namespace {
+
+// 16- and 19-bit keys (8 per 16-byte vector) and 17- and 20-bit flag-first keys (still 32-bit) on one
+// register-select shape.
+void check_narrow_register_keys(std::mt19937_64& rng, const RegisterShape& s) {
+  Case c = shape(s.rows, s.cols, s.capacity, s.k);
+  require_path<half_t>(c, kReg, s.group, 256);
+  check_all_fills<half_t>(rng, c);
+  check_all_fills<bfloat16_t>(rng, c);
+  c.flagged = true;
+  require_path<half_t>(c, kReg, s.group, 256);
+  check_all_fills<half_t>(rng, c);
+  check_all_fills<bfloat16_t>(rng, c);
+  c.bracket = false;
+  check_case<half_t>(rng, c);
+}
+
+}  // namespace
+
+// Split by shape so that each fits one racecheck run.
+TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag-first) on 32K rows") {
   auto rng = kvsift_test::make_rng(512);
-  // 16- and 19-bit keys (8 per 16-byte vector) and 17- and 20-bit flag-first keys (still 32-bit).
-  for (const RegisterShape s : {RegisterShape{8, 32768, 1024, 1000, 8}, RegisterShape{4, 131072, 4096, 4096, 16}}) {
-    Case c = shape(s.rows, s.cols, s.capacity, s.k);
-    require_path<half_t>(c, kReg, s.group, 256);
-    check_all_fills<half_t>(rng, c);
-    check_all_fills<bfloat16_t>(rng, c);
-    c.flagged = true;
-    require_path<half_t>(c, kReg, s.group, 256);
-    check_all_fills<half_t>(rng, c);
-    check_all_fills<bfloat16_t>(rng, c);
-    c.bracket = false;
-    check_case<half_t>(rng, c);
-  }
+  check_narrow_register_keys(rng, RegisterShape{8, 32768, 1024, 1000, 8});
   check_case<__half>(rng, shape(8, 50000, 512, 512));
   check_case<__nv_bfloat16>(rng, shape(8, 50000, 512, 512));
+}
+
+TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag-first) on 128K rows") {
+  auto rng = kvsift_test::make_rng(516);
+  check_narrow_register_keys(rng, RegisterShape{4, 131072, 4096, 4096, 16});
 }
 
 TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (many long rows)") {
