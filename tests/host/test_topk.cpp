@@ -437,6 +437,9 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
       CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) <= 233472);  // two CTAs per SM
     }
   }
+  // Not where two such CTAs do not fit one SM's shared memory.
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131072, kvsift::DeviceFacts{132, 200 * 1024, true, 9, 0}).kernel ==
+        TopkKernel::kCandidateSelect);
   // Forcing groups of 16 on 8 rows of 32K packs them too; 4 rows keep one CTA an SM.
   CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 16, h200).bracket_capacity ==
         kvsift::detail::kTopkRegPackedCopyKeys);

@@ -191,9 +191,11 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
     while (c > 2 && topk_register_groups_exceed_sms(rows, c, device)) c /= 2;
     if (rows * c > device.num_sms * 7 / 8) return s;
     // 5-8 rows of 128K: groups of 8 would need 64 keys a thread (tried: no faster than the CTA-group
-    // plan), so the rows take groups of 16 at two CTAs an SM instead of the CTA-group plan.
+    // plan), so the rows take groups of 16 at two CTAs an SM (where two fit one SM's shared memory, the
+    // opt-in maximum plus 1 KiB, each reserving 1 KiB) instead of the CTA-group plan.
+    const std::size_t packed = std::size_t(kTopkRegOwnListKeys + kTopkRegPackedCopyKeys) * sizeof(KeyT);
     if (c < kTopkRegMaxGroup && std::int64_t(c) * kTopkRegThreads * kTopkRegMaxKeys < cols &&
-        rows * kTopkRegMaxGroup <= device.num_sms)
+        rows * kTopkRegMaxGroup <= device.num_sms && 2 * (packed + kTopkRegStaticSmem + 1024) <= device.max_smem_optin + 1024)
       c = kTopkRegMaxGroup;
   }
   int keys = 8;
