@@ -64,6 +64,7 @@ inline constexpr int kTopkRegCopyKeys = 16384;
 /// Groups of 16 packed two CTAs an SM (5-8 rows of more than 64K positions, which one CTA an SM would
 /// run in two waves) keep 80 KiB of lists: the copy shrinks, since a 4096 budget lists about 4,200
 /// keys in all, while a CTA's own list still takes a whole slice of recent tokens that rank together.
+/// Two CTAs also need their registers to fit: 119 a thread at 32 keys with CUDA 13.0 (at most 128).
 inline constexpr int kTopkRegPackedCopyKeys = 12288;
 inline constexpr std::size_t kTopkRegStaticSmem = 3 * 2048 * 4 + 512;  ///< its three histograms and scalars (about)
 
@@ -193,9 +194,10 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
     // 5-8 rows of 128K: groups of 8 would need 64 keys a thread (tried: no faster than the CTA-group
     // plan), so the rows take groups of 16 at two CTAs an SM (where two fit one SM's shared memory, the
     // opt-in maximum plus 1 KiB, each reserving 1 KiB) instead of the CTA-group plan.
-    const std::size_t packed = std::size_t(kTopkRegOwnListKeys + kTopkRegPackedCopyKeys) * sizeof(KeyT);
+    const std::size_t packed_lists = std::size_t(kTopkRegOwnListKeys + kTopkRegPackedCopyKeys) * sizeof(KeyT);
+    const bool two_fit = 2 * (packed_lists + kTopkRegStaticSmem + 1024) <= device.max_smem_optin + 1024;
     if (c < kTopkRegMaxGroup && std::int64_t(c) * kTopkRegThreads * kTopkRegMaxKeys < cols &&
-        rows * kTopkRegMaxGroup <= device.num_sms && 2 * (packed + kTopkRegStaticSmem + 1024) <= device.max_smem_optin + 1024)
+        rows * kTopkRegMaxGroup <= device.num_sms && two_fit)
       c = kTopkRegMaxGroup;
   }
   int keys = 8;
@@ -207,7 +209,8 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
   s.slice = kTopkRegThreads * keys;
   s.cached = true;
   s.list_capacity = kTopkRegOwnListKeys;
-  s.bracket_capacity = topk_register_groups_exceed_sms(rows, c, device) ? kTopkRegPackedCopyKeys : kTopkRegCopyKeys;
+  const bool packed = topk_register_groups_exceed_sms(rows, c, device);
+  s.bracket_capacity = packed ? kTopkRegPackedCopyKeys : kTopkRegCopyKeys;
   s.smem_bytes = std::size_t(s.list_capacity + s.bracket_capacity) * sizeof(KeyT);
   return s;
 }

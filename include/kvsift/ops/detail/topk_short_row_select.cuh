@@ -11,7 +11,8 @@
 //    contiguous run of positions, so the output below needs no sort.
 // 2. An exact radix select over the registers, 11 bits a round from the top (3 rounds for 23- to
 //    33-bit keys, such as fp32 scores and LycheeDecode's block key, 2 for 16- to 22-bit ones):
-//    shared-memory histogram, one block scan that finds the bin of the remaining rank. Two histograms alternate, so zeroing the next is off the critical path.
+//    shared-memory histogram, one block scan that finds the bin of the remaining rank. Two histograms
+//    alternate, so zeroing the next is off the critical path.
 // 3. The ordered output every register kernel shares (topk_reg_write_ordered): keys above the k-th
 //    key, then the lowest-positioned equal ones the budget still takes.
 //
