@@ -472,6 +472,10 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
       }
     }
   }
+  // Key policies without a sentinel (register_select false) keep the short-row select and skip only
+  // the register select.
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 32768, h200, false).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 2048, h200, false).kernel == TopkKernel::kShortRowSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk_short_row<std::uint32_t>(0).kernel != TopkKernel::kShortRowSelect);

@@ -36,13 +36,7 @@ namespace detail {
 /// sentinel).
 template <class T, class Key>
 TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
-  using K = typename Key::key_type;
-  if constexpr (!kTopkRegHasSentinel<T, Key>) {
-    const TopkPlan short_row = plan_topk_short_row<K>(cols);
-    return short_row.kernel == TopkKernel::kShortRowSelect ? short_row : plan_topk_cta_groups<K>(rows, cols, device);
-  } else {
-    return plan_topk<K>(rows, cols, device);
-  }
+  return plan_topk<typename Key::key_type>(rows, cols, device, kTopkRegHasSentinel<T, Key>);
 }
 
 /// Launches the plan's kernel for an already validated call (cuda::topk's second half). Tests and

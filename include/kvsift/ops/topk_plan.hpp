@@ -290,13 +290,14 @@ TopkPlan plan_topk_short_row(int cols) {
 /// The plan cuda::topk launches: a few long rows with 32-bit keys take the register select (one
 /// group exchange instead of the candidate select's rounds), rows of up to 4096 positions the
 /// short-row select, everything else plan_topk_cta_groups. `rows` is the number of rows the
-/// call writes (topk_written_rows).
+/// call writes (topk_written_rows). `register_select` false skips the register select (key policies
+/// without a sentinel value: topk_plan_for).
 template <class KeyT>
-TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device) {
+TopkPlan plan_topk(std::int64_t rows, int cols, const DeviceFacts& device, bool register_select = true) {
   // Only where groups of 8 or 16 fit one wave: in smaller groups it lost to the CTA-group plan (H200,
   // k 4096: 32 x 32K in groups of 4 32.7 us against 24.6; 16 x 32K in groups of 8, two waves, 25.8
   // against 19.4).
-  if (cols >= kTopkRegMinCols && rows * 8 <= device.num_sms * 7 / 8) {
+  if (register_select && cols >= kTopkRegMinCols && rows * 8 <= device.num_sms * 7 / 8) {
     const TopkPlan reg = plan_topk_register<KeyT>(rows, cols, 0, device);
     if (reg.kernel == TopkKernel::kRegisterSelect) return reg;
   }
