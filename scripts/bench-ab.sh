@@ -53,18 +53,22 @@ out, rounds = sys.argv[1], int(sys.argv[2])
 runs = {s: [json.load(open(f"{out}/{s}-{r}.json"))["benchmarks"] for r in range(1, rounds + 1)] for s in "AB"}
 def value(b):  # the harness's us_median counter, else Google Benchmark's own real time in us
     return b.get("us_median", b["real_time"] * {"ns": 1e-3, "us": 1, "ms": 1e3, "s": 1e6}[b.get("time_unit", "ns")])
-names = [b["name"] for b in runs["A"][0] if b.get("run_type", "iteration") == "iteration"]
+def rows(side):  # the iteration rows' names of a side's first run, in order
+    return [b["name"] for b in runs[side][0] if b.get("run_type", "iteration") == "iteration"]
+names = rows("A") + [n for n in rows("B") if n not in rows("A")]  # a benchmark only one tree has: its own line
 width = max([len(n) for n in names] + [9])
 print(f"{'benchmark':<{width}}  " + "  ".join(f"A{r}".rjust(9) for r in range(1, rounds + 1)) + "  " +
       "  ".join(f"B{r}".rjust(9) for r in range(1, rounds + 1)) + "      B/A")
+def values(side, n):  # the row's value per run, or None where the side has no such row
+    found = [[value(b) for b in run if b["name"] == n] for run in runs[side]]
+    return None if not all(found) else [f[0] for f in found]
+blank = "  ".join(" " * 9 for _ in range(rounds))
 for n in names:
-    a = [value(next(b for b in run if b["name"] == n)) for run in runs["A"]]
-    try:
-        b = [value(next(x for x in run if x["name"] == n)) for run in runs["B"]]
-    except StopIteration:
-        print(f"{n:<{width}}  (not in B)")
-        continue
-    ratio = statistics.median(b) / statistics.median(a) if statistics.median(a) > 0 else float("nan")
-    print(f"{n:<{width}}  " + "  ".join(f"{x:9.2f}" for x in a) + "  " + "  ".join(f"{x:9.2f}" for x in b) +
-          f"  {ratio:7.3f}")
+    a, b = values("A", n), values("B", n)
+    cells = lambda v: "  ".join(f"{x:9.2f}" for x in v) if v else blank
+    if a and b and statistics.median(a) > 0:
+        ratio = f"{statistics.median(b) / statistics.median(a):7.3f}"
+    else:
+        ratio = "(only " + ("A" if a else "B") + ")"
+    print(f"{n:<{width}}  {cells(a)}  {cells(b)}  {ratio}")
 PY

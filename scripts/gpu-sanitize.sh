@@ -14,7 +14,9 @@
 #   SPLIT_TOOLS="racecheck"                         tools that split (default racecheck; "all" for every tool)
 #   CASES=<regex>                                   split binaries: only the test cases whose name matches
 #   FUZZ_CASES=<n>                                  KVSIFT_FUZZ_CASES under the sanitizer (default 300)
-#   CONCURRENCY_ROUNDS=<n> CONCURRENCY_LAUNCHES=<n> test_concurrency_gpu's repetitions (default 2 and 300)
+#   CONCURRENCY_ROUNDS=<n> CONCURRENCY_LAUNCHES=<n> test_concurrency_gpu's repetitions (default 2 and 60)
+#   FULL=1                                          the tests' repeats of one path too (KVSIFT_UNDER_TOOL
+#                                                   unset: tests/support/tool_scale.hpp)
 #   LOG_DIR=<dir>                                   logs (default $OUT or BUILD_DIR/sanitizer-logs)
 #   JOBS=<n>                                        runs at once (default 1). The sanitizers are mostly
 #                                                   host-bound and one test leaves the GPU idle, so several
@@ -34,9 +36,11 @@ CASES=${CASES:-.}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 JOBS=${JOBS:-1}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
-# test_concurrency_gpu's repetitions (8 rounds, 3000 launches a thread unsanitized): a tool checks each
-# kernel's accesses, which fewer repetitions cover as well.
-export KVSIFT_CONCURRENCY_ROUNDS=${CONCURRENCY_ROUNDS:-2} KVSIFT_CONCURRENCY_LAUNCHES=${CONCURRENCY_LAUNCHES:-300}
+# A tool checks each kernel's own accesses, which one run of a path covers as well as many: the GPU
+# tests drop their repeats of one path (tests/support/tool_scale.hpp; FULL=1 runs them whole), and
+# test_concurrency_gpu runs fewer rounds and launches (8 and 3000 a thread unsanitized).
+[ "${FULL:-0}" = 1 ] || export KVSIFT_UNDER_TOOL=1
+export KVSIFT_CONCURRENCY_ROUNDS=${CONCURRENCY_ROUNDS:-2} KVSIFT_CONCURRENCY_LAUNCHES=${CONCURRENCY_LAUNCHES:-60}
 mkdir -p "$LOG_DIR"
 rows_dir=$(mktemp -d)
 trap 'rm -rf "$rows_dir"' EXIT

@@ -22,6 +22,7 @@
 #include "kvsift/policy/lycheedecode.cuh"
 #include "support/device_buffer.cuh"
 #include "support/random.hpp"
+#include "support/tool_scale.hpp"
 
 namespace {
 
@@ -31,13 +32,10 @@ using kvsift_test::DeviceBuffer;
 constexpr int kThreads = 4, kStreamsPerThread = 4;
 
 // Rounds of the decode-step case (8) and launches per thread of the topk case (3000), from the
-// environment where set: scripts/gpu-sanitize.sh runs fewer under a tool, whose checks see each
-// kernel's own accesses, not the interleaving the repetitions are there to provoke.
-int count_from_env(const char* name, int fallback) {
-  const char* s = std::getenv(name);
-  const long v = s ? std::strtol(s, nullptr, 10) : 0;
-  return v >= 1 ? int(v) : fallback;
-}
+// environment where set (kvsift_test::count_from_env): scripts/gpu-sanitize.sh runs fewer under a
+// tool, whose checks see each kernel's own accesses, not the interleaving the repetitions are there to
+// provoke.
+using kvsift_test::count_from_env;
 
 std::atomic<int>& first_error_code() {
   static std::atomic<int> c{0};

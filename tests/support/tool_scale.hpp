@@ -1,0 +1,35 @@
+#pragma once
+// Repetition counts a compute-sanitizer run lowers. A tool checks each kernel's own accesses (bounds,
+// initialization, barriers, shared-memory hazards), which depend on the code path a launch takes, not
+// on how many times or on which values of the same path it runs; under racecheck every launch is
+// 100-1000x slower, so the GPU tests' repetitions (fills of one path, identical runs, launch
+// configurations, launches a thread) would not fit a run. scripts/gpu-sanitize.sh sets
+// KVSIFT_UNDER_TOOL=1; a test then keeps every shape and path and drops the repeats that take the same
+// path (each test says which). Unset, every test runs whole.
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace kvsift_test {
+
+inline bool under_tool() {
+  static const bool on = [] {
+    const char* s = std::getenv("KVSIFT_UNDER_TOOL");
+    const bool set = s != nullptr && *s != '\0' && *s != '0';
+    if (set) std::printf("kvsift tests: KVSIFT_UNDER_TOOL set: repeats of one path reduced (tests/support/tool_scale.hpp)\n");
+    return set;
+  }();
+  return on;
+}
+
+// `full` unsanitized, `reduced` under a tool.
+inline int repetitions(int full, int reduced) { return under_tool() ? reduced : full; }
+
+// A positive count from the environment variable `name`, else `fallback`.
+inline int count_from_env(const char* name, int fallback) {
+  const char* s = std::getenv(name);
+  const long v = s ? std::strtol(s, nullptr, 10) : 0;
+  return v >= 1 ? int(v) : fallback;
+}
+
+}  // namespace kvsift_test
