@@ -24,7 +24,7 @@
 //    row has at most 262144 positions).
 // 4. Ordered output from the bitmaps: each thread owns a run of bitmap words; one scan ranks the ties
 //    (the lowest positions are taken first), a second gives each thread its output offset, and each
-//    thread writes its selected positions in ascending order.
+//    warp writes its threads' selected positions in ascending order, lane i to consecutive slot i.
 //
 // Fallbacks, slower but never wrong: if fewer than budget keys pass the threshold (the sample
 // misled), the row is streamed again for the exact histogram of its top digit; if more pass than the
@@ -168,6 +168,21 @@ __device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, 
       atomicAdd(&hist[int(key_bits >> shift0)], 1);
     }
   }
+}
+
+// The position of the j-th lowest set bit of `word` (j from 0; j < popc(word)).
+__device__ __forceinline__ int topk_nth_set_bit(std::uint32_t word, int j) {
+  int position = 0;
+#pragma unroll
+  for (int width = 16; width > 0; width /= 2) {
+    const int low = __popc(word & ((1u << width) - 1u));
+    if (j >= low) {
+      j -= low;
+      word >>= width;
+      position += width;
+    }
+  }
+  return position;
 }
 
 // The digit of `hist` (descending bin order) that holds the need-th key, how many keys lie in the
@@ -445,13 +460,38 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
     selected[w] = taken;  // only this thread reads word w from here on
     taken_here += __popc(taken);
   }
-  __syncthreads();  // the scan storage is reused
+  __syncthreads();  // the scan storage is reused; every word of `selected` is final
   int offset = 0;
   BlockScan(scan_storage).ExclusiveSum(taken_here, offset);
   offset += plan.sink_end;
-  for (int w = w0; w < w1; ++w)
-    for (std::uint32_t taken = selected[w]; taken != 0u; taken &= taken - 1u)
-      emit(offset++, 32 * w + __ffs(int(taken)) - 1);
+  // A warp's threads own consecutive words and consecutive output slots, so the warp writes them
+  // together: 32 words a round, one a lane, and output slot base + i from lane i (whole 128-byte
+  // lines; a thread writing its own words' positions touched one 32-byte sector per position).
+  const int warp_w0 = __shfl_sync(0xffffffffu, w0, 0), warp_w1 = __shfl_sync(0xffffffffu, w1, kWarpSize - 1);
+  int base = __shfl_sync(0xffffffffu, offset, 0);
+  for (int w = warp_w0; w < warp_w1; w += kWarpSize) {  // warp-uniform trip counts
+    const std::uint32_t word = w + lane < warp_w1 ? selected[w + lane] : 0u;
+    const int n = __popc(word);
+    int inclusive = n;
+#pragma unroll
+    for (int d = 1; d < kWarpSize; d *= 2) {
+      const int t = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += t;
+    }
+    const int total = __shfl_sync(0xffffffffu, inclusive, kWarpSize - 1);
+    for (int first = 0; first < total; first += kWarpSize) {
+      const int t = first + lane;
+      // The lane whose word holds the round's t-th position: the first whose inclusive count exceeds t.
+      int owner = 0;
+#pragma unroll
+      for (int step = kWarpSize / 2; step > 0; step /= 2)
+        if (__shfl_sync(0xffffffffu, inclusive, owner + step - 1) <= t) owner += step;
+      const int before = __shfl_sync(0xffffffffu, inclusive - n, owner);
+      const std::uint32_t owner_word = __shfl_sync(0xffffffffu, word, owner);
+      if (t < total) emit(base + t, 32 * (w + owner) + topk_nth_set_bit(owner_word, t - before));
+    }
+    base += total;
+  }
 }
 
 }  // namespace detail
