@@ -13,7 +13,8 @@
 // heads: their budget), q read, out written, the sparse heads' index rows read and the retrieval
 // heads' rows written. Extra counters: attention_us (the same attention launch alone), handoff_share
 // (1 - attention / step: what selection and handoff cost), selection_us (token modes: the hand-off's
-// top-k alone on the attention's scores), dense_us and speedup_vs_dense.
+// top-k alone on the attention's scores), dense_us and speedup_vs_dense. BM_HybridLayerDependent times
+// the same step with Exec::dependent_launch (every kernel a programmatic dependent of the one before).
 // torch SDPA (cuDNN) dense decode on the same shapes: benchmarks/torch_decode_attention.py.
 #include <benchmark/benchmark.h>
 
@@ -120,7 +121,9 @@ void BM_Dense(benchmark::State& state) {
   });
 }
 
-void BM_HybridLayer(benchmark::State& state) {
+// One layer as described at the top; `dependent` launches every kernel of the step with
+// Exec::dependent_launch (BM_HybridLayerDependent: the step's time alone, no extra counters).
+void hybrid_layer(benchmark::State& state, bool dependent) {
   const int B = int(state.range(0)), S = int(state.range(1)), R = int(state.range(3));
   const Mode mode = Mode(state.range(2));
   const auto config = layer_config(B, S, mode, R);
@@ -149,7 +152,9 @@ void BM_HybridLayer(benchmark::State& state) {
   // Re-running layer 1 of the same step: the host cursor is put back before every launch.
   auto step = [&](cudaStream_t s) {
     lychee.next_layer = 1;
-    const auto r = decoder.decode_layer(kvsift_bench::gpu().on(s), lychee, 1, kv, io, kvsift::Workspace{ws.get(), ws_bytes});
+    kvsift::cuda::Exec exec = kvsift_bench::gpu().on(s);
+    exec.dependent_launch = dependent;
+    const auto r = decoder.decode_layer(exec, lychee, 1, kv, io, kvsift::Workspace{ws.get(), ws_bytes});
     if (!r.ok()) std::fprintf(stderr, "decode_layer: %s\n", r.to_string().c_str());
   };
   const double budget_tokens = is_block_mode(mode) ? 64.0 * blocks_kept(mode, S) : (mode == kToken1024 ? 1024.0 : 4096.0);
@@ -157,6 +162,7 @@ void BM_HybridLayer(benchmark::State& state) {
   const double index_entries = double(B) * kHkv * (is_block_mode(mode) ? budget_tokens / 64.0 : budget_tokens);
   const double floor = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() + index_entries * 4.0;
   kvsift_bench::time_gpu(state, floor, step);
+  if (dependent) return;
 
   // The attention launch alone (same parameters as inside the step), and our dense decode.
   kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
@@ -200,6 +206,9 @@ void BM_HybridLayer(benchmark::State& state) {
     state.counters["speedup_vs_dense"] = dense_us / double(state.counters["us_median"]);
 }
 
+void BM_HybridLayer(benchmark::State& state) { hybrid_layer(state, false); }
+void BM_HybridLayerDependent(benchmark::State& state) { hybrid_layer(state, true); }
+
 // B in {1, 8} x S in {32K, 128K}: dense; token 4096 and block 64x64 with R in {0, 1, 2, 8}; token
 // 1024 with R = 1 (the paper's smaller budget). 40 cases, at most ~4.3 GB of cache each.
 void dense_shapes(benchmark::internal::Benchmark* b) {
@@ -215,12 +224,24 @@ void hybrid_shapes(benchmark::internal::Benchmark* b) {
     }
   b->Args({8, 131072, kBlockTenth, 0});  // all sparse over 10% of the blocks, against cuDNN dense
 }
+// The dependent-launch variant on the layers with a hand-off: token 4096 and block 64 x 64, one
+// retrieval head.
+void dependent_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8})
+    for (int s : {32768, 131072})
+      for (int mode : {kToken4096, kBlock64x64}) b->Args({batch, s, mode, 1});
+}
 
 }  // namespace
 
 BENCHMARK(BM_Dense)->Apply(dense_shapes)->ArgNames({"B", "S"})->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HybridLayer)
     ->Apply(hybrid_shapes)
+    ->ArgNames({"B", "S", "mode", "R"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HybridLayerDependent)
+    ->Apply(dependent_shapes)
     ->ArgNames({"B", "S", "mode", "R"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);

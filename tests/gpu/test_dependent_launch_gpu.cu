@@ -1,8 +1,9 @@
-// Exec::dependent_launch: store_kv and decode_attention launched as programmatic dependents of an
-// engine kernel that lets them be scheduled at once (griddepcontrol.launch_dependents) and writes
-// their inputs only afterwards, after a delay. The ops must wait for it: their results equal the same
-// ops launched plainly, bit for bit. A kernel that read before its wait would see the poisoned inputs
-// (or half-written ones) and differ.
+// Exec::dependent_launch: store_kv, decode_attention, topk (every kernel of its plan) and a LycheeDecode
+// layer (attention, the row plan, top-k) launched as programmatic dependents of an engine kernel that
+// lets them be scheduled at once (griddepcontrol.launch_dependents) and writes their inputs only
+// afterwards, after a delay. The ops must wait for it: their results equal the same ops launched
+// plainly, bit for bit. A kernel that read before its wait would see the poisoned inputs (or
+// half-written ones) and differ.
 
 #include <doctest/doctest.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
+#include "kvsift/policy/lycheedecode.cuh"
 #include "support/device_buffer.cuh"
 
 using kvsift_test::DeviceBuffer;
@@ -134,6 +136,94 @@ void check_decode(std::mt19937& rng, int capacity) {
   CHECK(same_bytes(plain, dependent));
 }
 
+// topk of rows the late kernel writes: indices, then counts.
+std::vector<std::int32_t> select_after_late_writer(bool dependent, const std::vector<float>& scores, int rows, int cols, int k) {
+  cudaStream_t stream = nullptr;
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer<float> src(scores), dscores(scores.size());
+  dscores.poison();
+  DeviceBuffer<std::int32_t> idx(std::size_t(rows) * k), counts{std::size_t(rows)};
+  idx.poison();
+  counts.poison();
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
+  exec.dependent_launch = dependent;
+  kvsift::TopKParams p;
+  p.k = k;
+  launch_late_copy(src.get(), dscores.get(), std::int64_t(scores.size()), stream);
+  REQUIRE(kvsift::cuda::topk(exec, kvsift::make_strided_view<const float>(dscores.get(), rows, cols), p,
+                             kvsift::make_index_set(idx.get(), counts.get(), rows, k))
+              .ok());
+  KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+  std::vector<std::int32_t> out = idx.download(), c = counts.download();
+  out.insert(out.end(), c.begin(), c.end());
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  return out;
+}
+
+// Two LycheeDecode layers (all retrieval, then one retrieval head of four) over a filled cache, the
+// queries of each written by the late kernel: both layers' outputs and the index table.
+template <class T>
+std::vector<std::int32_t> lycheedecode_after_late_writer(bool dependent, const std::vector<T>& k, const std::vector<T>& v,
+                                                         const std::vector<T>& q, int batch, int heads, int group, int d,
+                                                         int capacity, const std::vector<std::int32_t>& len) {
+  cudaStream_t stream = nullptr;
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kvsift::LycheeDecodeConfig c;
+  c.num_layers = 2;
+  c.num_q_heads = heads * group;
+  c.num_kv_heads = heads;
+  c.head_dim = d;
+  std::vector<std::uint8_t> roles(std::size_t(2 * heads), 0);
+  for (int h = 0; h < heads; ++h) roles[std::size_t(h)] = 1;
+  roles[std::size_t(heads)] = 1;
+  REQUIRE(kvsift::make_head_roles(2, heads, roles.data(), &c.roles).ok());
+  c.max_batch = batch;
+  c.max_kv_length = capacity;
+  c.budget = 256;
+  c.sink = 16;
+  c.recent = 32;
+  kvsift::LycheeDecodePolicy policy;
+  REQUIRE(kvsift::LycheeDecodePolicy::create(c, &policy).ok());
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
+  exec.dependent_launch = dependent;
+  DeviceBuffer<unsigned char> state_memory(policy.state_bytes());
+  state_memory.poison();
+  kvsift::LycheeDecodeState state;
+  REQUIRE(policy.make_state(state_memory.get(), policy.state_bytes(), &state).ok());
+  std::size_t bytes = 0;
+  REQUIRE(policy.workspace_bytes<T>(exec, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
+  ws.poison();
+  DeviceBuffer<T> dk(k), dv(v), src_q(q), dq(q.size()), dout(q.size());
+  DeviceBuffer<std::int32_t> dlen(len);
+  const auto kv = kvsift::make_bhsd(dk.get(), dv.get(), batch, heads, capacity, d, dlen.get());
+  const auto io = kvsift::make_query_io<T>(dq.get(), dout.get(), 1, heads * group, d);
+  std::vector<std::int32_t> result;
+  for (int layer = 0; layer < 2; ++layer) {
+    dq.poison();
+    dout.poison();
+    KVSIFT_TEST_CUDA(cudaDeviceSynchronize());  // the poisons (legacy stream) before the non-blocking stream
+    launch_late_copy(src_q.get(), dq.get(), std::int64_t(q.size()), stream);
+    REQUIRE(policy.decode_layer(exec, state, layer, kv, io, kvsift::Workspace{ws.get(), bytes}).ok());
+    KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+    for (const T& x : dout.download()) {
+      std::int32_t bits = 0;
+      std::memcpy(&bits, &x, sizeof(T));
+      result.push_back(bits);
+    }
+  }
+  const std::size_t rows = std::size_t(batch) * heads, cap = std::size_t(state.table.capacity);
+  std::vector<std::int32_t> indices(rows * cap), counts(rows);
+  KVSIFT_TEST_CUDA(cudaMemcpy(indices.data(), state.table.indices, indices.size() * 4, cudaMemcpyDeviceToHost));
+  KVSIFT_TEST_CUDA(cudaMemcpy(counts.data(), state.table.counts, counts.size() * 4, cudaMemcpyDeviceToHost));
+  for (std::size_t r = 0; r < rows; ++r) {
+    result.push_back(counts[r]);
+    for (int i = 0; i < counts[r] && i < int(cap); ++i) result.push_back(indices[r * cap + std::size_t(i)]);
+  }
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  return result;
+}
+
 }  // namespace
 
 TEST_CASE("Exec::dependent_launch: store_kv waits for the kernel before it (the same bytes as a plain launch)") {
@@ -159,4 +249,44 @@ TEST_CASE("Exec::dependent_launch: decode_attention waits for the kernel before 
     check_decode<kvsift::bfloat16_t>(rng, capacity);
     check_decode<float>(rng, capacity);
   }
+}
+
+TEST_CASE("Exec::dependent_launch: topk waits for the kernel before it, on every kernel of its plan") {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  struct Shape { int rows, cols, k; };
+  // The short-row select, the register select (groups of 8; of 16 packed two CTAs an SM), the
+  // candidate select in CTA groups and the stream select (H200 plans).
+  for (const Shape s : {Shape{8, 2048, 64}, Shape{8, 32768, 1024}, Shape{8, 131072, 4096}, Shape{48, 32768, 1024},
+                        Shape{256, 32768, 512}}) {
+    INFO("rows ", s.rows, ", cols ", s.cols);
+    std::vector<float> scores(std::size_t(s.rows) * s.cols);
+    for (float& x : scores) x = normal(rng);
+    const auto plain = select_after_late_writer(false, scores, s.rows, s.cols, s.k);
+    const auto dependent = select_after_late_writer(true, scores, s.rows, s.cols, s.k);
+    // The plain launch selected the written rows: the host reference's indices and counts.
+    std::vector<std::int32_t> idx(std::size_t(s.rows) * s.k), counts(std::size_t(s.rows));
+    kvsift::TopKParams p;
+    p.k = s.k;
+    REQUIRE(kvsift::host::topk(kvsift::host::Exec{}, kvsift::make_strided_view<const float>(scores.data(), s.rows, s.cols), p,
+                               kvsift::make_index_set(idx.data(), counts.data(), s.rows, s.k))
+                .ok());
+    idx.insert(idx.end(), counts.begin(), counts.end());
+    REQUIRE(plain == idx);
+    CHECK(dependent == plain);
+  }
+}
+
+TEST_CASE("Exec::dependent_launch: a LycheeDecode layer (attention, row plan, top-k) waits for the kernel before it") {
+  std::mt19937 rng(8);
+  const int batch = 2, heads = 4, group = 4, d = 128, capacity = 3000;
+  const std::size_t cache = std::size_t(batch) * heads * capacity * d;
+  const auto k = random_rows<kvsift::bfloat16_t>(rng, cache), v = random_rows<kvsift::bfloat16_t>(rng, cache);
+  const auto q = random_rows<kvsift::bfloat16_t>(rng, std::size_t(batch) * heads * group * d);
+  const std::vector<std::int32_t> len{capacity, 1777};
+  const auto plain = lycheedecode_after_late_writer(false, k, v, q, batch, heads, group, d, capacity, len);
+  const auto dependent = lycheedecode_after_late_writer(true, k, v, q, batch, heads, group, d, capacity, len);
+  // The plain launches attended the written queries: finite bf16 outputs of both layers.
+  for (std::size_t i = 0; i < 2 * q.size(); ++i) REQUIRE((plain[i] & 0x7F80) != 0x7F80);
+  CHECK(dependent == plain);
 }

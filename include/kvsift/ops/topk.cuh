@@ -117,17 +117,25 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   config.blockDim = dim3(unsigned(plan.threads));
   config.dynamicSmemBytes = plan.smem_bytes;
   config.stream = exec.stream;
-  cudaLaunchAttribute group_dim;
-  group_dim.id = cudaLaunchAttributeClusterDimension;
-  group_dim.val.clusterDim.x = unsigned(plan.ctas_per_row);
-  group_dim.val.clusterDim.y = 1;
-  group_dim.val.clusterDim.z = 1;
-  config.attrs = &group_dim;
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned num_attrs = 0;
   // One CTA a row without a peer: the stream and short-row selects launch no clusters.
-  config.numAttrs = exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect &&
-                            plan.kernel != TopkKernel::kShortRowSelect
-                        ? 1
-                        : 0;
+  if (exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect && plan.kernel != TopkKernel::kShortRowSelect) {
+    attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[num_attrs].val.clusterDim.x = unsigned(plan.ctas_per_row);
+    attrs[num_attrs].val.clusterDim.y = 1;
+    attrs[num_attrs].val.clusterDim.z = 1;
+    ++num_attrs;
+  }
+  // Exec::dependent_launch: scheduled while the kernel before it drains; every kernel waits for it
+  // (wait_for_primary_grid) before its first read.
+  if (exec.dependent_launch && exec.device.cc_major >= 9) {
+    attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[num_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++num_attrs;
+  }
+  config.attrs = attrs;
+  config.numAttrs = num_attrs;
   KVSIFT_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, launch.scores, launch.params, launch.out, launch.values,
                                      launch.key, launch.plan));
   return Status();
@@ -139,7 +147,8 @@ namespace cuda {
 
 /// Same contract as host::topk; pointers are device pointers. Asynchronous on exec.stream: no
 /// allocation, no synchronization, no read of device data by the host, no driver query. Needs no
-/// workspace today (topk_workspace_bytes reports 0); a workspace passed anyway is ignored.
+/// workspace today (topk_workspace_bytes reports 0); a workspace passed anyway is ignored. With
+/// exec.dependent_launch, a programmatic dependent of the kernel before it (core/dependent_launch.cuh).
 template <class T, class Key = ScoreKey<T>>
 Status topk(const Exec& exec, StridedView2D<const T> scores, const TopKParams& params, IndexSet out,
             T* values = nullptr, Key key = Key{}, Workspace /*workspace*/ = {}) {

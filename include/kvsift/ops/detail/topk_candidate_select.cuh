@@ -30,6 +30,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
@@ -65,6 +66,7 @@ __global__ void __launch_bounds__(Threads, 2048 / Threads / 2)
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   using K = typename Key::key_type;
   constexpr int kWarps = Threads / 32;
   constexpr int kBinsPerThread = kTopkCandBins / Threads;

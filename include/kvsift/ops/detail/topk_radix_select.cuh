@@ -21,6 +21,7 @@
 #include <climits>
 #include <cstdint>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 
@@ -137,6 +138,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};
   using K = typename Key::key_type;
   using BlockScan = cub::BlockScan<int, kTopkThreads>;

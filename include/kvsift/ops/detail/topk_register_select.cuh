@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/detail/topk_register_common.cuh"
@@ -79,6 +80,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   using K = typename Key::key_type;
   static_assert(sizeof(K) == 4, "the register select takes 32-bit keys (the plan sends wider ones elsewhere)");
   constexpr int kThreads = kTopkRegThreads;

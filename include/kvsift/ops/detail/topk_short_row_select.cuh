@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/detail/topk_register_common.cuh"
 #include "kvsift/ops/topk.hpp"
@@ -39,6 +40,7 @@ __global__ void __launch_bounds__(kTopkRegThreads)
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   using K = typename Key::key_type;
   static_assert(sizeof(K) == 4 || sizeof(K) == 8, "32- or 64-bit keys");
   constexpr int kKeyBits = 8 * int(sizeof(K));

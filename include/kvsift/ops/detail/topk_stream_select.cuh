@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
@@ -232,6 +233,7 @@ __global__ void __launch_bounds__(kTopkThreads, 2)
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
                     sizeof(launch_plan) <= 128,
                 "each kernel parameter stays under 128 bytes (see TopkLaunch)");
+  wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   using K = typename Key::key_type;
   using BlockScan = cub::BlockScan<int, kTopkThreads, cub::BLOCK_SCAN_WARP_SCANS>;
   constexpr int kWarpSize = 32;
