@@ -38,6 +38,9 @@ __global__ void late_copy(const T* src, T* dst, std::int64_t n, long long spin_n
 
 template <class T>
 void launch_late_copy(const T* src, T* dst, std::int64_t n, cudaStream_t stream) {
+  // The callers' poisons and uploads (cudaMemset / cudaMemcpy on the legacy stream, which the
+  // non-blocking `stream` does not wait for) are done before the writer starts.
+  KVSIFT_TEST_CUDA(cudaDeviceSynchronize());
   late_copy<T><<<64, 256, 0, stream>>>(src, dst, n, 200000);  // 0.2 ms: far longer than a launch
   KVSIFT_TEST_CUDA(cudaGetLastError());
 }
@@ -202,7 +205,6 @@ std::vector<std::int32_t> lycheedecode_after_late_writer(bool dependent, const s
   for (int layer = 0; layer < 2; ++layer) {
     dq.poison();
     dout.poison();
-    KVSIFT_TEST_CUDA(cudaDeviceSynchronize());  // the poisons (legacy stream) before the non-blocking stream
     launch_late_copy(src_q.get(), dq.get(), std::int64_t(q.size()), stream);
     REQUIRE(policy.decode_layer(exec, state, layer, kv, io, kvsift::Workspace{ws.get(), bytes}).ok());
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
@@ -273,6 +275,16 @@ TEST_CASE("Exec::dependent_launch: topk waits for the kernel before it, on every
                 .ok());
     idx.insert(idx.end(), counts.begin(), counts.end());
     REQUIRE(plain == idx);
+    // Where they differ: the first entry (indices row-major, then the counts) and how many.
+    std::size_t first = dependent.size(), differ = 0;
+    for (std::size_t i = 0; i < dependent.size() && i < plain.size(); ++i)
+      if (dependent[i] != plain[i]) {
+        if (first == dependent.size()) first = i;
+        ++differ;
+      }
+    INFO("entries differing: ", differ, "; the first at ", first, " (row ", first / std::size_t(s.k), ", slot ",
+         first % std::size_t(s.k), "): ", (first < plain.size() ? plain[first] : 0), " plain, ",
+         (first < dependent.size() ? dependent[first] : 0), " dependent");
     CHECK(dependent == plain);
   }
 }
