@@ -122,8 +122,10 @@ void BM_GatherCeiling(benchmark::State& state) {
 // are the K/V bytes of decode-attention rows (benchmarks/decode_attention.cu, 8 KV heads, d 128, bf16):
 // 4 MiB = 1024 tokens, 16 MiB = a 4096-token gather, 128 MiB = 32K tokens, 512 MiB = 128K tokens, at
 // batch 1, and 1 / 4 GiB = 32K / 128K tokens at batch 8; so a row's protocol floor is the streaming read
-// of its bytes under the same protocol.
+// of its bytes under the same protocol. The top-k rows of benchmarks/topk.cu (fp32 scores) add theirs:
+// 64 KiB / 512 KiB / 2 MiB = 8 / 64 / 256 rows of 2048 block scores, 1 / 4 / 32 MiB = 8 / 32 / 256 rows
+// of 32K, 4 / 16 / 128 MiB = 8 / 32 / 256 rows of 128K.
 BENCHMARK(BM_DeviceCopy)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_StreamingRead)->Arg(64)->Arg(1024)->Arg(4096)->UseManualTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_HarnessFloor)->ArgsProduct({{0, 64, 1024, 4096, 16384, 131072, 524288, 1048576, 4194304}, {1, 0}})->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HarnessFloor)->ArgsProduct({{0, 64, 512, 1024, 2048, 4096, 16384, 32768, 131072, 524288, 1048576, 4194304}, {1, 0}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_GatherCeiling)->ArgsProduct({{1, 8}, {256, 128}, {1, 64, 4096}})->UseManualTime()->Unit(benchmark::kMicrosecond);
