@@ -81,7 +81,7 @@ run_one() {  # binary tool label [doctest filter]: prints the run's row
   elif [ $rc -ne 0 ]; then verdict="FAILED rc=$rc"
   elif [ -n "$n" ] && [ "$n" != 0 ]; then verdict="FAILED"
   fi
-  printf '%-32s %-10s %-48s %8s %6ss  %s\n' "$(basename "$bin")" "$tool" "${label:0:48}" "${n:-?}" "$dt" "$verdict"
+  printf '%-32s %-10s %-96s %8s %6ss  %s\n' "$(basename "$bin")" "$tool" "${label:0:96}" "${n:-?}" "$dt" "$verdict"
 }
 
 # Starts run_one in the background once fewer than JOBS runs are going; its row lands in rows_dir under
@@ -94,7 +94,7 @@ launch() {
   { run_one "$@" >"$row"; cat "$row"; } </dev/null &
 }
 
-printf '%-32s %-10s %-48s %8s %7s  %s\n' binary tool "run" "errors" time status
+printf '%-32s %-10s %-96s %8s %7s  %s\n' binary tool "run" "errors" time status
 for bin in $bins; do
   for tool in $TOOLS; do
     split=0
@@ -116,7 +116,7 @@ done
 
 wait
 echo; echo "==== compute-sanitizer summary ($BUILD_DIR; logs in $LOG_DIR)"
-printf '%-32s %-10s %-48s %8s %7s  %s\n' binary tool "run" "errors" time status
+printf '%-32s %-10s %-96s %8s %7s  %s\n' binary tool "run" "errors" time status
 cat "$rows_dir"/*
 # Any row whose status is not "ok" (an error, hazard, crash, time-out or skip) fails the sweep.
 if grep -qvE ' ok$' "$rows_dir"/*; then exit 1; fi
