@@ -24,14 +24,11 @@ constexpr TopkKernel kShort = TopkKernel::kShortRowSelect;
 // The edge rows of one path under the fills that stress it most (under a sanitizer the first two).
 template <class T>
 void check_edges(std::mt19937_64& rng, Case c) {
-  const int fills = kvsift_test::repetitions(4, 2);
-  int n = 0;
-  for (Fill f : {Fill::kRandom, Fill::kConstant, Fill::kFewValues, Fill::kAllNaN}) {
-    if (n++ == fills) break;
+  for_fills({Fill::kRandom, Fill::kConstant, Fill::kFewValues, Fill::kAllNaN}, 2, [&](Fill f) {
     c.fill = f;
     CAPTURE(int(f));
     check_case<T>(rng, c);
-  }
+  });
 }
 
 Case with_facts(Case c, Case::Facts f) {
@@ -42,17 +39,14 @@ Case with_facts(Case c, Case::Facts f) {
 // Each fill twice: with the plan's sampled bracket and with the exact search alone (bracket off).
 // Under a sanitizer the first two fills only (the callers list the ones the sample misreads first).
 void check_with_and_without_bracket(std::mt19937_64& rng, Case c, std::initializer_list<Fill> fills) {
-  const int most = kvsift_test::repetitions(int(fills.size()), 2);
-  int n = 0;
-  for (Fill f : fills) {
-    if (n++ == most) break;
+  for_fills(fills, 2, [&](Fill f) {
     c.fill = f;
     CAPTURE(int(f));
     c.bracket = true;
     check_case<float>(rng, c);
     c.bracket = false;
     check_case<float>(rng, c);
-  }
+  });
 }
 
 // The CTA-group plan alone (no register or short-row select): the candidate select on their shapes.

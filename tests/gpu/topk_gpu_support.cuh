@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -282,20 +283,30 @@ void check_filtered_case(std::mt19937_64& rng, const Case& c) {
   }
 }
 
-// Every fill; under a sanitizer (tests/support/tool_scale.hpp) the four that take distinct paths
-// through a select: distinct keys, ties at the k-th key, keys that share their leading bits (the
-// deepest digit searches) and one value throughout. The others differ from these in their keys only.
+// check(f) for every fill of `fills`, or under a sanitizer (tests/support/tool_scale.hpp) for the first
+// `under_tool` of them: the callers list the fills that take paths of their own first.
+template <class F>
+void for_fills(std::initializer_list<Fill> fills, int under_tool, F&& check) {
+  const int most = kvsift_test::repetitions(int(fills.size()), under_tool);
+  int n = 0;
+  for (Fill f : fills) {
+    if (n++ == most) break;
+    check(f);
+  }
+}
+
+// Every fill; under a sanitizer the four that take distinct paths through a select: distinct keys,
+// ties at the k-th key, keys that share their leading bits (the deepest digit searches) and one value
+// throughout. The others differ from these in their keys only.
 template <class T>
 void check_all_fills(std::mt19937_64& rng, Case c) {
-  const int fills = kvsift_test::repetitions(9, 4);
-  int n = 0;
-  for (Fill f : {Fill::kRandom, Fill::kFewValues, Fill::kLeadingBits, Fill::kConstant, Fill::kInfinities, Fill::kNaNs,
-                 Fill::kAscending, Fill::kAllNaN, Fill::kSignedZeros}) {
-    if (n++ == fills) break;
-    c.fill = f;
-    CAPTURE(int(f));
-    check_case<T>(rng, c);
-  }
+  for_fills({Fill::kRandom, Fill::kFewValues, Fill::kLeadingBits, Fill::kConstant, Fill::kInfinities, Fill::kNaNs,
+             Fill::kAscending, Fill::kAllNaN, Fill::kSignedZeros},
+            4, [&](Fill f) {
+              c.fill = f;
+              CAPTURE(int(f));
+              check_case<T>(rng, c);
+            });
 }
 
 inline Case shape(int rows, int cols, int capacity, int k) {
