@@ -586,6 +586,40 @@ static md::PolicyOptions small_lycheedecode_with_correction() {
   return p;
 }
 
+// A decoder that prefills again starts its correction schedule again: its steps after the second
+// prefill are those of a fresh decoder on the same prompts, corrections included (the step count used
+// to run on from the first prompts, so the first correction came early, and for prompts shorter than
+// the interval its window began before position 0).
+TEST_CASE("minimal decoder: a second prefill restarts LycheeDecode's correction schedule") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 17);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  md::DecoderLimits limits;
+  limits.max_batch = 2;
+  limits.max_prompt_len = 40;
+  limits.max_new_tokens = 12;
+  limits.prefill_chunk = 16;
+  const md::PolicyOptions p = small_lycheedecode_with_correction();  // a correction every 4 steps
+  md::Decoder<md::HostBackend> reused(be, c, weights, p, limits), fresh(be, c, weights, p, limits);
+  reused.prefill(random_prompts({40, 33}, c.vocab_size, 21));
+  std::vector<std::int32_t> next = {3, 4};
+  for (int step = 0; step < 6; ++step) {  // 6 steps: one correction done, the next 2 steps away
+    const std::vector<float> logits = reused.decode(next);
+    next = {md::argmax(logits.data(), c.vocab_size), md::argmax(logits.data() + c.vocab_size, c.vocab_size)};
+  }
+  // Prompts of 1 and 2 tokens: shorter than the interval.
+  const std::vector<std::vector<std::int32_t>> short_prompts = {{7}, {8, 9}};
+  CHECK(reused.prefill(short_prompts) == fresh.prefill(short_prompts));
+  next = {5, 6};
+  for (int step = 0; step < 9; ++step) {  // two corrections (steps 3 and 7) on both
+    CAPTURE(step);
+    const std::vector<float> a = reused.decode(next), b = fresh.decode(next);
+    REQUIRE(a == b);
+    next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+  }
+}
+
 TEST_CASE("minimal decoder: a malformed prompt in the middle of a batch is rejected alone; the others run as without it") {
   const md::ModelConfig c = tiny_config();
   md::HostBackend be;

@@ -162,7 +162,6 @@ class Decoder {
             "--policy lycheedecode");
       lycheedecode_state_mem_ = be_.template alloc<unsigned char>(lycheedecode_.state_bytes());
       check(lycheedecode_.make_state(lycheedecode_state_mem_.data(), lycheedecode_state_mem_.size(), &lycheedecode_state_), "LycheeDecode state");
-      decode_steps_ = 0;
       std::size_t lycheedecode_bytes = 0;
       if (lim_.kv_dtype == KvDtype::kFp8)
         check(lycheedecode_.template workspace_bytes<kvsift::fp8_e4m3_t>(be_.exec(), &lycheedecode_bytes), "LycheeDecode workspace");
@@ -341,6 +340,7 @@ class Decoder {
       if (L > lim_.max_prompt_len) throw DecoderError("prefill_from: a prompt of " + std::to_string(L) + " tokens exceeds the decoder's limit");
     batch_ = B;
     reset_step_graphs();
+    decode_steps_ = 0;
     prompt_len_ = src.prompt_len_;
     history_ = src.history_;
     cache_len_ = prompt_len_;
@@ -623,6 +623,9 @@ class Decoder {
     std::vector<std::int32_t> tokens, positions, seq, slots;
     for (int b = 0; b < B; ++b) {
       const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
+      // The schedule (decode_steps_, restarted by every prefill) puts a correction at least N - 1 steps
+      // after the prompt, so the window never starts before position 0.
+      if (last - N + 1 < 0) throw DecoderError("correction step: the window of " + std::to_string(N) + " positions starts before the prompt");
       for (int pos = last - N + 1; pos <= last; ++pos) {
         tokens.push_back(history_[std::size_t(b)][std::size_t(pos)]);
         positions.push_back(pos);
@@ -856,6 +859,7 @@ class Decoder {
   // compress_prompt per layer) and decode positions continue at the prompt length either way.
   void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
     reset_step_graphs();  // a recorded step is for the previous batch
+    decode_steps_ = 0;    // LycheeDecode's correction schedule counts from the prompt
     cache_len_ = prompt_len_;
     position_ = prompt_len_;
     if (compress) {
