@@ -621,11 +621,13 @@ class Decoder {
   std::vector<float> correction_step() {
     const int B = batch_, N = policy_.lycheedecode.correction_interval;
     std::vector<std::int32_t> tokens, positions, seq, slots;
+    // The schedule (decode_steps_, restarted by every prefill) puts a correction at least N - 1 steps
+    // after the prompt, so the window never starts before position 0; checked before any state moves.
+    for (int b = 0; b < B; ++b)
+      if (position_[std::size_t(b)] - N + 1 < 0)
+        throw DecoderError("correction step: the window of " + std::to_string(N) + " positions starts before the prompt");
     for (int b = 0; b < B; ++b) {
       const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
-      // The schedule (decode_steps_, restarted by every prefill) puts a correction at least N - 1 steps
-      // after the prompt, so the window never starts before position 0.
-      if (last - N + 1 < 0) throw DecoderError("correction step: the window of " + std::to_string(N) + " positions starts before the prompt");
       for (int pos = last - N + 1; pos <= last; ++pos) {
         tokens.push_back(history_[std::size_t(b)][std::size_t(pos)]);
         positions.push_back(pos);
