@@ -73,7 +73,12 @@ namespace {
 // One step's outputs of every layer: [layer][batch * q heads * head_dim].
 using LayerOutputs = std::vector<std::vector<bfloat16_t>>;
 
-void graph_replay(LycheeDecodeSelection selection, Layout layout) {
+// second_stream: every layer as attend_layer on the step's stream and hand_off_layer on a second one
+// (forked by an event after the attention, joined before the next layer), with unrelated work (a
+// memset of a scratch buffer, the engine's next kernels in a real step) queued on the first stream
+// meanwhile, and kvsift's launches as programmatic dependents: the way the minimal decoder overlaps
+// the handoff. The bits must be those of decode_layer on the host.
+void graph_replay(LycheeDecodeSelection selection, Layout layout, bool second_stream = false) {
   using lycheedecode_test::DeviceBuffer;
   Case c;
   c.selection = selection;
@@ -96,15 +101,38 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
     graph_out.push_back(std::make_unique<DeviceBuffer<bfloat16_t>>(n));
     eager_out.push_back(std::make_unique<DeviceBuffer<bfloat16_t>>(n));
   }
-  cudaStream_t stream;
+  cudaStream_t stream, side;
   KVSIFT_TEST_CUDA(cudaStreamCreate(&stream));
-  const auto exec = kvsift::cuda::Exec::for_current_device(stream);
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t attended, handed_off;
+  KVSIFT_TEST_CUDA(cudaEventCreateWithFlags(&attended, cudaEventDisableTiming));
+  KVSIFT_TEST_CUDA(cudaEventCreateWithFlags(&handed_off, cudaEventDisableTiming));
+  DeviceBuffer<unsigned char> busy(std::size_t(32) << 20);
+  auto exec = kvsift::cuda::Exec::for_current_device(stream);
+  // With PDL the next layer's attention has a programmatic edge from the kernel before it and an
+  // event edge from the handoff: the mix a captured engine step holds.
+  exec.dependent_launch = second_stream;
+  const auto side_exec = exec.on(side);
   auto run_step = [&](std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>>& outs, std::vector<kvsift::Status>& st) {
+    const kvsift::Workspace ws{device.workspace->get(), device.workspace->size()};
+    bool joined = true;
     for (int l = 0; l < L; ++l)
       caches.with_device_view(l, dlengths.get(), [&](const auto& kv) {
         const auto io = kvsift::make_query_io(dq[l]->get(), outs[l]->get(), 1, Hq, D);
-        st.push_back(device.decoder.decode_layer(exec, device.state, l, kv, io, kvsift::Workspace{device.workspace->get(), device.workspace->size()}));
+        if (!second_stream) {
+          st.push_back(device.decoder.decode_layer(exec, device.state, l, kv, io, ws));
+          return;
+        }
+        if (!joined) KVSIFT_TEST_CUDA(cudaStreamWaitEvent(stream, handed_off, 0));  // the table, then attention
+        st.push_back(device.decoder.attend_layer(exec, device.state, l, kv, io, ws));
+        KVSIFT_TEST_CUDA(cudaEventRecord(attended, stream));
+        KVSIFT_TEST_CUDA(cudaStreamWaitEvent(side, attended, 0));
+        st.push_back(device.decoder.hand_off_layer(side_exec, device.state, l, kv, ws));
+        KVSIFT_TEST_CUDA(cudaEventRecord(handed_off, side));
+        joined = false;
+        KVSIFT_TEST_CUDA(cudaMemsetAsync(busy.get(), l, busy.size(), stream));
       });
+    if (!joined) KVSIFT_TEST_CUDA(cudaStreamWaitEvent(stream, handed_off, 0));
   };
 
   // Capture one whole step: every layer's attention, selection and handoff.
@@ -157,6 +185,9 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout) {
   }
   cudaGraphExecDestroy(graph_exec);
   cudaGraphDestroy(graph);
+  cudaEventDestroy(attended);
+  cudaEventDestroy(handed_off);
+  cudaStreamDestroy(side);
   cudaStreamDestroy(stream);
 }
 
@@ -168,6 +199,11 @@ TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays w
 
 TEST_CASE("LycheeDecode: a multi-layer step captured in one CUDA graph replays with new lengths (block, paged)") {
   graph_replay(LycheeDecodeSelection::kBlock, Layout::kPagedNHD);
+}
+
+TEST_CASE("LycheeDecode: the handoff on a second stream (attend_layer, hand_off_layer) gives decode_layer's bits, eager and captured") {
+  graph_replay(LycheeDecodeSelection::kToken, Layout::kBSHD, /*second_stream=*/true);
+  graph_replay(LycheeDecodeSelection::kBlock, Layout::kPagedNHD, /*second_stream=*/true);
 }
 
 TEST_CASE("LycheeDecode CUDA path rejects a short workspace and a foreign state without launching") {

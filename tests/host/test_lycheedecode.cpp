@@ -157,6 +157,7 @@ struct PolicyRun {
   LycheeDecodePolicy decoder;
   LycheeDecodeState state;
   std::unique_ptr<kvsift_test::HostBuffer> state_memory, workspace;
+  bool two_calls = false;  // layer() through attend_layer + hand_off_layer instead of decode_layer
 
   explicit PolicyRun(const LycheeDecodeConfig& c) {
     const auto st = LycheeDecodePolicy::create(c, &decoder);
@@ -175,7 +176,14 @@ struct PolicyRun {
     const auto& c = decoder.config();
     out.assign(q.size(), -12345.f);
     const auto io = kvsift::make_query_io(q.data(), out.data(), 1, c.num_q_heads, c.head_dim);
-    return decoder.decode_layer(kvsift::host::Exec{}, state, l, kv, io, kvsift::Workspace{workspace->get(), workspace->bytes()});
+    const kvsift::Workspace ws{workspace->get(), workspace->bytes()};
+    if (!two_calls) return decoder.decode_layer(kvsift::host::Exec{}, state, l, kv, io, ws);
+    KVSIFT_TRY(decoder.attend_layer(kvsift::host::Exec{}, state, l, kv, io, ws));
+    // A handoff is due exactly when the layer has retrieval heads.
+    CHECK(state.handoff_layer == (decoder.retrieval_heads(l) > 0 ? l : -1));
+    KVSIFT_TRY(decoder.hand_off_layer(kvsift::host::Exec{}, state, l, kv, ws));
+    CHECK(state.handoff_layer == -1);
+    return kvsift::Status();
   }
 
   std::vector<int> row(int b, int h) const {
@@ -203,8 +211,9 @@ struct StepLog {
 // Runs `steps` decode steps through the policy and the simulation and compares every output and,
 // after every layer, the whole index table. Lengths grow by one per step for active sequences.
 void run_against_simulation(const Model& m, const LycheeDecodeConfig& c, std::vector<std::int32_t> lengths, int steps,
-                            std::mt19937_64& rng, std::vector<StepLog>* logs = nullptr) {
+                            std::mt19937_64& rng, std::vector<StepLog>* logs = nullptr, bool two_calls = false) {
   PolicyRun run(c);
+  run.two_calls = two_calls;
   Simulation sim(m, c);
   const int hq = m.hkv * m.group;
   for (int step = 0; step < steps; ++step) {
@@ -253,6 +262,83 @@ TEST_CASE("LycheeDecode token mode matches the brute-force simulation over layer
   c.recent = 8;
   // Ragged: long, shorter than sink + recent, an empty slot, just past the budget.
   run_against_simulation(m, c, {150, 9, 0, 41}, 4, rng);
+}
+
+TEST_CASE("LycheeDecode in two calls (attend_layer, hand_off_layer) matches the simulation as decode_layer does") {
+  auto rng = kvsift_test::make_rng(701);
+  const Model m = make_model(rng, 5, 4, 2, 64, 4, 160);
+  auto c = base_config(m, "RRRR/RSSR/SSRS/SRSS/SSSS");
+  c.budget = 40;
+  c.sink = 4;
+  c.recent = 8;
+  run_against_simulation(m, c, {150, 9, 0, 41}, 4, rng, nullptr, /*two_calls=*/true);
+  c.selection = LycheeDecodeSelection::kBlock;
+  c.block_size = 16;
+  c.num_blocks = 4;
+  c.sink_blocks = 1;
+  c.index_capacity = 0;  // what the mode needs
+  run_against_simulation(m, c, {150, 9, 0, 41}, 3, rng, nullptr, /*two_calls=*/true);
+}
+
+TEST_CASE("LycheeDecode in two calls: a handoff out of turn is a named error") {
+  auto rng = kvsift_test::make_rng(709);
+  const Model m = make_model(rng, 3, 2, 2, 64, 2, 128);
+  const auto c = base_config(m, "RR/SS/RS");
+  PolicyRun run(c);
+  std::vector<std::int32_t> lengths = {100, 20};
+  const auto q = dyadic(rng, std::size_t(2) * 4 * 64);
+  std::vector<float> out(q.size());
+  const auto io = kvsift::make_query_io(q.data(), out.data(), 1, 4, 64);
+  const kvsift::host::Exec exec;
+  const kvsift::Workspace ws{run.workspace->get(), run.workspace->bytes()};
+  std::vector<kvsift::ContiguousKV<const float>> kv;
+  for (int l = 0; l < 3; ++l) kv.push_back(kvsift::make_bshd(m.k[l].data(), m.v[l].data(), 2, 2, 128, 64, lengths.data()));
+  auto& d = run.decoder;
+  auto& state = run.state;
+
+  auto st = d.hand_off_layer(exec, state, 0, kv[0], ws);  // nothing attended yet
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("hand_off_layer(layer = 0) has no attention to hand off") != std::string::npos);
+  CHECK(d.hand_off_layer(exec, state, 3, kv[0], ws).message().find("layer = 3 is out of range") != std::string::npos);
+
+  REQUIRE(d.attend_layer(exec, state, 0, kv[0], io, ws).ok());
+  CHECK(state.handoff_layer == 0);
+  // The next layer call, of any kind, waits for the handoff.
+  st = d.attend_layer(exec, state, 1, kv[1], io, ws);
+  CHECK(st.message().find("layer 0's hand_off_layer has not run") != std::string::npos);
+  st = d.decode_layer(exec, state, 1, kv[1], io, ws);
+  CHECK(st.message().find("layer 0's hand_off_layer has not run") != std::string::npos);
+  CHECK(state.next_layer == 1);
+  // A view of another batch, or a short workspace, is refused and leaves the handoff due.
+  auto shrunk = kv[0];
+  shrunk.batch = 1;
+  st = d.hand_off_layer(exec, state, 0, shrunk, ws);
+  CHECK(st.message().find("is not the view attend_layer(0) saw") != std::string::npos);
+  st = d.hand_off_layer(exec, state, 0, kv[0], kvsift::Workspace{ws.data, ws.bytes - 1});
+  CHECK(st.code() == StatusCode::kInsufficientSpace);
+  CHECK(state.handoff_layer == 0);
+  // Another layer's handoff is not this one.
+  st = d.hand_off_layer(exec, state, 2, kv[2], ws);
+  CHECK(st.message().find("the handoff due is layer 0's") != std::string::npos);
+  REQUIRE(d.hand_off_layer(exec, state, 0, kv[0], ws).ok());
+  CHECK(state.handoff_layer == -1);
+  st = d.hand_off_layer(exec, state, 0, kv[0], ws);  // twice
+  CHECK(st.message().find("has no attention to hand off") != std::string::npos);
+
+  // Layer 1 has no retrieval head: nothing is due, and its hand_off_layer is a no-op either way.
+  REQUIRE(d.attend_layer(exec, state, 1, kv[1], io, ws).ok());
+  CHECK(state.handoff_layer == -1);
+  CHECK(d.hand_off_layer(exec, state, 1, kv[1], ws).ok());
+  REQUIRE(d.attend_layer(exec, state, 2, kv[2], io, ws).ok());
+  CHECK(state.handoff_layer == 2);
+  CHECK(state.next_layer == 0);
+  // The next step cannot start before it either; restart_step abandons it.
+  st = d.attend_layer(exec, state, 0, kv[0], io, ws);
+  CHECK(st.message().find("layer 2's hand_off_layer has not run") != std::string::npos);
+  state.restart_step();
+  CHECK(state.handoff_layer == -1);
+  REQUIRE(d.decode_layer(exec, state, 0, kv[0], io, ws).ok());
+  CHECK(state.handoff_layer == -1);
 }
 
 TEST_CASE("LycheeDecode chain: a sparse head reads the set of the latest earlier retrieval layer of its index") {

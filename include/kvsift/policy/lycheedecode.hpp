@@ -15,6 +15,9 @@
 ///                         (indices and count) for the sparse heads of later layers; the sparse heads'
 ///                         rows are left as they are (lycheedecode_handoff.hpp).
 ///
+/// attend_layer and hand_off_layer are the same two parts as separate calls, for an engine that runs
+/// the handoff on a second stream beside its own next kernels (only later layers read its output).
+///
 /// Every pointer (view, io, state, workspace) is in the backend's memory space; nothing is allocated,
 /// nothing waits on the host, and launch shapes come from the configuration's capacities and the
 /// Exec's device facts: a whole multi-layer step captures into one CUDA graph and replays as lengths
@@ -169,19 +172,59 @@ class LycheeDecodePolicy {
   template <class Exec, class View, class T>
   Status decode_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, const QueryIO<T>& io,
                       Workspace workspace) const {
+    KVSIFT_TRY(attend_layer(exec, state, layer, kv, io, workspace));
+    return hand_off_layer(exec, state, layer, kv, workspace);
+  }
+
+  /// decode_layer in two calls, so that an engine can run the handoff beside its own next work: the
+  /// top-k's output is read only by the sparse heads of later layers, so on the GPU it may run on a
+  /// second stream while the layer's o-projection and MLP and the next layer's projections run on the
+  /// first (docs/ops/lycheedecode.md, "The handoff on a second stream"). attend_layer is decode_layer's
+  /// attention launch, retrieval heads' scores written into the workspace; hand_off_layer is the top-k
+  /// of those scores into the index table. decode_layer(l) and attend_layer(l) then hand_off_layer(l)
+  /// give the same bits. The rules (each checked on the host, where it can be):
+  ///  - hand_off_layer(l) follows attend_layer(l) of the same step, before the next layer call, with
+  ///    the same kv (lengths) and the same workspace; a layer without retrieval heads has nothing to
+  ///    hand off (hand_off_layer returns at once, and may be skipped);
+  ///  - on the device, its launches are ordered after attend_layer's (the same stream, or a stream
+  ///    that waits for an event recorded after it), and the next attend_layer, decode_layer or
+  ///    correct_layer after them (they read the table it writes);
+  ///  - nothing else writes the workspace until hand_off_layer's launches are done (the scores live there).
+  template <class Exec, class View, class T>
+  Status attend_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, const QueryIO<T>& io,
+                      Workspace workspace) const {
     static_assert(check_kv_view<View>());
     KVSIFT_TRY(check_layer_call(state, layer, kv));
     detail::LycheeDecodeScratch x;
     KVSIFT_TRY(carve_scratch(workspace, &x));
-
-    const HeadRoleMask& layer_roles = roles(layer);
     const bool selects = retrieval_heads(layer) > 0;
-    const auto attention = detail::lycheedecode_attention_params(config_, io, 1, layer_roles, as_const(state.table),
+    const auto attention = detail::lycheedecode_attention_params(config_, io, 1, roles(layer), as_const(state.table),
                                                                  selects ? x.scores : nullptr, x.score_stride);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention));
-    if (selects) KVSIFT_TRY(hand_off(exec, state, layer_roles, kv, x));
     advance(state, layer, kv.batch);
+    if (selects) state.handoff_layer = layer;
     return Status();
+  }
+
+  /// The second half of decode_layer (see attend_layer): the top-k of layer `layer`'s retrieval
+  /// scores, written into the index table. `exec` may hold another stream than attend_layer's.
+  template <class Exec, class View>
+  Status hand_off_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, Workspace workspace) const {
+    static_assert(check_kv_view<View>());
+    KVSIFT_REQUIRE(layer >= 0 && layer < config_.num_layers, kInvalidArgument, "layer = ", layer,
+                   " is out of range [0, num_layers = ", config_.num_layers, ")");
+    if (retrieval_heads(layer) == 0) return Status();  // nothing selected, nothing to hand off
+    KVSIFT_REQUIRE(state.handoff_layer == layer, kInvalidArgument, "hand_off_layer(layer = ", layer,
+                   ") has no attention to hand off: it must follow attend_layer(", layer, ") of the same step",
+                   " (the handoff due is layer ", state.handoff_layer, "'s; -1: none)");
+    KVSIFT_REQUIRE(kv.batch == state.step_batch && kv.num_kv_heads == config_.num_kv_heads &&
+                       kv.head_dim == config_.head_dim,
+                   kInvalidArgument, "kv (batch ", kv.batch, ", num_kv_heads ", kv.num_kv_heads, ", head_dim ",
+                   kv.head_dim, ") is not the view attend_layer(", layer, ") saw (batch ", state.step_batch, ")");
+    detail::LycheeDecodeScratch x;
+    KVSIFT_TRY(carve_scratch(workspace, &x));
+    state.handoff_layer = -1;  // before the launches: a failed top-k leaves no handoff due either
+    return hand_off(exec, state, roles(layer), kv, x);
   }
 
   /// One layer of a cache-correction step: dense causal attention of the last correction_interval
@@ -296,6 +339,8 @@ class LycheeDecodePolicy {
                    kInvalidArgument, "state was not made for this configuration (make it with make_state)");
     KVSIFT_REQUIRE(layer >= 0 && layer < c.num_layers, kInvalidArgument, "layer = ", layer,
                    " is out of range [0, num_layers = ", c.num_layers, ")");
+    KVSIFT_REQUIRE(state.handoff_layer < 0, kInvalidArgument, "layer ", state.handoff_layer,
+                   "'s hand_off_layer has not run: it must come before the next layer call");
     KVSIFT_REQUIRE(layer == state.next_layer, kInvalidArgument, "layer = ", layer,
                    " is out of order: this step expects layer ", state.next_layer,
                    " (layers run 0 .. num_layers - 1 once per step; restart_step() abandons a step)");

@@ -26,15 +26,20 @@
 namespace kvsift {
 
 /// The state of one decode step's layer calls: the index table (in caller memory, see the file comment)
-/// and the host-side layer cursor. Made by make_lycheedecode_state; no step counter (the engine's).
+/// and the host-side layer cursor (the next layer, and a handoff still due after attend_layer). Made
+/// by make_lycheedecode_state; no step counter (the engine's).
 struct LycheeDecodeState {
   IndexSet table;          ///< rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
   int num_layers = 0;      ///< layers per step (config.num_layers)
   int next_layer = 0;      ///< the layer the next call must be for
   int step_batch = 0;      ///< kv.batch of the step in progress, fixed by its layer 0
+  int handoff_layer = -1;  ///< a layer attend_layer ran whose hand_off_layer has not (-1: none)
 
   /// Abandon a step half way (an engine error): the next call must be layer 0 again.
-  void restart_step() { next_layer = 0; }
+  void restart_step() {
+    next_layer = 0;
+    handoff_layer = -1;
+  }
 };
 
 namespace detail {
