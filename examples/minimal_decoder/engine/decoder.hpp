@@ -595,8 +595,8 @@ class Decoder {
 
   // --profile: the decode_attention launch LycheeDecode's decode_layer makes for layer l (the same
   // parameters, built by kvsift's own function; retrieval heads' scores included), into a score
-  // buffer of the profile's. kvsift keeps the top-k handoff private to decode_layer, so the
-  // selection cannot be launched alone; it is timed as decode_layer minus this launch.
+  // buffer of the profile's. The top-k handoff (hand_off_layer) only runs after its own attend_layer,
+  // whose scores it ranks, so the selection is timed as decode_layer minus this launch.
   template <class View, class T>
   void lycheedecode_attention_only(int l, const View& kv, const kvsift::QueryIO<T>& io) {
     const bool selects = lycheedecode_.retrieval_heads(l) > 0;
