@@ -262,22 +262,8 @@ TEST_CASE("LycheeDecode token mode matches the brute-force simulation over layer
   c.recent = 8;
   // Ragged: long, shorter than sink + recent, an empty slot, just past the budget.
   run_against_simulation(m, c, {150, 9, 0, 41}, 4, rng);
-}
-
-TEST_CASE("LycheeDecode in two calls (attend_layer, hand_off_layer) matches the simulation as decode_layer does") {
-  auto rng = kvsift_test::make_rng(701);
-  const Model m = make_model(rng, 5, 4, 2, 64, 4, 160);
-  auto c = base_config(m, "RRRR/RSSR/SSRS/SRSS/SSSS");
-  c.budget = 40;
-  c.sink = 4;
-  c.recent = 8;
+  // decode_layer's two halves as separate calls (attend_layer, hand_off_layer): the same.
   run_against_simulation(m, c, {150, 9, 0, 41}, 4, rng, nullptr, /*two_calls=*/true);
-  c.selection = LycheeDecodeSelection::kBlock;
-  c.block_size = 16;
-  c.num_blocks = 4;
-  c.sink_blocks = 1;
-  c.index_capacity = 0;  // what the mode needs
-  run_against_simulation(m, c, {150, 9, 0, 41}, 3, rng, nullptr, /*two_calls=*/true);
 }
 
 TEST_CASE("LycheeDecode in two calls: a handoff out of turn is a named error") {
@@ -435,6 +421,7 @@ TEST_CASE("LycheeDecode block mode: max-pooled blocks, first block and the block
   c.sink_blocks = 1;
   c.recent = 20;  // touches 2 or 3 blocks depending on the length
   run_against_simulation(m, c, {200, 33, 48, }, 4, rng);
+  run_against_simulation(m, c, {200, 33, 48, }, 2, rng, nullptr, /*two_calls=*/true);
 
   PolicyRun run(c);
   std::vector<std::int32_t> lengths = {161, 160, 40};
