@@ -70,13 +70,21 @@ TEST_CASE("LycheeDecode bf16: head_dim 256 and 64") {
 
 namespace {
 
+// A stand-in for the engine's kernels after a layer's attention: waits for the kernel before it
+// (launched as its programmatic dependent), then fills a scratch buffer of its own.
+__global__ void engine_stand_in(uint4* p, std::size_t n, unsigned v) {
+  kvsift::detail::wait_for_primary_grid();
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = make_uint4(v, v, v, v);
+}
+
 // One step's outputs of every layer: [layer][batch * q heads * head_dim].
 using LayerOutputs = std::vector<std::vector<bfloat16_t>>;
 
 // second_stream: every layer as attend_layer on the step's stream and hand_off_layer on a second one
 // (forked by an event after the attention, joined before the next layer), with unrelated work (a
-// memset of a scratch buffer, the engine's next kernels in a real step) queued on the first stream
-// meanwhile, and kvsift's launches as programmatic dependents: the way the minimal decoder overlaps
+// kernel filling a scratch buffer, the engine's next kernels in a real step) queued on the first
+// stream meanwhile, and every launch a programmatic dependent: the way the minimal decoder overlaps
 // the handoff. The bits must be those of decode_layer on the host.
 void graph_replay(LycheeDecodeSelection selection, Layout layout, bool second_stream = false) {
   using lycheedecode_test::DeviceBuffer;
@@ -109,8 +117,8 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout, bool second_st
   KVSIFT_TEST_CUDA(cudaEventCreateWithFlags(&handed_off, cudaEventDisableTiming));
   DeviceBuffer<unsigned char> busy(std::size_t(32) << 20);
   auto exec = kvsift::cuda::Exec::for_current_device(stream);
-  // With PDL the next layer's attention has a programmatic edge from the kernel before it and an
-  // event edge from the handoff: the mix a captured engine step holds.
+  // With PDL the next layer's attention has a programmatic edge from the stand-in kernel before it and
+  // an event edge from the handoff: the mix a captured engine step holds.
   exec.dependent_launch = second_stream;
   const auto side_exec = exec.on(side);
   auto run_step = [&](std::vector<std::unique_ptr<DeviceBuffer<bfloat16_t>>>& outs, std::vector<kvsift::Status>& st) {
@@ -130,7 +138,8 @@ void graph_replay(LycheeDecodeSelection selection, Layout layout, bool second_st
         st.push_back(device.decoder.hand_off_layer(side_exec, device.state, l, kv, ws));
         KVSIFT_TEST_CUDA(cudaEventRecord(handed_off, side));
         joined = false;
-        KVSIFT_TEST_CUDA(cudaMemsetAsync(busy.get(), l, busy.size(), stream));
+        KVSIFT_TEST_CUDA(kvsift::detail::launch_with_pdl(true, engine_stand_in, dim3(264), dim3(256), 0, stream,
+                                                         reinterpret_cast<uint4*>(busy.get()), busy.size() / 16, unsigned(l)));
       });
     if (!joined) KVSIFT_TEST_CUDA(cudaStreamWaitEvent(stream, handed_off, 0));
   };

@@ -302,6 +302,13 @@ TEST_CASE("LycheeDecode in two calls: a handoff out of turn is a named error") {
   CHECK(st.message().find("is not the view attend_layer(0) saw") != std::string::npos);
   st = d.hand_off_layer(exec, state, 0, kv[0], kvsift::Workspace{ws.data, ws.bytes - 1});
   CHECK(st.code() == StatusCode::kInsufficientSpace);
+  // Another workspace than the one the scores went to.
+  kvsift_test::HostBuffer other(run.workspace->bytes());
+  st = d.hand_off_layer(exec, state, 0, kv[0], kvsift::Workspace{other.get(), other.bytes()});
+  CHECK(st.message().find("the workspace is not the one attend_layer(0) wrote its scores into") != std::string::npos);
+  // A layer without retrieval heads has nothing to hand off, but does not pass over one that is due.
+  st = d.hand_off_layer(exec, state, 1, kv[1], ws);
+  CHECK(st.message().find("layer 0's handoff is due first") != std::string::npos);
   CHECK(state.handoff_layer == 0);
   // Another layer's handoff is not this one.
   st = d.hand_off_layer(exec, state, 2, kv[2], ws);

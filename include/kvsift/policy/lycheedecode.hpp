@@ -189,7 +189,9 @@ class LycheeDecodePolicy {
   ///  - on the device, its launches are ordered after attend_layer's (the same stream, or a stream
   ///    that waits for an event recorded after it), and the next attend_layer, decode_layer or
   ///    correct_layer after them (they read the table it writes);
-  ///  - nothing else writes the workspace until hand_off_layer's launches are done (the scores live there).
+  ///  - nothing else writes the workspace until hand_off_layer's launches are done (the scores live
+  ///    there), nor the view's lengths (the handoff's row plan reads them);
+  ///  - a failed hand_off_layer leaves the handoff due: every layer call then fails until restart_step().
   template <class Exec, class View, class T>
   Status attend_layer(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv, const QueryIO<T>& io,
                       Workspace workspace) const {
@@ -202,7 +204,10 @@ class LycheeDecodePolicy {
                                                                  selects ? x.scores : nullptr, x.score_stride);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention));
     advance(state, layer, kv.batch);
-    if (selects) state.handoff_layer = layer;
+    if (selects) {
+      state.handoff_layer = layer;
+      state.handoff_scores = x.scores;
+    }
     return Status();
   }
 
@@ -213,7 +218,11 @@ class LycheeDecodePolicy {
     static_assert(check_kv_view<View>());
     KVSIFT_REQUIRE(layer >= 0 && layer < config_.num_layers, kInvalidArgument, "layer = ", layer,
                    " is out of range [0, num_layers = ", config_.num_layers, ")");
-    if (retrieval_heads(layer) == 0) return Status();  // nothing selected, nothing to hand off
+    if (retrieval_heads(layer) == 0) {  // nothing selected, nothing to hand off; but not past one that is due
+      KVSIFT_REQUIRE(state.handoff_layer < 0, kInvalidArgument, "hand_off_layer(layer = ", layer,
+                     "): layer ", state.handoff_layer, "'s handoff is due first");
+      return Status();
+    }
     KVSIFT_REQUIRE(state.handoff_layer == layer, kInvalidArgument, "hand_off_layer(layer = ", layer,
                    ") has no attention to hand off: it must follow attend_layer(", layer, ") of the same step",
                    " (the handoff due is layer ", state.handoff_layer, "'s; -1: none)");
@@ -223,8 +232,14 @@ class LycheeDecodePolicy {
                    kv.head_dim, ") is not the view attend_layer(", layer, ") saw (batch ", state.step_batch, ")");
     detail::LycheeDecodeScratch x;
     KVSIFT_TRY(carve_scratch(workspace, &x));
-    state.handoff_layer = -1;  // before the launches: a failed top-k leaves no handoff due either
-    return hand_off(exec, state, roles(layer), kv, x);
+    KVSIFT_REQUIRE(x.scores == state.handoff_scores, kInvalidArgument, "hand_off_layer(layer = ", layer,
+                   "): the workspace is not the one attend_layer(", layer, ") wrote its scores into");
+    // Cleared only once the launches are queued: after a failed top-k the handoff stays due, so the
+    // next layer call fails too (restart_step abandons the step) instead of reading a stale table.
+    KVSIFT_TRY(hand_off(exec, state, roles(layer), kv, x));
+    state.handoff_layer = -1;
+    state.handoff_scores = nullptr;
+    return Status();
   }
 
   /// One layer of a cache-correction step: dense causal attention of the last correction_interval

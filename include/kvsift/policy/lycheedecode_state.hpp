@@ -34,11 +34,13 @@ struct LycheeDecodeState {
   int next_layer = 0;      ///< the layer the next call must be for
   int step_batch = 0;      ///< kv.batch of the step in progress, fixed by its layer 0
   int handoff_layer = -1;  ///< a layer attend_layer ran whose hand_off_layer has not (-1: none)
+  const float* handoff_scores = nullptr;  ///< where that attend_layer wrote its scores (its workspace)
 
   /// Abandon a step half way (an engine error): the next call must be layer 0 again.
   void restart_step() {
     next_layer = 0;
     handoff_layer = -1;
+    handoff_scores = nullptr;
   }
 };
 
