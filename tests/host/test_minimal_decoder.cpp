@@ -586,6 +586,16 @@ static md::PolicyOptions small_lycheedecode_with_correction() {
   return p;
 }
 
+// Limits of the LycheeDecode schedule tests: 2 sequences of up to 40 prompt tokens, 12 new, 16-token chunks.
+static md::DecoderLimits two_short_sequences() {
+  md::DecoderLimits limits;
+  limits.max_batch = 2;
+  limits.max_prompt_len = 40;
+  limits.max_new_tokens = 12;
+  limits.prefill_chunk = 16;
+  return limits;
+}
+
 // A decoder that prefills again starts its correction schedule again: its steps after the second
 // prefill are those of a fresh decoder on the same prompts, corrections included (the step count used
 // to run on from the first prompts, so the first correction came early, and for prompts shorter than
@@ -595,11 +605,7 @@ TEST_CASE("minimal decoder: a second prefill restarts LycheeDecode's correction 
   md::HostBackend be;
   const md::HostWeights hw = md::random_weights(c, 17);
   const md::BackendWeights<md::HostBackend> weights(be, c, hw);
-  md::DecoderLimits limits;
-  limits.max_batch = 2;
-  limits.max_prompt_len = 40;
-  limits.max_new_tokens = 12;
-  limits.prefill_chunk = 16;
+  const md::DecoderLimits limits = two_short_sequences();
   const md::PolicyOptions p = small_lycheedecode_with_correction();  // a correction every 4 steps
   md::Decoder<md::HostBackend> reused(be, c, weights, p, limits), fresh(be, c, weights, p, limits);
   reused.prefill(random_prompts({40, 33}, c.vocab_size, 21));
@@ -615,6 +621,34 @@ TEST_CASE("minimal decoder: a second prefill restarts LycheeDecode's correction 
   for (int step = 0; step < 9; ++step) {  // two corrections (steps 3 and 7) on both
     CAPTURE(step);
     const std::vector<float> a = reused.decode(next), b = fresh.decode(next);
+    REQUIRE(a == b);
+    next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+  }
+}
+
+// A step that throws half way (here a query tap at layer 1) leaves nothing behind: after a new
+// prefill the decoder's steps are those of a fresh one (LycheeDecode's layer cursor used to stay at the
+// failed layer, so every later step failed "out of order").
+TEST_CASE("minimal decoder: after a step that threw, a new prefill decodes as a fresh decoder does") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 29);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  const md::DecoderLimits limits = two_short_sequences();
+  const md::PolicyOptions p = small_lycheedecode_with_correction();
+  md::Decoder<md::HostBackend> failed(be, c, weights, p, limits), fresh(be, c, weights, p, limits);
+  const auto prompts = random_prompts({30, 21}, c.vocab_size, 31);
+  failed.prefill(prompts);
+  failed.set_query_tap([](int layer, const float*, int) {
+    if (layer == 1) throw md::DecoderError("tap: refused");
+  });
+  CHECK_THROWS_WITH_AS(failed.decode({3, 4}), "tap: refused", md::DecoderError);
+  failed.set_query_tap(nullptr);
+  CHECK(failed.prefill(prompts) == fresh.prefill(prompts));
+  std::vector<std::int32_t> next = {3, 4};
+  for (int step = 0; step < 5; ++step) {  // a correction at step 3
+    CAPTURE(step);
+    const std::vector<float> a = failed.decode(next), b = fresh.decode(next);
     REQUIRE(a == b);
     next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
   }

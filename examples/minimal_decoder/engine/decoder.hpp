@@ -341,6 +341,7 @@ class Decoder {
     batch_ = B;
     reset_step_graphs();
     decode_steps_ = 0;
+    lycheedecode_state_.restart_step();  // a step that threw may have left the cursor mid-way
     prompt_len_ = src.prompt_len_;
     history_ = src.history_;
     cache_len_ = prompt_len_;
@@ -448,8 +449,13 @@ class Decoder {
           break;
         case StepPart::kAttention:
         case StepPart::kLayerCalls:
-          for (int l = 0; l < c_.num_layers; ++l)
-            step_attention(l, profile_q_[std::size_t(l)].data(), attn_.data(), part == StepPart::kAttention);
+          try {
+            for (int l = 0; l < c_.num_layers; ++l)
+              step_attention(l, profile_q_[std::size_t(l)].data(), attn_.data(), part == StepPart::kAttention);
+          } catch (...) {
+            abandon_step();
+            throw;
+          }
           break;
       }
     };
@@ -555,11 +561,19 @@ class Decoder {
   template <class Attention>
   void single_token_forward(Attention&& attention) {
     const int B = batch_;
-    be_.embed(tokens_.data(), B, w_.embed, x_.data());
-    for (int l = 0; l < c_.num_layers; ++l)
-      layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
-    lm_head_to_device(x_.data(), B);
+    try {
+      be_.embed(tokens_.data(), B, w_.embed, x_.data());
+      for (int l = 0; l < c_.num_layers; ++l)
+        layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
+      lm_head_to_device(x_.data(), B);
+    } catch (...) {
+      abandon_step();
+      throw;
+    }
   }
+  // A step that threw half way: restart LycheeDecode's layer cursor, so that the decoder can prefill
+  // and decode again.
+  void abandon_step() noexcept { lycheedecode_state_.restart_step(); }
   void single_token_forward() {
     single_token_forward([&](int l, const float* q, float* out) { step_attention(l, q, out, false); });
   }
@@ -862,6 +876,7 @@ class Decoder {
   void finish_prefill(std::vector<LayerCache>& prompt_caches, bool compress, double t0) {
     reset_step_graphs();  // a recorded step is for the previous batch
     decode_steps_ = 0;    // LycheeDecode's correction schedule counts from the prompt
+    lycheedecode_state_.restart_step();  // a step that threw may have left its layer cursor mid-way
     cache_len_ = prompt_len_;
     position_ = prompt_len_;
     if (compress) {
