@@ -154,7 +154,12 @@ void fuzz_window_scores(std::mt19937_64& rng, std::string* what) {
   out.poison();
   const auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), batch, hkv, cap, D, dlen.get());
   const auto q = kvsift::make_query_rows<T>(dq.get(), q_rows, p.q_heads, D);
-  const auto exec = kc::Exec::for_current_device();
+  auto exec = kc::Exec::for_current_device();
+  // A claimed SM count of 1-3 shrinks the window path's persistent grid to a few CTAs, each running over
+  // many tiles and (sequence, KV head) pairs.
+  const int sms = chance(rng, 30) ? pick(rng, 1, 3) : 0;
+  if (sms > 0) exec.device.num_sms = sms;
+  *what += " sms=" + std::to_string(sms);
   const auto scores = make_strided_view(out.get(), rows, cols);
   std::size_t bytes = 0;
   REQUIRE(kvsift::window_scores_workspace_bytes(exec, kv, q, params, scores, &bytes).ok());

@@ -33,18 +33,35 @@ std::vector<float> widen(const std::vector<T>& v) {
   return out;
 }
 
+// The shape of one window_scores comparison beyond its dtype and scoring parameters. `num_sms` > 0 makes
+// the Exec claim that many SMs: the window path's persistent grid then has a few CTAs whose spans run
+// over many tiles and several (sequence, KV head) pairs, and whose log-sum-exp partials share rows.
+struct ScoreShape {
+  int batch = 3, kv_heads = 2, capacity = 300, head_dim = 64, num_sms = 0;
+};
+
 // Window scores of one configuration on both backends; dtype T for Q and K.
 template <class T>
 void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_queries, kvsift::ScoreHeads heads,
-                           bool give_lse) {
-  const int q_rows = num_queries == kvsift::kAllQueries ? 300 : window;
-  Prompt p(rng, 3, 2, group, 300, 64, q_rows);
-  p.lengths = {300, kvsift_test::uniform_int(rng, 1, 300), kvsift_test::uniform_int(rng, window + 1, 300)};
+                           bool give_lse, const ScoreShape& shape = {}) {
+  const int cap = shape.capacity, D = shape.head_dim;
+  const int q_rows = num_queries == kvsift::kAllQueries ? cap : window;
+  Prompt p(rng, shape.batch, shape.kv_heads, group, cap, D, q_rows);
+  // The first sequence full, the last one longer than the window, the others anything (some shorter
+  // than the window: nothing scored).
+  for (int b = 0; b < p.batch; ++b) p.lengths[b] = kvsift_test::uniform_int(rng, 1, cap);
+  p.lengths[0] = cap;
+  if (p.batch > 1) p.lengths[p.batch - 1] = kvsift_test::uniform_int(rng, std::min(window + 1, cap), cap);
+  CAPTURE(group);
+  CAPTURE(window);
+  CAPTURE(D);
+  CAPTURE(shape.num_sms);
+  CAPTURE(give_lse);
   // Round the inputs to T so host and device see the same values.
   p.k = widen(convert<T>(p.k));
   p.q = widen(convert<T>(p.q));
   const int H = heads == kvsift::ScoreHeads::kKvHeadMean ? p.kv_heads : p.q_heads;
-  const int rows = p.batch * H, cols = 300;
+  const int rows = p.batch * H, cols = cap;
   kvsift::WindowScoreParams params;
   params.window = window;
   params.num_queries = num_queries;
@@ -63,8 +80,8 @@ void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_
           std::vector<double> l;
           for (int j = 0; j <= L - nq + i; ++j) {
             double dot = 0;
-            for (int e = 0; e < 64; ++e) dot += double(p.queries().row(b, i, h)[e]) * double(kv.k_row(b, h / group, j)[e]);
-            l.push_back(dot / 8.0);
+            for (int e = 0; e < D; ++e) dot += double(p.queries().row(b, i, h)[e]) * double(kv.k_row(b, h / group, j)[e]);
+            l.push_back(dot / std::sqrt(double(D)));
             m = std::max(m, l.back());
           }
           for (double x : l) s += std::exp(x - m);
@@ -83,7 +100,8 @@ void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_
   auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
   auto q = kvsift::make_query_rows<T>(dq.get(), q_rows, p.q_heads, p.head_dim);
   if (give_lse) params.lse = dlse.get();
-  const auto exec = kc::Exec::for_current_device();
+  auto exec = kc::Exec::for_current_device();
+  if (shape.num_sms > 0) exec.device.num_sms = shape.num_sms;
   const auto scores = make_strided_view(out.get(), rows, cols);
   std::size_t bytes = 0;
   REQUIRE(kvsift::window_scores_workspace_bytes(exec, kv, q, params, scores, &bytes).ok());
@@ -119,6 +137,36 @@ TEST_CASE("window_scores on the GPU matches the host reference") {
   // 16-bit Q and K take the tensor-core path; all queries of a 300-token prompt span several row tiles.
   compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, kvsift::ScoreHeads::kQueryHead, false);
   compare_window_scores<__half>(rng, 8, 32, 32, kvsift::ScoreHeads::kQueryHead, true);
+}
+
+// The window path (at most 128 scored rows per (sequence, KV head), 16-bit Q and K, head_dim 64 / 128 /
+// 256): every head_dim, both score layouts, groups 1-8, windows that fill the 128-row tile and ones
+// that leave most of it empty, with and without the engine's log-sum-exp, on prompts of several ring
+// tiles. The claimed SM counts shrink the persistent grid to 1-7 CTAs, so one CTA's span covers many
+// tiles and crosses (sequence, KV head) boundaries mid-ring, and a row's log-sum-exp merges the
+// partials of several CTAs; 0 keeps the real count (a CTA per tile here).
+TEST_CASE("window_scores on the GPU: the window path over long persistent spans matches the host reference") {
+  auto rng = kvsift_test::make_rng(71);
+  using kvsift::ScoreHeads;
+  struct Case {
+    int group, window;
+    ScoreHeads heads;
+  };
+  const Case cases[] = {{4, 32, ScoreHeads::kKvHeadMean}, {4, 32, ScoreHeads::kQueryHead}, {8, 16, ScoreHeads::kQueryHead},
+                        {1, 100, ScoreHeads::kKvHeadMean}, {2, 5, ScoreHeads::kQueryHead},  {3, 40, ScoreHeads::kKvHeadMean}};
+  for (int D : {64, 128, 256})
+    for (int sms : {1, 2, 7, 0}) {
+      ScoreShape shape;
+      shape.batch = 3;
+      shape.kv_heads = 2;
+      shape.capacity = 700;  // 11 tiles of 64 keys, the last one partial
+      shape.head_dim = D;
+      shape.num_sms = sms;
+      for (const Case& c : cases) {
+        compare_window_scores<__nv_bfloat16>(rng, c.group, c.window, c.window, c.heads, false, shape);
+        compare_window_scores<__half>(rng, c.group, c.window, c.window, c.heads, c.group == 4, shape);
+      }
+    }
 }
 
 TEST_CASE("pooling and density clustering on the GPU equal the host on the same scores") {

@@ -166,3 +166,51 @@ TEST_CASE("window_scores and scored_prefix_lengths: the host reference asks for 
   CHECK(host::scored_prefix_lengths(host::Exec{}, p.view(), 4, 0, 30, lengths.data()).message() ==
         "heads_per_sequence = 0 must be > 0");
 }
+
+// The window path's plan (window_scores_plan.hpp), checked without a GPU: which shapes take it, and
+// that its partial slots hold every CTA of its persistent grid that touches a (sequence, KV head), within
+// what the policies' type-free workspace query reserves.
+TEST_CASE("window_scores plan: the window path's choice, slots and workspace bound") {
+  using KV = ContiguousKV<const bfloat16_t>;
+  auto plan_for = [](int batch, int hkv, int group, int window, int max_len, int d, ScoreHeads heads, int sms) {
+    KV kv = make_bhsd<const bfloat16_t>(nullptr, nullptr, batch, hkv, max_len, d, nullptr);
+    QueryRows<const bfloat16_t> q = make_query_rows<const bfloat16_t>(nullptr, window, hkv * group, d);
+    WindowScoreParams p;
+    p.window = window;
+    p.num_queries = window;
+    p.heads = heads;
+    return detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 1, max_len), sms);
+  };
+  // ClusterAttn on a Llama-3-8B layer: the window path, one wave of 3 CTAs per SM.
+  const auto llama = plan_for(1, 8, 4, 32, 131072, 128, ScoreHeads::kKvHeadMean, 132);
+  CHECK(llama.tensor_cores == 128);
+  CHECK(llama.ring_grid == 396);
+  CHECK(llama.chunks == 396 / 8 + 2);
+  // Not the window path: more than 128 rows, a query-head layout whose group does not divide 8, an
+  // Exec without an SM count, head_dim 96 (the CUDA cores).
+  CHECK(plan_for(1, 8, 8, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132).ring_grid == 0);
+  CHECK(plan_for(1, 8, 3, 32, 4096, 128, ScoreHeads::kQueryHead, 132).ring_grid == 0);
+  CHECK(plan_for(1, 8, 3, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132).ring_grid > 0);
+  CHECK(plan_for(1, 8, 4, 32, 4096, 128, ScoreHeads::kKvHeadMean, 0).ring_grid == 0);
+  CHECK(plan_for(1, 8, 4, 32, 4096, 96, ScoreHeads::kKvHeadMean, 132).tensor_cores == 0);
+
+  auto rng = kvsift_test::make_rng(72);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int batch = kvsift_test::uniform_int(rng, 1, 9), hkv = kvsift_test::uniform_int(rng, 1, 8);
+    const int max_len = kvsift_test::uniform_int(rng, 1, 40000), sms = kvsift_test::uniform_int(rng, 1, 200);
+    const int d = std::vector<int>{64, 128, 256}[std::size_t(kvsift_test::uniform_int(rng, 0, 2))];
+    const auto plan = plan_for(batch, hkv, 4, 32, max_len, d, ScoreHeads::kKvHeadMean, sms);
+    REQUIRE(plan.ring_grid > 0);
+    const std::int64_t bh = std::int64_t(batch) * hkv, tiles = detail::window_ring_tiles(max_len), n = bh * tiles;
+    CHECK(plan.ring_grid <= std::int64_t(sms) * detail::window_ring_ctas_per_sm(d));
+    CHECK(plan.chunks <= detail::window_partials_per_row(max_len, bh, sms));
+    // CTA c spans tiles [c n / grid, (c + 1) n / grid): count the CTAs each head's tiles meet.
+    std::vector<int> touching(std::size_t(bh), 0);
+    for (int c = 0; c < plan.ring_grid; ++c) {
+      const std::int64_t begin = c * n / plan.ring_grid, end = (c + 1) * n / plan.ring_grid;
+      REQUIRE(end > begin);
+      for (std::int64_t h = begin / tiles; h <= (end - 1) / tiles; ++h) ++touching[std::size_t(h)];
+    }
+    for (std::int64_t h = 0; h < bh; ++h) REQUIRE(touching[std::size_t(h)] <= plan.chunks);
+  }
+}

@@ -3,11 +3,14 @@
 /// \brief CUDA backend of window_scores and scored_prefix_lengths (contract in window_scores.hpp, plan and
 /// workspace in window_scores_plan.hpp).
 ///
-/// Two passes per call, on tensor cores (16-bit Q and K of one type, head_dim 64/128/256, 16-byte
-/// aligned K rows: detail/window_scores_mma.cuh) or CUDA cores (the rest: detail/window_scores_simt.cuh):
-/// the log-sum-exp of each scored query (skipped when the caller gives lse), then the column sums.
-/// Every kernel takes the views and one WindowScoresLaunch by value. Grids come from the plan (shapes and
-/// params.max_length), never from lengths in device memory, so a call can be captured in a CUDA graph.
+/// Two passes per call: the log-sum-exp of each scored query (skipped when the caller gives lse), then
+/// the column sums. Three paths, chosen by the plan (window_scores_plan.hpp): the window path (at most
+/// 128 scored rows per (sequence, KV head), K streamed through a shared-memory ring by persistent CTAs:
+/// detail/window_scores_ring.cuh), the general tensor-core path (16-bit Q and K of one type, head_dim
+/// 64/128/256, 16-byte aligned K rows, any row count: detail/window_scores_mma.cuh) and the CUDA-core
+/// path (the rest: detail/window_scores_simt.cuh). Every kernel takes the views and one
+/// WindowScoresLaunch by value. Grids come from the plan (shapes, params.max_length and the SM count),
+/// never from lengths in device memory, so a call can be captured in a CUDA graph.
 
 #include <algorithm>
 #include <cstdint>
@@ -15,10 +18,12 @@
 #include "kvsift/core/cuda_status.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/exec_cuda.cuh"
+#include "kvsift/core/smem_limit.cuh"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/detail/window_scores_common.cuh"
 #include "kvsift/ops/detail/window_scores_mma.cuh"
+#include "kvsift/ops/detail/window_scores_ring.cuh"
 #include "kvsift/ops/detail/window_scores_simt.cuh"
 #include "kvsift/ops/window_scores.hpp"
 #include "kvsift/ops/window_scores_plan.hpp"
@@ -51,6 +56,35 @@ Status launch_window_score_passes(cudaStream_t stream, const View& kv, const Que
   return Status();
 }
 
+// The window path (detail/window_scores_ring.cuh): the log-sum-exp pass and its merge unless the caller
+// gives lse, then the column sums, each pass on a persistent grid of at most one wave.
+template <int D, class View, class QT>
+Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const QueryRows<QT>& q,
+                                const WindowScoresLaunch& launch) {
+  using R = WindowRing<D>;
+  const int bh = kv.batch * kv.num_kv_heads;
+  const int heads_out = launch.params.heads == ScoreHeads::kQueryHead ? q.num_heads / kv.num_kv_heads : 1;
+  if (!launch.params.lse) {
+    auto* partials = lse_partials_ring_kernel<D, View, QT>;
+    const std::size_t smem = R::kRingBytes + R::kFlagBytes;
+    // The limit only grows, under a lock (core/smem_limit.cuh: several host threads).
+    KVSIFT_TRY(raise_dynamic_smem_limit(partials, smem, /*max_carveout=*/true, "window_scores: cudaFuncSetAttribute"));
+    partials<<<launch.plan.ring_grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+    KVSIFT_CHECK_LAUNCH();
+    lse_merge_ring_kernel<<<dim3((launch.plan.row_capacity + 7) / 8, bh), 256, 0, exec.stream>>>(kv, q, launch);
+    KVSIFT_CHECK_LAUNCH();
+  }
+  const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
+  const int grid = window_ring_grid(std::int64_t(bh) * window_ring_tiles(keys), exec.device.num_sms, D);
+  if (grid == 0) return Status();
+  auto* sums = column_sums_ring_kernel<D, View, QT>;
+  const std::size_t smem = R::kRingBytes + R::col_bytes(heads_out) + R::kFlagBytes;
+  KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, "window_scores: cudaFuncSetAttribute"));
+  sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+  KVSIFT_CHECK_LAUNCH();
+  return Status();
+}
+
 }  // namespace detail
 
 namespace cuda {
@@ -65,7 +99,8 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
                      StridedView2D<float> scores, Workspace workspace = {}) {
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_window_scores(kv, q, params, scores));
-  const detail::WindowScorePlan plan = detail::plan_window_scores(kv, q, params, scores);
+  KVSIFT_TRY(exec.device.validate("window_scores"));
+  const detail::WindowScorePlan plan = detail::plan_window_scores(kv, q, params, scores, exec.device.num_sms);
   KVSIFT_REQUIRE(plan.max_length >= 0, kInvalidArgument,
                  "max_length = 0 and the view has no capacity: set WindowScoreParams::max_length");
   if (kv.batch == 0 || plan.max_length <= params.window || scores.cols == 0) return Status();
@@ -73,22 +108,26 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
                  std::int64_t(kv.batch) * kv.num_kv_heads, " must be <= 65535");
 
   WorkspaceCarver ws(workspace);
-  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, q, params),
+  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, params, plan, exec.device.num_sms),
                                          exec.data_error};
   if (!params.lse) {
     KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
                    "workspace.data is null (ask window_scores_workspace_bytes)");
     KVSIFT_TRY(ws.status());
   }
-  KVSIFT_REQUIRE(plan.chunks <= 65535, kUnsupported, "prompt too long for one launch");
-  if constexpr (detail::window_scores_use_mma<View, QT>()) {
-    // The tensor-core path stages K with 16-byte loads; unaligned rows take the CUDA-core path.
-    const int d = kv.head_dim;
-    if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) {
-      if (d == 64) return detail::launch_window_score_passes<64>(exec.stream, kv, q, launch);
-      if (d == 128) return detail::launch_window_score_passes<128>(exec.stream, kv, q, launch);
-      return detail::launch_window_score_passes<256>(exec.stream, kv, q, launch);
+  if constexpr (detail::window_scores_tensor_core_types<View, QT>()) {
+    if (plan.ring_grid > 0) {
+      if (plan.tensor_cores == 64) return detail::launch_window_score_ring<64>(exec, kv, q, launch);
+      if (plan.tensor_cores == 128) return detail::launch_window_score_ring<128>(exec, kv, q, launch);
+      return detail::launch_window_score_ring<256>(exec, kv, q, launch);
     }
+  }
+  KVSIFT_REQUIRE(plan.chunks <= 65535, kUnsupported, "prompt too long for one launch");
+  if constexpr (detail::window_scores_tensor_core_types<View, QT>()) {
+    // The tensor-core path stages K with 16-byte loads; unaligned rows take the CUDA-core path.
+    if (plan.tensor_cores == 64) return detail::launch_window_score_passes<64>(exec.stream, kv, q, launch);
+    if (plan.tensor_cores == 128) return detail::launch_window_score_passes<128>(exec.stream, kv, q, launch);
+    if (plan.tensor_cores == 256) return detail::launch_window_score_passes<256>(exec.stream, kv, q, launch);
   }
   return detail::launch_window_score_passes<0>(exec.stream, kv, q, launch);
 }

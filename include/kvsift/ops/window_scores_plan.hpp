@@ -9,9 +9,16 @@
 /// in device memory, so a call can be captured in a CUDA graph. The workspace holds the log-sum-exp
 /// pass's per-(row, chunk) softmax partials and per-row results; nothing when the caller gives lse,
 /// nothing for the host reference.
+///
+/// Three CUDA paths, chosen here: the window path (16-bit Q and K of one type, head_dim 64/128/256,
+/// 16-byte aligned K rows, at most 128 scored rows per (sequence, KV head), and for one row per query
+/// head a group that divides 8; detail/window_scores_ring.cuh), whose grid and partial slots follow
+/// the SM count; the general tensor-core path (the same types, any row count: H2O-prefill); the
+/// CUDA-core path (everything else).
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "kvsift/core/check.hpp"
 #include "kvsift/core/exec.hpp"
@@ -19,12 +26,28 @@
 #include "kvsift/core/strided_view.hpp"
 #include "kvsift/core/workspace.hpp"
 #include "kvsift/kv/kv_view.hpp"
+#include "kvsift/kv/row_alignment.hpp"
 #include "kvsift/ops/window_scores.hpp"
 
 namespace kvsift {
 namespace detail {
 
-inline constexpr int kLseKeyChunk = 2048;  // keys per block of the CUDA log-sum-exp pass
+inline constexpr int kLseKeyChunk = 2048;  // keys per block of the general paths' log-sum-exp pass
+
+// The window path: rows per (sequence, KV head), keys per ring tile, and CTAs per SM it is sized for
+// (head_dim 64 and 128: 4 warps of 32 rows, 3 CTAs by registers; 256: 8 warps of 16 rows, one CTA by
+// registers and shared memory). window_partials_per_row assumes no head_dim takes more than 64's.
+inline constexpr int kWindowRingRows = 128;
+inline constexpr int kWindowRingKeys = 64;
+KVSIFT_HD constexpr int window_ring_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 1; }
+
+// Q and K of one 16-bit type (bf16 or fp16, CUDA's or kvsift's spelling): the tensor-core paths apply.
+template <class View, class QT>
+constexpr bool window_scores_tensor_core_types() {
+  using KT = std::remove_const_t<typename View::value_type>;
+  using Q = std::remove_const_t<QT>;
+  return sizeof(KT) == 2 && sizeof(Q) == 2 && dtype_traits<KT>::dtype == dtype_traits<Q>::dtype;
+}
 
 inline int window_rows_capacity(const WindowScoreParams& p, int max_length, int q_capacity, int group) {
   const int nq = p.num_queries == kAllQueries ? max_length : p.num_queries;
@@ -42,38 +65,78 @@ struct WindowScorePlan {
   float scale = 0.f;      // resolved sm_scale
   int max_length = 0;     // launch bound on the prompt length
   int row_capacity = 0;   // query rows per (sequence, KV head): nq * G
-  int chunks = 0;         // key chunks of the log-sum-exp pass
+  int chunks = 0;         // log-sum-exp partials per row: key chunks, or the window path's slots
+  int tensor_cores = 0;   // head_dim of a tensor-core path (64, 128 or 256), 0 for the CUDA cores
+  int ring_grid = 0;      // the window path's log-sum-exp grid (0: another path)
 };
+
+// Tiles of kWindowRingKeys keys a window-path pass covers per (sequence, KV head), for keys [0, keys).
+KVSIFT_HD inline int window_ring_tiles(std::int64_t keys) { return int((keys + kWindowRingKeys - 1) / kWindowRingKeys); }
+
+// The window path's grid for `items` tiles: one wave of window_ring_ctas_per_sm CTAs per SM, at most
+// one CTA per tile.
+inline int window_ring_grid(std::int64_t items, int num_sms, int head_dim) {
+  const std::int64_t wave = std::int64_t(num_sms) * window_ring_ctas_per_sm(head_dim);
+  return int(items < wave ? items : wave);
+}
 
 template <class View, class QT>
 WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const WindowScoreParams& p,
-                                   const StridedView2D<float>& scores) {
+                                   const StridedView2D<float>& scores, int num_sms) {
   WindowScorePlan plan;
   plan.cols = scores.cols;
   plan.scale = resolve_sm_scale(p.sm_scale, kv.head_dim);
   plan.max_length = window_max_length(kv, p);
-  plan.row_capacity = window_rows_capacity(p, plan.max_length, q.capacity, q.num_heads / kv.num_kv_heads);
+  const int group = kv.num_kv_heads > 0 ? q.num_heads / kv.num_kv_heads : 0;
+  plan.row_capacity = window_rows_capacity(p, plan.max_length, q.capacity, group);
   plan.chunks = (plan.max_length + kLseKeyChunk - 1) / kLseKeyChunk;
+  const int d = kv.head_dim;
+  if constexpr (window_scores_tensor_core_types<View, QT>())
+    if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) plan.tensor_cores = d;
+  // The window path: one row tile, and a query head's rows on fixed lanes (row % G = lane / 4 % G when G
+  // divides 8) so that per-head column sums stay a warp reduction.
+  const bool one_tile = plan.row_capacity <= kWindowRingRows;
+  const bool heads_fit = p.heads == ScoreHeads::kKvHeadMean || (group > 0 && 8 % group == 0);
+  const std::int64_t bh = std::int64_t(kv.batch) * kv.num_kv_heads;
+  if (plan.tensor_cores && one_tile && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0) {
+    // CTA c takes tiles [c N / grid, (c + 1) N / grid) of the N = bh x tiles of the log-sum-exp pass,
+    // so the CTAs that touch one (sequence, KV head) number at most grid / bh + 2 (and at most its
+    // tiles): each writes one partial per row into its own slot.
+    const int tiles = window_ring_tiles(plan.max_length);
+    plan.ring_grid = window_ring_grid(bh * tiles, num_sms, d);
+    const std::int64_t slots = plan.ring_grid / bh + 2;
+    plan.chunks = int(slots < tiles ? slots : tiles);
+  }
   return plan;
 }
 
-// Scratch of the CUDA path: per (row, key chunk) softmax partials (max, sum) and per row the merged
-// log-sum-exp. Nothing when the caller supplies lse.
+// Scratch of the CUDA path: per (row, key chunk or slot) softmax partials (max, sum) and per row the
+// merged log-sum-exp. Nothing when the caller supplies lse.
 struct WindowScoreScratch {
   float* partials = nullptr;  // pairs
   float* lse_rows = nullptr;
 };
 
-template <class View, class QT>
-WindowScoreScratch carve_window_scores(WorkspaceCarver& ws, const View& kv, const QueryRows<QT>& q,
-                                       const WindowScoreParams& p) {
+// Partials per row that any path may use: the general paths' key chunks or the window path's slots at
+// its most CTAs per SM. Independent of the element types and head_dim, so a query made with stand-in
+// views of the right shapes (as the compression policies make it) sizes every path.
+inline std::int64_t window_partials_per_row(int max_length, std::int64_t bh, int num_sms) {
+  const std::int64_t chunks = (max_length + kLseKeyChunk - 1) / kLseKeyChunk;
+  const std::int64_t tiles = window_ring_tiles(max_length);
+  std::int64_t slots = std::int64_t(num_sms) * window_ring_ctas_per_sm(64) / (bh > 0 ? bh : 1) + 2;
+  if (slots > tiles) slots = tiles;
+  return chunks > slots ? chunks : slots;
+}
+
+template <class View>
+WindowScoreScratch carve_window_scores(WorkspaceCarver& ws, const View& kv, const WindowScoreParams& p,
+                                       const WindowScorePlan& plan, int num_sms) {
   WindowScoreScratch s;
-  const int max_len = window_max_length(kv, p);
-  if (p.lse || max_len <= 0 || kv.num_kv_heads <= 0 || q.num_heads <= 0) return s;
-  const int rows = window_rows_capacity(p, max_len, q.capacity, q.num_heads / kv.num_kv_heads);
-  const int chunks = (max_len + kLseKeyChunk - 1) / kLseKeyChunk;
-  s.partials = ws.take<float>(std::size_t(kv.batch) * kv.num_kv_heads * rows * chunks * 2);
-  s.lse_rows = ws.take<float>(std::size_t(kv.batch) * kv.num_kv_heads * rows);
+  if (p.lse || plan.max_length <= 0 || plan.row_capacity <= 0) return s;
+  const std::int64_t bh = std::int64_t(kv.batch) * kv.num_kv_heads;
+  const std::size_t rows = std::size_t(bh) * plan.row_capacity;
+  s.partials = ws.take<float>(rows * std::size_t(window_partials_per_row(plan.max_length, bh, num_sms)) * 2);
+  s.lse_rows = ws.take<float>(rows);
   return s;
 }
 
@@ -81,8 +144,9 @@ WindowScoreScratch carve_window_scores(WorkspaceCarver& ws, const View& kv, cons
 
 /// Scratch memory window_scores needs, from shapes alone (no device memory touched): 0 when
 /// params.lse is given and for the host reference; otherwise the log-sum-exp pass's partials, sized
-/// from params.max_length (or the view's capacity), q.capacity and the head counts. kNullPointer for a
-/// null `bytes`.
+/// from params.max_length (or the view's capacity), q.capacity, the head counts and, on the window
+/// path, exec.device.num_sms. kNullPointer for a null `bytes`; kInvalidArgument for a CUDA Exec
+/// without its device facts.
 template <class Exec, class View, class QT>
 Status window_scores_workspace_bytes(const Exec& exec, const View& kv, const QueryRows<QT>& q,
                                      const WindowScoreParams& params, const StridedView2D<float>& scores,
@@ -95,8 +159,10 @@ Status window_scores_workspace_bytes(const Exec& exec, const View& kv, const Que
   KVSIFT_REQUIRE_NOT_NULL(bytes, "bytes");
   *bytes = 0;
   if constexpr (!is_host_exec<Exec>::value) {
+    KVSIFT_TRY(exec.device.validate("window_scores"));
     WorkspaceCarver ws(nullptr, 0);
-    detail::carve_window_scores(ws, kv, q, params);
+    const int sms = exec.device.num_sms;
+    detail::carve_window_scores(ws, kv, params, detail::plan_window_scores(kv, q, params, scores, sms), sms);
     *bytes = ws.required_bytes();
   }
   return Status();

@@ -36,6 +36,7 @@
 // and recorded.
 
 #include "kvsift/ops/detail/decode_attention_common.cuh"
+#include "kvsift/ops/detail/smem_ring_ptx.cuh"
 
 namespace kvsift {
 namespace detail {
@@ -69,17 +70,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], std::uint32_t a0, std::
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], unsigned addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // The 8x8 16-bit matrix whose fragments the warp holds (thread (g, j): row g, columns 2j, 2j + 1),
 // transposed: thread (g, j) receives elements (2j, g) and (2j + 1, g).
 __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
@@ -88,17 +78,6 @@ __device__ __forceinline__ std::uint32_t movmatrix_trans(std::uint32_t x) {
   return r;
 }
 
-// 16-byte global-to-shared copy through L2 only (K/V are read once); `bytes` 0 zero-fills the
-// destination and reads nothing. The L2::128B hint measured best on the H200 (dense B=8 128K: 1230 us
-// against 1453 with L2::256B and 1333 with no hint).
-__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
 
 inline constexpr int kStageTokens = kDecodeWarps * 16;  // one 16-position step per warp
 // One ring slot: K and V of kStageTokens positions (swizzled rows of D elements of EB bytes), their

@@ -30,14 +30,6 @@ template <class T>
 struct is_bf16_storage
     : std::integral_constant<bool, dtype_traits<T>::dtype == DType::kBFloat16> {};
 
-// Q and K of one 16-bit type (bf16 or fp16, CUDA's or kvsift's spelling): the tensor-core path applies.
-template <class View, class QT>
-constexpr bool window_scores_use_mma() {
-  using KT = std::remove_const_t<typename View::value_type>;
-  using Q = std::remove_const_t<QT>;
-  return sizeof(KT) == 2 && sizeof(Q) == 2 && dtype_traits<KT>::dtype == dtype_traits<Q>::dtype;
-}
-
 // Two 16-bit elements as one 32-bit register, the lower index in the lower half (mma's packing).
 template <class T>
 __device__ __forceinline__ std::uint32_t pack_pair(const T* p) {

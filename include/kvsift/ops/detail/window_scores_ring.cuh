@@ -1,0 +1,481 @@
+#pragma once
+// The window path of window_scores: the scored rows of a (sequence, KV head) fit one tile of
+// kWindowRingRows = 128 (SnapKV's and ClusterAttn's windows, W x G <= 128), Q and K of one 16-bit
+// type, head_dim 64, 128 or 256, 16-byte aligned K rows (plan_window_scores chooses it). Same two
+// passes and results as the general paths (window_scores_mma.cuh, window_scores_simt.cuh); the
+// log-sum-exp partials have their own slots and merge (below).
+//
+// Why a path of its own: at W x G = 128 rows every key is one 128-row tile of logits, so the window
+// case is a stream over K with a fixed Q. The general tensor-core kernels load each 64-key tile and
+// then compute on it, two barriers apart, 8 warps reading every K fragment from shared memory with two
+// 32-bit loads per mma: measured at 51 TFLOP/s, 10x their bytes floor (ClusterAttn B=1, 128K).
+//
+// Here:
+// - K streams through a cp.async ring of kStages slots of 64 keys, one barrier per tile; slot rows
+//   are XOR-swizzled by 16-byte chunk (chunk c of key k at c ^ (k % 8), as in the decode kernel's
+//   ring), so ldmatrix reads them without bank conflicts, 4 mma k-steps' B fragments per instruction.
+// - A warp holds the Q fragments of kWarpM x 16 rows in registers for as long as its CTA stays on one
+//   (sequence, KV head): 32 rows for head_dim <= 128 (4 warps read each K tile from shared memory,
+//   not 8), 16 for 256 (registers).
+// - Persistent CTAs: at most window_ring_ctas_per_sm CTAs per SM, CTA c taking the tiles
+//   [c N / grid, (c + 1) N / grid) of the pass's N = (batch x KV heads) x tiles, so every CTA gets
+//   within one tile of the same work and the ring runs on across (sequence, head) boundaries. Tiles
+//   past a sequence's length (or its scored prefix) are skipped by the producer and the consumer alike.
+// - Exponentials in base 2 (exp2f) on logits scaled by sm_scale x log2(e), one FMA each.
+//
+// Pass 1 (log-sum-exp): per row, each tile is one max over the thread's 16 logits, one rescale and
+// 16 exponentials. A CTA's tiles of one (sequence, KV head) fold into one (max, sum) per row, written
+// to slot c - (first CTA of that head) of the row's partials (plan.chunks slots; every CTA whose span
+// touches the head writes its slot, an empty (-inf, 0) when it had no live tile there).
+// lse_merge_ring_kernel folds a row's slots in a fixed order, a warp per row.
+//
+// Pass 2 (column sums): per tile, exp2(logit - lse) summed over the warp's rows (a warp reduction
+// over the lanes of one query head: with G dividing 8, row r = i G + g of a thread's fragments always
+// has g = (lane / 4) % G), then over the warps through shared memory, in a fixed order. The warps'
+// sums of tile t are read after the barrier of tile t + 1 (double-buffered), so a tile costs one
+// barrier in both passes.
+//
+// Masks cost nothing inside the sequence: a tile all of whose keys every row sees (and, for a paged
+// view, all on pages of the pool) takes the unmasked code; only a sequence's last tiles and tiles
+// with a bad page test each logit.
+
+#include <cstdint>
+
+#include "kvsift/core/dtype_cuda.cuh"
+#include "kvsift/core/online_softmax.hpp"
+#include "kvsift/ops/detail/smem_ring_ptx.cuh"
+#include "kvsift/ops/detail/window_scores_common.cuh"
+#include "kvsift/ops/detail/window_scores_mma.cuh"
+
+namespace kvsift {
+namespace detail {
+
+template <int D>
+struct WindowRing {
+  static constexpr int kWarpM = D <= 128 ? 2 : 1;                   // m16 tiles (16 rows each) per warp
+  static constexpr int kWarps = kWindowRingRows / (16 * kWarpM);    // 4 or 8
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kCtasPerSm = window_ring_ctas_per_sm(D);
+  static constexpr int kKeys = kWindowRingKeys;
+  static constexpr int kRowBytes = 2 * D;
+  static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per K row
+  static constexpr int kStageBytes = kKeys * kRowBytes;
+  // 2-3 tiles in flight per CTA: with 3-4 CTAs an SM (head_dim <= 128) that is 100+ KiB per SM, three
+  // times the ~33 KiB that one microsecond of HBM latency at an SM's share of 4.4 TB/s asks for.
+  static constexpr int kStages = D == 128 ? 3 : 4;
+  static constexpr int kCopies = kKeys * kChunks / kThreads;       // 16-byte copies per thread per tile
+  static constexpr int kRingBytes = kStages * kStageBytes;
+  static constexpr int kFlagBytes = kStages * kKeys;               // per slot: which keys were staged
+  static_assert(kKeys * kChunks % kThreads == 0, "whole copies per thread");
+  static_assert(kCtasPerSm <= window_ring_ctas_per_sm(64), "window_partials_per_row sizes for 64's CTAs per SM");
+  // Pass 2's per-warp column sums: two tiles (double buffer) x warps x heads written x keys.
+  static KVSIFT_HD constexpr int col_bytes(int heads_out) { return 2 * kWarps * heads_out * kKeys * int(sizeof(float)); }
+  // Byte offset of chunk c of key k inside a slot.
+  static __device__ __forceinline__ unsigned at(int k, int c) { return unsigned(k * kRowBytes + ((c ^ (k & 7)) << 4)); }
+};
+
+// CTA of the persistent grid whose span holds item `item` of `n` (spans [c n / grid, (c + 1) n / grid)).
+KVSIFT_HD inline int window_ring_cta_of(std::int64_t item, std::int64_t n, int grid) {
+  return int(((item + 1) * grid - 1) / n);
+}
+
+// A walk over the live tiles of this CTA's span: item = bh x tiles + tile, live when the tile's first
+// key is below the head's key_end (pass 1: the sequence's length; pass 2: its scored prefix). The span
+// (its end, the tiles per head) is the pass's, passed in, so two cursors keep 4 registers each.
+struct RingCursor {
+  std::int64_t item;
+  int bh = -1, key_end = 0;
+  template <class KeyEnd>
+  __device__ void seek(std::int64_t end, int tiles, const KeyEnd& key_end_of) {
+    while (item < end) {
+      const int h = int(item / tiles);
+      if (h != bh) {
+        bh = h;
+        key_end = key_end_of(h);
+      }
+      if (int(item - std::int64_t(h) * tiles) * kWindowRingKeys < key_end) return;
+      item = std::int64_t(h + 1) * tiles;  // live tiles are a prefix of a head's tiles
+    }
+  }
+  __device__ int key0(int tiles) const { return int(item - std::int64_t(bh) * tiles) * kWindowRingKeys; }
+};
+
+// The shared-memory ring of one CTA and its producer: issue() fills a slot with the 64 keys of the
+// cursor's tile (zeros for keys past the sequence or on a page off the pool, recorded) and commits one
+// cp.async group, an empty one once the span is done, so the consumer's wait counts stay fixed.
+template <int D, class View, class QT>
+struct WindowRingProducer {
+  using R = WindowRing<D>;
+  const View& kv;
+  const WindowScoresLaunch& launch;
+  const void* dummy;  // a valid global address for zero-filled copies (nothing is read)
+  unsigned ring;      // shared-memory address of slot 0
+  unsigned char* flags;
+
+  __device__ void issue(const RingCursor& c, bool live, int tiles, int slot) const {
+    if (live) {
+      const int b = c.bh / kv.num_kv_heads, hk = c.bh % kv.num_kv_heads, key0 = c.key0(tiles);
+      const int len = kv.length(b);
+      const unsigned dst = ring + unsigned(slot * R::kStageBytes);
+      int bad_key = -1;
+#pragma unroll
+      for (int i = 0; i < R::kCopies; ++i) {
+        const int v = i * R::kThreads + int(threadIdx.x), k = v / R::kChunks, ch = v % R::kChunks, key = key0 + k;
+        const bool ok = score_key_staged(kv, b, len, key);
+        const void* src = ok ? static_cast<const void*>(reinterpret_cast<const char*>(kv.k_row(b, hk, key)) + ch * 16)
+                             : dummy;
+        cp_async16(dst + R::at(k, ch), src, ok ? 16 : 0);
+        if (ch == 0) flags[slot * R::kKeys + k] = ok;
+        if constexpr (!kv_rows_always_in_pool<View>)
+          if (!ok && key < len) bad_key = key;
+      }
+      if constexpr (!kv_rows_always_in_pool<View>)
+        if (bad_key >= 0) record_bad_score_key(kv, launch, b, hk, bad_key);
+    }
+    cp_async_commit();
+  }
+};
+
+// Logits of the warp's kWarpM x 16 rows against the 64 keys of a slot: acc[m][n][0..1] are (row
+// 16 m + g, keys 8 n + 2 t, + 1), acc[m][n][2..3] the same keys for row 16 m + g + 8.
+template <int D, class QT>
+__device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4],
+                                           float (&acc)[WindowRing<D>::kWarpM][8][4]) {
+  using R = WindowRing<D>;
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int m = 0; m < R::kWarpM; ++m)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
+  // One ldmatrix.x4 reads chunks 4 kp .. 4 kp + 3 of 8 keys: the B fragments of k-steps 2 kp, 2 kp + 1.
+#pragma unroll
+  for (int kp = 0; kp < R::kChunks / 4; ++kp)
+#pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      std::uint32_t bf[4];
+      ldmatrix_x4(bf, slot + R::at(8 * n + (lane & 7), 4 * kp + (lane >> 3)));
+#pragma unroll
+      for (int h2 = 0; h2 < 2; ++h2)
+#pragma unroll
+        for (int m = 0; m < R::kWarpM; ++m) mma_16816<QT>(acc[m][n], qa[m][2 * kp + h2], bf[2 * h2], bf[2 * h2 + 1]);
+    }
+}
+
+// Bit 2 n + c: whether key 8 n + 2 t + c of the slot was staged (paged views; all ones otherwise).
+template <class View>
+__device__ __forceinline__ std::uint32_t ring_staged_mask(const unsigned char* slot_flags) {
+  if constexpr (kv_rows_always_in_pool<View>) {
+    (void)slot_flags;
+    return 0xffffu;
+  } else {
+    const int t = threadIdx.x % 4;
+    std::uint32_t mask = 0;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) mask |= std::uint32_t(slot_flags[8 * n + 2 * t + c] != 0) << (2 * n + c);
+    return mask;
+  }
+}
+
+// A warp's Q fragments for the rows of (b, hk): kWarpM m-tiles from its first row.
+template <int D, class View, class QT>
+__device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, int b,
+                                                 int hk, std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4]) {
+  const int row0 = int(threadIdx.x / 32) * 16 * WindowRing<D>::kWarpM;
+#pragma unroll
+  for (int m = 0; m < WindowRing<D>::kWarpM; ++m) load_q_fragments<D>(kv, q, sp, b, hk, row0 + 16 * m, qa[m]);
+}
+
+// Pass 1: per (row, slot) the (max, sum) of the CTA's keys of that row's (sequence, KV head).
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
+    lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  using R = WindowRing<D>;
+  constexpr int M = R::kWarpM;
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  const int hkv = kv.num_kv_heads, bh_count = kv.batch * hkv;
+  const int tiles = window_ring_tiles(launch.plan.max_length);
+  const std::int64_t n = std::int64_t(bh_count) * tiles;
+  const std::int64_t begin = blockIdx.x * n / gridDim.x, end = (blockIdx.x + 1) * n / gridDim.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float c2 = launch.plan.scale * kLog2e;
+  float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
+  const int row_capacity = launch.plan.row_capacity, slots = launch.plan.chunks;
+
+  auto key_end_of = [&](int bh) {
+    const ScoreProblem sp = score_problem(kv, q, launch, bh / hkv);
+    return sp.prefix > 0 ? sp.len : 0;  // nothing to score: the row's log-sum-exp is never read
+  };
+  const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
+                                                 ring_smem + R::kRingBytes};
+  RingCursor prod{begin}, cons{begin};
+  prod.seek(end, tiles, key_end_of);
+  cons.seek(end, tiles, key_end_of);
+  auto produce = [&](int slot) {
+    const bool live = prod.item < end;
+    producer.issue(prod, live, tiles, slot);
+    if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
+  };
+#pragma unroll
+  for (int s = 0; s < R::kStages - 1; ++s) produce(s);
+
+  // The consumer's (sequence, KV head), its rows' Q fragments and running (max, sum) in base 2.
+  std::uint32_t qa[M][D / 16][4];
+  ScoreProblem sp{};
+  int cur_b = 0, cur_bh = -1;
+  float m2[M][2], d[M][2];
+  // Every head in [first, last] of the span gets this CTA's slot written, live tiles or not.
+  int next_flush = int(begin / tiles);
+  const int last_bh = int((end - 1) / tiles);
+  auto flush_until = [&](int stop) {
+    for (; next_flush < stop; ++next_flush) {
+      const int bh = next_flush;
+      const int slot = int(blockIdx.x) - window_ring_cta_of(std::int64_t(bh) * tiles, n, gridDim.x);
+      const bool mine = bh == cur_bh;
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = mine ? m2[m][h] : -INFINITY, sum = mine ? d[m][h] : 0.f;
+          // The 4 lanes of a row hold disjoint keys: merge them in lane order (same bits on each lane).
+#pragma unroll
+          for (int off = 1; off < 4; off *= 2) {
+            const float om = __shfl_xor_sync(0xffffffffu, mx, off), od = __shfl_xor_sync(0xffffffffu, sum, off);
+            const bool upper = t & off;
+            const float lo_m = upper ? om : mx, lo_d = upper ? od : sum, hi_m = upper ? mx : om, hi_d = upper ? sum : od;
+            const float top = fmaxf(lo_m, hi_m);
+            mx = top;
+            sum = top == -INFINITY ? 0.f : lo_d * exp2f(lo_m - top) + hi_d * exp2f(hi_m - top);
+          }
+          const int row = warp * 16 * M + 16 * m + g + 8 * h;
+          const int rows = mine ? sp.rows() : row_capacity;
+          if (t == 0 && row < rows && slot >= 0 && slot < slots)
+            partials[(std::int64_t(bh) * row_capacity + row) * slots + slot] = make_float2(mx * kLn2, sum);
+        }
+    }
+  };
+
+  for (int it = 0; cons.item < end; ++it) {
+    cp_async_wait<R::kStages - 2>();  // this thread's copies of tile `it` landed
+    __syncthreads();                  // everyone's, and slot (it - 1) % kStages is no longer read
+    const int slot = it % R::kStages;
+    constexpr bool kIssueFirst = kv_rows_always_in_pool<View>;  // else the copies wait on page lookups
+    auto refill = [&] { produce((it + R::kStages - 1) % R::kStages); };
+    if constexpr (kIssueFirst) refill();
+    if (cons.bh != cur_bh) {  // a new (sequence, KV head): flush the ones before it, take its rows
+      flush_until(cons.bh);
+      cur_bh = cons.bh;
+      cur_b = cur_bh / hkv;
+      sp = score_problem(kv, q, launch, cur_b);
+      ring_q_fragments<D>(kv, q, sp, cur_b, cur_bh % hkv, qa);
+#pragma unroll
+      for (int m = 0; m < M; ++m) m2[m][0] = m2[m][1] = -INFINITY, d[m][0] = d[m][1] = 0.f;
+    }
+    float acc[M][8][4];
+    ring_logits<D, QT>(producer.ring + unsigned(slot * R::kStageBytes), qa, acc);
+    const int key0 = cons.key0(tiles);
+    const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
+    const bool interior = key0 + R::kKeys - 1 <= sp.len - sp.nq && staged == 0xffffu;  // every row sees every key
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = warp * 16 * M + 16 * m + g + 8 * h;
+        if (!interior) {  // rows past the scored ones, keys a row does not see, keys not staged: -inf
+          const bool row_ok = row < sp.rows();
+          const int last = sp.last_key(row);
+#pragma unroll
+          for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+              const bool ok = row_ok && key0 + 8 * nn + 2 * t + c <= last && ((staged >> (2 * nn + c)) & 1u);
+              if (!ok) acc[m][nn][2 * h + c] = -INFINITY;
+            }
+        }
+        float top = acc[m][0][2 * h];
+#pragma unroll
+        for (int nn = 0; nn < 8; ++nn) top = fmaxf(top, fmaxf(acc[m][nn][2 * h], acc[m][nn][2 * h + 1]));
+        const float m_new = fmaxf(m2[m][h], top * c2);  // c2 > 0: the max of the scaled logits
+        if (m_new == -INFINITY) continue;               // nothing seen yet
+        float sum = 0.f;
+#pragma unroll
+        for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) sum += exp2f(fmaf(acc[m][nn][2 * h + c], c2, -m_new));
+        d[m][h] = d[m][h] * exp2f(m2[m][h] - m_new) + sum;
+        m2[m][h] = m_new;
+      }
+    if constexpr (!kIssueFirst) refill();
+    ++cons.item;
+    cons.seek(end, tiles, key_end_of);
+  }
+  cp_async_wait<0>();  // no copy outlives the CTA
+  flush_until(last_bh + 1);
+}
+
+// Per row of the window path: fold its slots (the CTAs whose spans touched its head) in slot order on
+// each lane, then across the lanes in a fixed order; write the log-sum-exp. A warp per row.
+template <class View, class QT>
+__global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  const int bh = blockIdx.y, b = bh / kv.num_kv_heads;
+  const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
+  if (row >= sp.rows() || sp.prefix <= 0) return;  // warp-uniform
+  const int tiles = window_ring_tiles(launch.plan.max_length), slots = launch.plan.chunks;
+  const std::int64_t n = std::int64_t(kv.batch) * kv.num_kv_heads * tiles;
+  const int first = window_ring_cta_of(std::int64_t(bh) * tiles, n, launch.plan.ring_grid);
+  const int last = window_ring_cta_of(std::int64_t(bh) * tiles + tiles - 1, n, launch.plan.ring_grid);
+  const int used = min(last - first + 1, slots);
+  const float2* partials = reinterpret_cast<const float2*>(launch.scratch.partials);
+  const float2* mine = partials + (std::int64_t(bh) * launch.plan.row_capacity + row) * slots;
+  SoftmaxState st;
+  float fs, fo;
+  for (int s = lane; s < used; s += 32) {
+    const float2 md = mine[s];
+    SoftmaxState o;
+    o.m = md.x;
+    o.d = md.y;
+    st.merge(o, &fs, &fo);
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    SoftmaxState o;
+    o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
+    o.d = __shfl_xor_sync(0xffffffffu, st.d, off);
+    SoftmaxState lo = (lane & off) ? o : st, hi = (lane & off) ? st : o;
+    lo.merge(hi, &fs, &fo);
+    st = lo;
+  }
+  if (lane == 0) launch.scratch.lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row] = st.lse();
+}
+
+// Pass 2: the column sums of exp(logit - lse) over the rows of each (sequence, KV head), for the keys of
+// its scored prefix; per query head (kQueryHead, G dividing 8) or the mean of the group's heads.
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
+    column_sums_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  using R = WindowRing<D>;
+  constexpr int M = R::kWarpM;
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  const WindowScoreParams& p = launch.params;
+  const int hkv = kv.num_kv_heads, bh_count = kv.batch * hkv, group = q.num_heads / hkv;
+  const bool per_head = p.heads == ScoreHeads::kQueryHead;
+  const int heads_out = per_head ? group : 1;
+  const int tiles = window_ring_tiles(launch.plan.cols < launch.plan.max_length ? launch.plan.cols
+                                                                                : std::int64_t(launch.plan.max_length));
+  const std::int64_t n = std::int64_t(bh_count) * tiles;
+  const std::int64_t begin = blockIdx.x * n / gridDim.x, end = (blockIdx.x + 1) * n / gridDim.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const float c2 = launch.plan.scale * kLog2e;
+  float* col = reinterpret_cast<float*>(ring_smem + R::kRingBytes);  // [2][warps][heads_out][64]
+  auto col_at = [&](int buf, int w, int head) { return col + ((buf * R::kWarps + w) * heads_out + head) * R::kKeys; };
+
+  auto key_end_of = [&](int bh) { return score_problem(kv, q, launch, bh / hkv).prefix; };
+  const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
+                                                 ring_smem + R::kRingBytes + R::col_bytes(heads_out)};
+  RingCursor prod{begin}, cons{begin};
+  prod.seek(end, tiles, key_end_of);
+  cons.seek(end, tiles, key_end_of);
+  auto produce = [&](int slot) {
+    const bool live = prod.item < end;
+    producer.issue(prod, live, tiles, slot);
+    if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
+  };
+#pragma unroll
+  for (int s = 0; s < R::kStages - 1; ++s) produce(s);
+
+  std::uint32_t qa[M][D / 16][4];
+  ScoreProblem sp{};
+  int cur_bh = -1;
+  float lse2[M][2];  // this thread's rows' log-sum-exp in base 2; +inf for rows past the scored ones
+  // The tile whose warp sums wait in col[buf] for the next barrier: its head, first key, prefix.
+  int pend_b = -1, pend_hk = 0, pend_key0 = 0, pend_prefix = 0, pend_buf = 0;
+  auto write_pending = [&] {
+    if (pend_b < 0) return;
+    for (int e = threadIdx.x; e < heads_out * R::kKeys; e += R::kThreads) {
+      const int head = e / R::kKeys, k = e % R::kKeys, key = pend_key0 + k;
+      if (key >= pend_prefix) continue;
+      float total = 0.f;
+      for (int w = 0; w < R::kWarps; ++w) total += col_at(pend_buf, w, head)[k];
+      if (per_head) launch.scores(std::int64_t(pend_b) * q.num_heads + pend_hk * group + head, key) = total;
+      else launch.scores(std::int64_t(pend_b) * hkv + pend_hk, key) = total / float(group);
+    }
+  };
+
+  for (int it = 0; cons.item < end; ++it) {
+    cp_async_wait<R::kStages - 2>();
+    __syncthreads();  // tile `it` landed; slot (it - 1) % kStages and col[(it - 1) % 2] are complete
+    const int slot = it % R::kStages;
+    constexpr bool kIssueFirst = kv_rows_always_in_pool<View>;
+    auto refill = [&] { produce((it + R::kStages - 1) % R::kStages); };
+    if constexpr (kIssueFirst) refill();
+    write_pending();
+    if (cons.bh != cur_bh) {
+      cur_bh = cons.bh;
+      const int b = cur_bh / hkv, hk = cur_bh % hkv;
+      sp = score_problem(kv, q, launch, b);
+      ring_q_fragments<D>(kv, q, sp, b, hk, qa);
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp * 16 * M + 16 * m + g + 8 * h;
+          float lse = INFINITY;
+          if (row < sp.rows()) {
+            const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
+            lse = p.lse ? p.lse[(std::int64_t(b) * q.num_heads + hq) * q.capacity + i]
+                        : launch.scratch.lse_rows[std::int64_t(cur_bh) * launch.plan.row_capacity + row];
+          }
+          lse2[m][h] = lse * kLog2e;
+        }
+    }
+    float acc[M][8][4];
+    ring_logits<D, QT>(producer.ring + unsigned(slot * R::kStageBytes), qa, acc);
+    const int key0 = cons.key0(tiles);
+    const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
+    // Keys at or past the prefix are never written, so only the prefix's keys need every row to see them.
+    const int last_scored = min(key0 + R::kKeys, sp.prefix) - 1;
+    const bool interior = last_scored <= sp.len - sp.nq && staged == 0xffffu;
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int last = sp.last_key(warp * 16 * M + 16 * m + g + 8 * h);
+#pragma unroll
+        for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = acc[m][nn][2 * h + c];
+            x = exp2f(fmaf(x, c2, -lse2[m][h]));  // rows past the scored ones: lse +inf, so 0
+            if (!interior && !(key0 + 8 * nn + 2 * t + c <= last && ((staged >> (2 * nn + c)) & 1u))) x = 0.f;
+          }
+      }
+    // Column sums of the thread's rows, then over the lanes of one query head (or all of them).
+    const int buf = it & 1;
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        float v = 0.f;
+#pragma unroll
+        for (int m = 0; m < M; ++m) v += acc[m][nn][c] + acc[m][nn][2 + c];
+        for (int off = 4 * heads_out; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+        if (g < heads_out) col_at(buf, warp, g)[8 * nn + 2 * t + c] = v;
+      }
+    pend_b = cur_bh / hkv;
+    pend_hk = cur_bh % hkv;
+    pend_key0 = key0;
+    pend_prefix = sp.prefix;
+    pend_buf = buf;
+    if constexpr (!kIssueFirst) refill();
+    ++cons.item;
+    cons.seek(end, tiles, key_end_of);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  write_pending();
+}
+
+}  // namespace detail
+}  // namespace kvsift
