@@ -9,6 +9,7 @@
 // benchmarks/torch_snapkv.py.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
@@ -105,6 +106,47 @@ void BM_CompressPrompt(benchmark::State& state) {
   kvsift_bench::time_gpu(state, passes * k_bytes + compaction, [&](cudaStream_t s) { (void)run(s); });
 }
 
+// The first stage alone: window_scores of the W = 32 window queries (kKvHeadMean rows), without and
+// with the engine's log-sum-exp (two passes over K, or one), contiguous or paged (16-token pages).
+// Counters: floor_us (K read once per pass at the read ceiling), tflops (2 x 128 rows x len x 128
+// per KV head per pass: the logits' multiply-adds).
+void BM_WindowScores(benchmark::State& state) {
+  const int batch = int(state.range(0)), len = int(state.range(1)), page = int(state.range(3));
+  const bool give_lse = state.range(2) != 0;
+  Layer layer(batch, len, kWindow);
+  kvsift_bench::DeviceArray<float> scores(std::size_t(batch) * kKvHeads * len), lse(std::size_t(batch) * kQHeads * kWindow);
+  kvsift_bench::fill_uniform(lse.get(), lse.n, 8.f, 9.f, 14);  // any finite values: the work is the same
+  kvsift::WindowScoreParams p;
+  p.window = kWindow;
+  p.num_queries = kWindow;
+  p.lse = give_lse ? lse.get() : nullptr;
+  const auto q = kvsift::make_query_rows<bf16>(layer.q.get(), kWindow, kQHeads, kHeadDim);
+  const auto out = kvsift::make_strided_view(scores.get(), std::int64_t(batch) * kKvHeads, len);
+  const auto& exec = kvsift_bench::gpu();
+  const PagedLayer paged(layer, page > 0 ? page : 16);
+  std::size_t bytes = 0;
+  kvsift::Status st = page > 0 ? kvsift::window_scores_workspace_bytes(exec, paged.view(layer, page), q, p, out, &bytes)
+                               : kvsift::window_scores_workspace_bytes(exec, layer.view(), q, p, out, &bytes);
+  kvsift_bench::DeviceArray<unsigned char> ws(std::max<std::size_t>(bytes, 1));
+  auto run = [&](cudaStream_t s) {
+    const kvsift::Workspace w{ws.get(), bytes};
+    return page > 0 ? kvsift::cuda::window_scores(exec.on(s), paged.view(layer, page), q, p, out, w)
+                    : kvsift::cuda::window_scores(exec.on(s), layer.view(), q, p, out, w);
+  };
+  if (st.ok()) st = run(nullptr);
+  if (!st.ok()) {
+    (void)cudaGetLastError();
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  const int passes = give_lse ? 1 : 2;
+  const double k_bytes = double(batch) * kKvHeads * len * kHeadDim * sizeof(bf16);
+  const double flops = 2.0 * passes * batch * kKvHeads * (kWindow * (kQHeads / kKvHeads)) * double(len) * kHeadDim;
+  state.counters["floor_us"] = passes * k_bytes / (kvsift_bench::read_ceiling_tbps() * 1e12) * 1e6;
+  kvsift_bench::time_gpu(state, passes * k_bytes, [&](cudaStream_t s) { (void)run(s); });
+  if (state.counters.count("us_median")) state.counters["tflops"] = flops / double(state.counters["us_median"]) * 1e-6;
+}
+
 // Dense decode (one query per sequence) over a cache of `len` tokens: the full prompt, or the
 // compressed one of Cp tokens.
 void BM_DecodeOverCache(benchmark::State& state) {
@@ -146,6 +188,13 @@ void compression_shapes(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_CompressPrompt)
     ->Apply(compression_shapes)
     ->ArgNames({"policy", "batch", "len", "cp", "page"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_WindowScores)
+    ->ArgsProduct({{1, 8}, {32768, 131072}, {0, 1}, {0}})
+    ->Args({1, 131072, 0, 16})
+    ->Args({8, 131072, 0, 16})
+    ->ArgNames({"batch", "len", "lse", "page"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeOverCache)
