@@ -38,6 +38,7 @@ std::vector<float> widen(const std::vector<T>& v) {
 // over many tiles and several (sequence, KV head) pairs, and whose log-sum-exp partials share rows.
 struct ScoreShape {
   int batch = 3, kv_heads = 2, capacity = 300, head_dim = 64, num_sms = 0;
+  bool misaligned_q = false;  // query rows one element off 16 bytes (the ring path's general column sums)
 };
 
 // Window scores of one configuration on both backends; dtype T for Q and K.
@@ -93,12 +94,14 @@ void compare_window_scores(std::mt19937_64& rng, int group, int window, int num_
   std::vector<float> expect(std::size_t(rows) * cols, -3.f);
   REQUIRE(kh::window_scores(kh::Exec{}, p.view(), p.queries(), params, make_strided_view(expect.data(), rows, cols)).ok());
 
-  DeviceBuffer<T> dk(convert<T>(p.k)), dq(convert<T>(p.q));
+  std::vector<T> q_host = convert<T>(p.q);
+  if (shape.misaligned_q) q_host.insert(q_host.begin(), kvsift::from_float<T>(0.f));
+  DeviceBuffer<T> dk(convert<T>(p.k)), dq(q_host);
   DeviceBuffer<std::int32_t> dlen(p.lengths);
   DeviceBuffer<float> dlse(lse), out(std::size_t(rows) * cols);
   out.poison();
   auto kv = kvsift::make_bhsd<const T>(dk.get(), dk.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, dlen.get());
-  auto q = kvsift::make_query_rows<T>(dq.get(), q_rows, p.q_heads, p.head_dim);
+  auto q = kvsift::make_query_rows<T>(dq.get() + (shape.misaligned_q ? 1 : 0), q_rows, p.q_heads, p.head_dim);
   if (give_lse) params.lse = dlse.get();
   auto exec = kc::Exec::for_current_device();
   if (shape.num_sms > 0) exec.device.num_sms = shape.num_sms;
@@ -139,13 +142,13 @@ TEST_CASE("window_scores on the GPU matches the host reference") {
   compare_window_scores<__half>(rng, 8, 32, 32, kvsift::ScoreHeads::kQueryHead, true);
 }
 
-// The window path (at most 128 scored rows per (sequence, KV head), 16-bit Q and K, head_dim 64 / 128 /
-// 256): every head_dim, both score layouts, groups 1-8, windows that fill the 128-row tile and ones
-// that leave most of it empty, with and without the engine's log-sum-exp, on prompts of several ring
-// tiles. The claimed SM counts shrink the persistent grid to 1-7 CTAs, so one CTA's span covers many
-// tiles and crosses (sequence, KV head) boundaries mid-ring, and a row's log-sum-exp merges the
-// partials of several CTAs; 0 keeps the real count (a CTA per tile here).
-TEST_CASE("window_scores on the GPU: the window path over long persistent spans matches the host reference") {
+// The ring path (16-bit Q and K, head_dim 64 / 128 / 256): every head_dim, both score layouts, groups
+// 1-8, windows that fill the 128-row tile, ones that leave most of it empty and ones past it, H2O-prefill,
+// with and without the engine's log-sum-exp, on prompts of several ring tiles. The claimed SM counts
+// shrink the persistent grid to 3-21 CTAs, so one CTA's span covers many tiles and crosses segment
+// boundaries mid-ring, and a row's log-sum-exp merges the partials of several CTAs; 0 keeps the real
+// count (about a CTA per tile here).
+TEST_CASE("window_scores on the GPU: the ring path over long persistent spans matches the host reference") {
   auto rng = kvsift_test::make_rng(71);
   using kvsift::ScoreHeads;
   struct Case {
@@ -166,6 +169,18 @@ TEST_CASE("window_scores on the GPU: the window path over long persistent spans 
         compare_window_scores<__nv_bfloat16>(rng, c.group, c.window, c.window, c.heads, false, shape);
         compare_window_scores<__half>(rng, c.group, c.window, c.window, c.heads, c.group == 4, shape);
       }
+      // More than 128 rows a head: two segments a head on the persistent grid, K-resident column sums.
+      compare_window_scores<__nv_bfloat16>(rng, 8, 32, 32, ScoreHeads::kQueryHead, false, shape);
+      compare_window_scores<__half>(rng, 4, 48, 48, ScoreHeads::kKvHeadMean, true, shape);
+      // H2O-prefill on a shorter prompt: with 1-7 SMs a CTA per segment (causal spans), with the real
+      // count a persistent grid.
+      ScoreShape h2o = shape;
+      h2o.capacity = 300;
+      compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, ScoreHeads::kQueryHead, false, h2o);
+      compare_window_scores<__half>(rng, 4, 16, kvsift::kAllQueries, ScoreHeads::kKvHeadMean, false, h2o);
+      // Query rows off 16 bytes: the ring's log-sum-exp, then the general column sums.
+      h2o.misaligned_q = true;
+      compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, ScoreHeads::kQueryHead, false, h2o);
     }
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "kvsift/ops/window_scores.hpp"
@@ -167,10 +168,10 @@ TEST_CASE("window_scores and scored_prefix_lengths: the host reference asks for 
         "heads_per_sequence = 0 must be > 0");
 }
 
-// The window path's plan (window_scores_plan.hpp), checked without a GPU: which shapes take it, and
-// that its partial slots hold every CTA of its persistent grid that touches a (sequence, KV head), within
-// what the policies' type-free workspace query reserves.
-TEST_CASE("window_scores plan: the window path's choice, slots and workspace bound") {
+// The ring path's plan (window_scores_plan.hpp), checked without a GPU: which shapes take it and which
+// column sums, and that its partial slots hold every CTA of its grid that touches a segment (128 rows of
+// a (sequence, KV head)), within what the policies' type-free workspace query reserves.
+TEST_CASE("window_scores plan: the ring path's choice, slots and workspace bound") {
   using KV = ContiguousKV<const bfloat16_t>;
   auto plan_for = [](int batch, int hkv, int group, int window, int max_len, int d, ScoreHeads heads, int sms) {
     KV kv = make_bhsd<const bfloat16_t>(nullptr, nullptr, batch, hkv, max_len, d, nullptr);
@@ -181,14 +182,35 @@ TEST_CASE("window_scores plan: the window path's choice, slots and workspace bou
     p.heads = heads;
     return detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 1, max_len), sms);
   };
-  // ClusterAttn on a Llama-3-8B layer: the window path, one wave of 3 CTAs per SM.
+  // ClusterAttn on a Llama-3-8B layer: one segment a head, a persistent wave of 3 CTAs per SM, Q-resident
+  // column sums.
   const auto llama = plan_for(1, 8, 4, 32, 131072, 128, ScoreHeads::kKvHeadMean, 132);
   CHECK(llama.tensor_cores == 128);
   CHECK(llama.ring_grid == 396);
   CHECK(llama.chunks == 396 / 8 + 2);
-  // Not the window path: more than 128 rows, a query-head layout whose group does not divide 8, an
-  // Exec without an SM count, head_dim 96 (the CUDA cores).
-  CHECK(plan_for(1, 8, 8, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132).ring_grid == 0);
+  CHECK(llama.ring_columns == detail::kRingColumnsQ);
+  // 256 rows a head (W 32, G 8): two segments a head, still persistent; K-resident column sums.
+  const auto wide = plan_for(1, 8, 8, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132);
+  CHECK(wide.ring_grid == 396);
+  CHECK(wide.chunks == std::min(64, 396 / 16 + 2));
+  CHECK(wide.ring_columns == detail::kRingColumnsK);
+  // H2O-prefill at 32K (every position scored: 1024 segments a head): a CTA per segment, one slot.
+  {
+    KV kv = make_bhsd<const bfloat16_t>(nullptr, nullptr, 1, 8, 32768, 128, nullptr);
+    const auto q = make_query_rows<const bfloat16_t>(nullptr, 32768, 32, 128);
+    WindowScoreParams p;
+    p.window = 32;
+    p.num_queries = kAllQueries;
+    const auto h2o = detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 8, 32768), 132);
+    CHECK(h2o.ring_grid == 8 * 1024);
+    CHECK(h2o.chunks == 1);
+    CHECK(h2o.ring_columns == detail::kRingColumnsK);
+    // Query rows that are not 16-byte aligned: the general column sums after the ring's log-sum-exp.
+    const auto odd = make_query_rows<const bfloat16_t>(reinterpret_cast<const bfloat16_t*>(std::uintptr_t(2)), 32768, 32, 128);
+    CHECK(detail::plan_window_scores(kv, odd, p, make_strided_view<float>(nullptr, 8, 32768), 132).ring_columns == 0);
+  }
+  // Not the ring path: a query-head layout whose group does not divide 8, an Exec without an SM count,
+  // head_dim 96 (the CUDA cores).
   CHECK(plan_for(1, 8, 3, 32, 4096, 128, ScoreHeads::kQueryHead, 132).ring_grid == 0);
   CHECK(plan_for(1, 8, 3, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132).ring_grid > 0);
   CHECK(plan_for(1, 8, 4, 32, 4096, 128, ScoreHeads::kKvHeadMean, 0).ring_grid == 0);
@@ -199,18 +221,20 @@ TEST_CASE("window_scores plan: the window path's choice, slots and workspace bou
     const int batch = kvsift_test::uniform_int(rng, 1, 9), hkv = kvsift_test::uniform_int(rng, 1, 8);
     const int max_len = kvsift_test::uniform_int(rng, 1, 40000), sms = kvsift_test::uniform_int(rng, 1, 200);
     const int d = std::vector<int>{64, 128, 256}[std::size_t(kvsift_test::uniform_int(rng, 0, 2))];
-    const auto plan = plan_for(batch, hkv, 4, 32, max_len, d, ScoreHeads::kKvHeadMean, sms);
+    const int group = 1 << kvsift_test::uniform_int(rng, 0, 3), window = kvsift_test::uniform_int(rng, 1, 100);
+    const auto plan = plan_for(batch, hkv, group, window, max_len, d, ScoreHeads::kQueryHead, sms);
     REQUIRE(plan.ring_grid > 0);
-    const std::int64_t bh = std::int64_t(batch) * hkv, tiles = detail::window_ring_tiles(max_len), n = bh * tiles;
-    CHECK(plan.ring_grid <= std::int64_t(sms) * detail::window_ring_ctas_per_sm(d));
+    const std::int64_t bh = std::int64_t(batch) * hkv, tiles = detail::window_ring_tiles(max_len);
+    const std::int64_t segs = bh * ((window * group + 127) / 128), n = segs * tiles;
+    CHECK(plan.ring_grid <= std::max<std::int64_t>(segs, std::int64_t(sms) * detail::window_ring_ctas_per_sm(d)));
     CHECK(plan.chunks <= detail::window_partials_per_row(max_len, bh, sms));
-    // CTA c spans tiles [c n / grid, (c + 1) n / grid): count the CTAs each head's tiles meet.
-    std::vector<int> touching(std::size_t(bh), 0);
+    // CTA c spans tiles [c n / grid, (c + 1) n / grid): count the CTAs each segment's tiles meet.
+    std::vector<int> touching(std::size_t(segs), 0);
     for (int c = 0; c < plan.ring_grid; ++c) {
       const std::int64_t begin = c * n / plan.ring_grid, end = (c + 1) * n / plan.ring_grid;
       REQUIRE(end > begin);
       for (std::int64_t h = begin / tiles; h <= (end - 1) / tiles; ++h) ++touching[std::size_t(h)];
     }
-    for (std::int64_t h = 0; h < bh; ++h) REQUIRE(touching[std::size_t(h)] <= plan.chunks);
+    for (std::int64_t h = 0; h < segs; ++h) REQUIRE(touching[std::size_t(h)] <= plan.chunks);
   }
 }

@@ -4,11 +4,11 @@
 /// workspace in window_scores_plan.hpp).
 ///
 /// Two passes per call: the log-sum-exp of each scored query (skipped when the caller gives lse), then
-/// the column sums. Three paths, chosen by the plan (window_scores_plan.hpp): the window path (at most
-/// 128 scored rows per (sequence, KV head), K streamed through a shared-memory ring by persistent CTAs:
-/// detail/window_scores_ring.cuh), the general tensor-core path (16-bit Q and K of one type, head_dim
-/// 64/128/256, 16-byte aligned K rows, any row count: detail/window_scores_mma.cuh) and the CUDA-core
-/// path (the rest: detail/window_scores_simt.cuh). Every kernel takes the views and one
+/// the column sums. Three paths, chosen by the plan (window_scores_plan.hpp): the ring path (16-bit Q
+/// and K of one type, head_dim 64/128/256, 16-byte aligned K rows, per-head rows only for a group that
+/// divides 8: one operand resident in registers, the other streamed through a shared-memory ring;
+/// detail/window_scores_ring.cuh), the general tensor-core path (the other 16-bit cases:
+/// detail/window_scores_mma.cuh) and the CUDA-core path (the rest: detail/window_scores_simt.cuh). Every kernel takes the views and one
 /// WindowScoresLaunch by value. Grids come from the plan (shapes, params.max_length and the SM count),
 /// never from lengths in device memory, so a call can be captured in a CUDA graph.
 
@@ -56,31 +56,44 @@ Status launch_window_score_passes(cudaStream_t stream, const View& kv, const Que
   return Status();
 }
 
-// The window path (detail/window_scores_ring.cuh): the log-sum-exp pass and its merge unless the caller
-// gives lse, then the column sums, each pass on a persistent grid of at most one wave.
+// The ring path (detail/window_scores_ring.cuh): the log-sum-exp pass and its merge unless the caller
+// gives lse, then the column sums: Q resident on a persistent grid (one row tile per head), K resident
+// in 128-key blocks (several row tiles), or the general tensor-core kernel (several row tiles, query
+// rows not 16-byte aligned; it reads the same per-row log-sum-exps).
 template <int D, class View, class QT>
 Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const QueryRows<QT>& q,
                                 const WindowScoresLaunch& launch) {
   using R = WindowRing<D>;
   const int bh = kv.batch * kv.num_kv_heads;
   const int heads_out = launch.params.heads == ScoreHeads::kQueryHead ? q.num_heads / kv.num_kv_heads : 1;
+  // Kernel limits only grow, under a lock (core/smem_limit.cuh: several host threads).
+  const char* what = "window_scores: cudaFuncSetAttribute";
   if (!launch.params.lse) {
     auto* partials = lse_partials_ring_kernel<D, View, QT>;
     const std::size_t smem = R::kRingBytes + R::kFlagBytes;
-    // The limit only grows, under a lock (core/smem_limit.cuh: several host threads).
-    KVSIFT_TRY(raise_dynamic_smem_limit(partials, smem, /*max_carveout=*/true, "window_scores: cudaFuncSetAttribute"));
+    KVSIFT_TRY(raise_dynamic_smem_limit(partials, smem, /*max_carveout=*/true, what));
     partials<<<launch.plan.ring_grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
     lse_merge_ring_kernel<<<dim3((launch.plan.row_capacity + 7) / 8, bh), 256, 0, exec.stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
   }
   const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
-  const int grid = window_ring_grid(std::int64_t(bh) * window_ring_tiles(keys), exec.device.num_sms, D);
-  if (grid == 0) return Status();
-  auto* sums = column_sums_ring_kernel<D, View, QT>;
-  const std::size_t smem = R::kRingBytes + R::col_bytes(heads_out) + R::kFlagBytes;
-  KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, "window_scores: cudaFuncSetAttribute"));
-  sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+  if (launch.plan.ring_columns == kRingColumnsQ) {
+    const int grid = window_ring_grid(std::int64_t(bh) * window_ring_tiles(keys), exec.device.num_sms, D);
+    auto* sums = column_sums_ring_kernel<D, View, QT>;
+    const std::size_t smem = R::kRingBytes + R::col_bytes(heads_out) + R::kFlagBytes;
+    KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
+    sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+  } else if (launch.plan.ring_columns == kRingColumnsK) {
+    const dim3 grid(unsigned((keys + kWindowRingRows - 1) / kWindowRingRows), unsigned(bh));
+    auto* sums = column_sums_keys_kernel<D, View, QT>;
+    const std::size_t smem = R::kRingBytes + R::kStages * R::kKeys * sizeof(float);
+    KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
+    sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+  } else {
+    const dim3 grid(unsigned((keys + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock), unsigned(bh));
+    column_sums_mma_kernel<D><<<grid, kMmaThreads, 0, exec.stream>>>(kv, q, launch);
+  }
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

@@ -10,11 +10,12 @@
 /// pass's per-(row, chunk) softmax partials and per-row results; nothing when the caller gives lse,
 /// nothing for the host reference.
 ///
-/// Three CUDA paths, chosen here: the window path (16-bit Q and K of one type, head_dim 64/128/256,
-/// 16-byte aligned K rows, at most 128 scored rows per (sequence, KV head), and for one row per query
-/// head a group that divides 8; detail/window_scores_ring.cuh), whose grid and partial slots follow
-/// the SM count; the general tensor-core path (the same types, any row count: H2O-prefill); the
-/// CUDA-core path (everything else).
+/// Three CUDA paths, chosen here: the ring path (16-bit Q and K of one type, head_dim 64/128/256,
+/// 16-byte aligned K rows, and for one row per query head a group that divides 8;
+/// detail/window_scores_ring.cuh), whose grid and partial slots follow the SM count; the general
+/// tensor-core path (the same types otherwise); the CUDA-core path (everything else). The ring path's
+/// column sums fall back to the general kernel (same log-sum-exp layout) when a head's rows span
+/// several tiles and the query rows are not 16-byte aligned.
 
 #include <cstddef>
 #include <cstdint>
@@ -34,9 +35,10 @@ namespace detail {
 
 inline constexpr int kLseKeyChunk = 2048;  // keys per block of the general paths' log-sum-exp pass
 
-// The window path: rows per (sequence, KV head), keys per ring tile, and CTAs per SM it is sized for
-// (head_dim 64 and 128: 4 warps of 32 rows, 3 CTAs by registers; 256: 8 warps of 16 rows, one CTA by
-// registers and shared memory). window_partials_per_row assumes no head_dim takes more than 64's.
+// The ring path: rows per segment (a CTA's resident rows), keys (or streamed rows) per ring tile, and
+// CTAs per SM it is sized for (head_dim 64 and 128: 4 warps of 32 rows, 3 CTAs by registers; 256: 8
+// warps of 16 rows, one CTA by registers and shared memory). window_partials_per_row assumes no
+// head_dim takes more than 64's.
 inline constexpr int kWindowRingRows = 128;
 inline constexpr int kWindowRingKeys = 64;
 KVSIFT_HD constexpr int window_ring_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 1; }
@@ -65,19 +67,37 @@ struct WindowScorePlan {
   float scale = 0.f;      // resolved sm_scale
   int max_length = 0;     // launch bound on the prompt length
   int row_capacity = 0;   // query rows per (sequence, KV head): nq * G
-  int chunks = 0;         // log-sum-exp partials per row: key chunks, or the window path's slots
+  int chunks = 0;         // log-sum-exp partials per row: key chunks, or the ring path's slots
   int tensor_cores = 0;   // head_dim of a tensor-core path (64, 128 or 256), 0 for the CUDA cores
-  int ring_grid = 0;      // the window path's log-sum-exp grid (0: another path)
+  int ring_grid = 0;      // the ring path's log-sum-exp grid (0: the general paths)
+  int ring_columns = 0;   // the ring path's column sums: kRingColumnsQ, kRingColumnsK or 0 (general)
 };
 
-// Tiles of kWindowRingKeys keys a window-path pass covers per (sequence, KV head), for keys [0, keys).
+// The ring path's column-sum kernels: Q resident, keys streamed (one row tile per head), or K resident,
+// rows streamed (several row tiles: H2O-prefill, large windows; needs 16-byte aligned Q rows).
+inline constexpr int kRingColumnsQ = 1;
+inline constexpr int kRingColumnsK = 2;
+
+// Tiles of kWindowRingKeys keys a ring pass covers per (sequence, KV head), for keys [0, keys).
 KVSIFT_HD inline int window_ring_tiles(std::int64_t keys) { return int((keys + kWindowRingKeys - 1) / kWindowRingKeys); }
 
-// The window path's grid for `items` tiles: one wave of window_ring_ctas_per_sm CTAs per SM, at most
-// one CTA per tile.
+// One wave of the ring path's CTAs.
+inline std::int64_t window_ring_wave(int num_sms, int head_dim) {
+  return std::int64_t(num_sms) * window_ring_ctas_per_sm(head_dim);
+}
+
+// The persistent grid for `items` tiles: one wave, at most one CTA per tile.
 inline int window_ring_grid(std::int64_t items, int num_sms, int head_dim) {
-  const std::int64_t wave = std::int64_t(num_sms) * window_ring_ctas_per_sm(head_dim);
+  const std::int64_t wave = window_ring_wave(num_sms, head_dim);
   return int(items < wave ? items : wave);
+}
+
+// Whether every scored query row can be copied in 16-byte pieces (the K-resident column sums).
+template <class QT>
+bool query_rows_16byte_aligned(const QueryRows<QT>& q) {
+  constexpr std::int64_t e = 16 / std::int64_t(sizeof(QT));
+  return reinterpret_cast<std::uintptr_t>(q.data) % 16 == 0 && q.batch_stride % e == 0 && q.position_stride % e == 0 &&
+         q.head_stride % e == 0;
 }
 
 template <class View, class QT>
@@ -93,19 +113,30 @@ WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const
   const int d = kv.head_dim;
   if constexpr (window_scores_tensor_core_types<View, QT>())
     if ((d == 64 || d == 128 || d == 256) && check_rows_16byte_aligned(kv).ok()) plan.tensor_cores = d;
-  // The window path: one row tile, and a query head's rows on fixed lanes (row % G = lane / 4 % G when G
-  // divides 8) so that per-head column sums stay a warp reduction.
-  const bool one_tile = plan.row_capacity <= kWindowRingRows;
+  // The ring path keeps a query head's rows on fixed lanes (row % G = lane / 4 % G, or (2 (lane % 4) + c)
+  // % G, when G divides 8) so that per-head column sums stay register and warp reductions.
   const bool heads_fit = p.heads == ScoreHeads::kKvHeadMean || (group > 0 && 8 % group == 0);
   const std::int64_t bh = std::int64_t(kv.batch) * kv.num_kv_heads;
-  if (plan.tensor_cores && one_tile && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0) {
-    // CTA c takes tiles [c N / grid, (c + 1) N / grid) of the N = bh x tiles of the log-sum-exp pass,
-    // so the CTAs that touch one (sequence, KV head) number at most grid / bh + 2 (and at most its
-    // tiles): each writes one partial per row into its own slot.
+  if (plan.tensor_cores && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0 && plan.row_capacity > 0) {
+    // Log-sum-exp: segments of kWindowRingRows rows of one (sequence, KV head). Fewer segments than a
+    // wave (the window queries): CTA c takes tiles [c N / grid, (c + 1) N / grid) of the N = segments x
+    // tiles, so a segment is touched by at most grid / segments + 2 CTAs (and at most its tiles), each
+    // writing one partial per row into its own slot. A wave of segments or more (H2O-prefill): a CTA
+    // per segment, all of its keys, one slot.
+    const std::int64_t segments = bh * ((plan.row_capacity + kWindowRingRows - 1) / kWindowRingRows);
     const int tiles = window_ring_tiles(plan.max_length);
-    plan.ring_grid = window_ring_grid(bh * tiles, num_sms, d);
-    const std::int64_t slots = plan.ring_grid / bh + 2;
-    plan.chunks = int(slots < tiles ? slots : tiles);
+    if (segments >= window_ring_wave(num_sms, d) && segments <= 0x7fffffff) {
+      plan.ring_grid = int(segments);
+      plan.chunks = 1;
+    } else if (segments < window_ring_wave(num_sms, d)) {
+      plan.ring_grid = window_ring_grid(segments * tiles, num_sms, d);
+      const std::int64_t slots = plan.ring_grid / segments + 2;
+      plan.chunks = int(slots < tiles ? slots : tiles);
+    }
+    if (plan.ring_grid > 0)
+      plan.ring_columns = plan.row_capacity <= kWindowRingRows ? kRingColumnsQ
+                          : query_rows_16byte_aligned(q)      ? kRingColumnsK
+                                                              : 0;
   }
   return plan;
 }
@@ -117,8 +148,8 @@ struct WindowScoreScratch {
   float* lse_rows = nullptr;
 };
 
-// Partials per row that any path may use: the general paths' key chunks or the window path's slots at
-// its most CTAs per SM. Independent of the element types and head_dim, so a query made with stand-in
+// Partials per row that any path may use: the general paths' key chunks or the ring path's slots at
+// its most CTAs per SM (segments >= bh, so bh bounds its slots). Independent of the element types and head_dim, so a query made with stand-in
 // views of the right shapes (as the compression policies make it) sizes every path.
 inline std::int64_t window_partials_per_row(int max_length, std::int64_t bh, int num_sms) {
   const std::int64_t chunks = (max_length + kLseKeyChunk - 1) / kLseKeyChunk;

@@ -117,10 +117,6 @@ __device__ __forceinline__ void widen_fp8x4(std::uint32_t four, std::uint32_t& l
   }
 }
 
-// 4-byte copy for the per-token scales (the 16-byte form needs .cg; 4 bytes need .ca).
-__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
 
 // One thread's rows of the next stage of a dense split over an affine view (KvRows::kAffine): the
 // first of its kLoadTokensPerThread rows, the byte steps to the next one, and how many of the split's

@@ -14,6 +14,11 @@ namespace detail {
 __device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
+// 4-byte copy (per-token scales, index entries, log-sum-exps): the 16-byte form needs .cg, 4 bytes
+// need .ca; `bytes` 0 zero-fills.
+__device__ __forceinline__ void cp_async4(unsigned dst, const void* src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

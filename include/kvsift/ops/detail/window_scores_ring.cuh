@@ -1,43 +1,45 @@
 #pragma once
-// The window path of window_scores: the scored rows of a (sequence, KV head) fit one tile of
-// kWindowRingRows = 128 (SnapKV's and ClusterAttn's windows, W x G <= 128), Q and K of one 16-bit
-// type, head_dim 64, 128 or 256, 16-byte aligned K rows (plan_window_scores chooses it). Same two
+// The ring path of window_scores: Q and K of one 16-bit type, head_dim 64, 128 or 256, 16-byte aligned
+// K rows (plan_window_scores chooses it; per-head score rows need a group G dividing 8). Same two
 // passes and results as the general paths (window_scores_mma.cuh, window_scores_simt.cuh); the
 // log-sum-exp partials have their own slots and merge (below).
 //
-// Why a path of its own: at W x G = 128 rows every key is one 128-row tile of logits, so the window
-// case is a stream over K with a fixed Q. The general tensor-core kernels load each 64-key tile and
-// then compute on it, two barriers apart, 8 warps reading every K fragment from shared memory with two
-// 32-bit loads per mma: measured at 51 TFLOP/s, 10x their bytes floor (ClusterAttn B=1, 128K).
+// Why: the general tensor-core kernels load each 64-key tile and then compute on it, two barriers
+// apart, 8 warps reading every K fragment from shared memory with two 32-bit loads per mma: measured
+// at 51 TFLOP/s, 10x their bytes floor (ClusterAttn B=1, 128K). Here one operand stays in registers
+// and the other streams through a cp.async ring of kStages slots of 64 rows, one barrier a tile; slot
+// rows are XOR-swizzled by 16-byte chunk (chunk c of row k at c ^ (k % 8), as in the decode kernel's
+// ring), so ldmatrix reads them without bank conflicts, 2 mma k-steps' B fragments per instruction.
+// A warp holds kWarpM x 16 resident rows: 32 for head_dim <= 128 (4 warps read each streamed tile
+// from shared memory, not 8), 16 for 256 (registers). Exponentials in base 2 (exp2f) on logits scaled
+// by sm_scale x log2(e), one FMA each.
 //
-// Here:
-// - K streams through a cp.async ring of kStages slots of 64 keys, one barrier per tile; slot rows
-//   are XOR-swizzled by 16-byte chunk (chunk c of key k at c ^ (k % 8), as in the decode kernel's
-//   ring), so ldmatrix reads them without bank conflicts, 4 mma k-steps' B fragments per instruction.
-// - A warp holds the Q fragments of kWarpM x 16 rows in registers for as long as its CTA stays on one
-//   (sequence, KV head): 32 rows for head_dim <= 128 (4 warps read each K tile from shared memory,
-//   not 8), 16 for 256 (registers).
-// - Persistent CTAs: at most window_ring_ctas_per_sm CTAs per SM, CTA c taking the tiles
-//   [c N / grid, (c + 1) N / grid) of the pass's N = (batch x KV heads) x tiles, so every CTA gets
-//   within one tile of the same work and the ring runs on across (sequence, head) boundaries. Tiles
-//   past a sequence's length (or its scored prefix) are skipped by the producer and the consumer alike.
-// - Exponentials in base 2 (exp2f) on logits scaled by sm_scale x log2(e), one FMA each.
+// Pass 1 (log-sum-exp), Q resident: a segment is 128 rows of one (sequence, KV head), seg = bh x row
+// tiles + row tile; K streams by. Per row, a tile is one max over the thread's 16 logits, one rescale
+// and 16 exponentials.
+// - Fewer segments than a wave (SnapKV's and ClusterAttn's windows, W x G <= 128 rows: one segment a
+//   head): a persistent grid of at most window_ring_ctas_per_sm CTAs per SM; CTA c takes the tiles
+//   [c N / grid, (c + 1) N / grid) of the N = segments x tiles, so every CTA gets within one tile of the
+//   same work and the ring runs on across segment boundaries. A CTA's tiles of one segment fold into
+//   one (max, sum) per row, written to slot c - (first CTA of that segment) of the row's partials
+//   (plan.chunks slots; every CTA whose span touches the segment writes its slot, (-inf, 0) when it had
+//   no live tile there); lse_merge_ring_kernel folds a row's slots in a fixed order, a warp per row.
+// - A wave of segments or more (H2O-prefill): a CTA per segment, over all the keys its rows see; one
+//   slot. CTAs are numbered backwards so that the last row tiles, which see the most keys, start first.
+// Tiles past what a segment's rows see are skipped by the producer and the consumer alike.
 //
-// Pass 1 (log-sum-exp): per row, each tile is one max over the thread's 16 logits, one rescale and
-// 16 exponentials. A CTA's tiles of one (sequence, KV head) fold into one (max, sum) per row, written
-// to slot c - (first CTA of that head) of the row's partials (plan.chunks slots; every CTA whose span
-// touches the head writes its slot, an empty (-inf, 0) when it had no live tile there).
-// lse_merge_ring_kernel folds a row's slots in a fixed order, a warp per row.
-//
-// Pass 2 (column sums): per tile, exp2(logit - lse) summed over the warp's rows (a warp reduction
-// over the lanes of one query head: with G dividing 8, row r = i G + g of a thread's fragments always
-// has g = (lane / 4) % G), then over the warps through shared memory, in a fixed order. The warps'
-// sums of tile t are read after the barrier of tile t + 1 (double-buffered), so a tile costs one
-// barrier in both passes.
+// Pass 2 (column sums):
+// - One row tile per head, Q resident (column_sums_ring_kernel): the persistent grid over the heads'
+//   key tiles; per tile, exp2(logit - lse) summed over the warp's rows (a warp reduction over the lanes
+//   of one query head: with G dividing 8, row r = i G + g of a thread's fragments always has
+//   g = (lane / 4) % G), then over the warps through shared memory, in a fixed order. The warps' sums
+//   of tile t are read after the barrier of tile t + 1 (double-buffered): one barrier a tile.
+// - Several row tiles, K resident (column_sums_keys_kernel): 128 keys a CTA, the rows that see them
+//   streamed; see there.
 //
 // Masks cost nothing inside the sequence: a tile all of whose keys every row sees (and, for a paged
-// view, all on pages of the pool) takes the unmasked code; only a sequence's last tiles and tiles
-// with a bad page test each logit.
+// view, all on pages of the pool) takes the unmasked code; only the tiles at the causal diagonal, a
+// sequence's last tile and tiles with a bad page test each logit.
 
 #include <cstdint>
 
@@ -79,30 +81,33 @@ KVSIFT_HD inline int window_ring_cta_of(std::int64_t item, std::int64_t n, int g
   return int(((item + 1) * grid - 1) / n);
 }
 
-// A walk over the live tiles of this CTA's span: item = bh x tiles + tile, live when the tile's first
-// key is below the head's key_end (pass 1: the sequence's length; pass 2: its scored prefix). The span
-// (its end, the tiles per head) is the pass's, passed in, so two cursors keep 4 registers each.
+// A walk over the live tiles of this CTA's span: item = seg x tiles + tile, live when the tile's first
+// key is below the segment's key_end (pass 1: what its rows see; pass 2: the head's scored prefix). A
+// segment is one row tile of one (sequence, KV head): seg = bh x row tiles + row tile (pass 2: seg =
+// bh). The span (its end, the tiles per segment) is the pass's, passed in, so two cursors keep 4
+// registers each.
 struct RingCursor {
   std::int64_t item;
-  int bh = -1, key_end = 0;
+  int seg = -1, key_end = 0;
   template <class KeyEnd>
   __device__ void seek(std::int64_t end, int tiles, const KeyEnd& key_end_of) {
     while (item < end) {
       const int h = int(item / tiles);
-      if (h != bh) {
-        bh = h;
+      if (h != seg) {
+        seg = h;
         key_end = key_end_of(h);
       }
       if (int(item - std::int64_t(h) * tiles) * kWindowRingKeys < key_end) return;
-      item = std::int64_t(h + 1) * tiles;  // live tiles are a prefix of a head's tiles
+      item = std::int64_t(h + 1) * tiles;  // live tiles are a prefix of a segment's tiles
     }
   }
-  __device__ int key0(int tiles) const { return int(item - std::int64_t(bh) * tiles) * kWindowRingKeys; }
+  __device__ int key0(int tiles) const { return int(item - std::int64_t(seg) * tiles) * kWindowRingKeys; }
 };
 
-// The shared-memory ring of one CTA and its producer: issue() fills a slot with the 64 keys of the
-// cursor's tile (zeros for keys past the sequence or on a page off the pool, recorded) and commits one
-// cp.async group, an empty one once the span is done, so the consumer's wait counts stay fixed.
+// The K ring's producer: issue() fills a slot with keys key0 .. key0 + 63 of head bh = b x Hkv + hk
+// (zeros for keys past the sequence or on a page off the pool, recorded; flags say which were staged)
+// and commits one cp.async group, an empty one once the span is done, so the consumer's wait counts
+// stay fixed.
 template <int D, class View, class QT>
 struct WindowRingProducer {
   using R = WindowRing<D>;
@@ -112,9 +117,9 @@ struct WindowRingProducer {
   unsigned ring;      // shared-memory address of slot 0
   unsigned char* flags;
 
-  __device__ void issue(const RingCursor& c, bool live, int tiles, int slot) const {
+  __device__ void issue(int bh, int key0, bool live, int slot) const {
     if (live) {
-      const int b = c.bh / kv.num_kv_heads, hk = c.bh % kv.num_kv_heads, key0 = c.key0(tiles);
+      const int b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
       const int len = kv.length(b);
       const unsigned dst = ring + unsigned(slot * R::kStageBytes);
       int bad_key = -1;
@@ -178,35 +183,43 @@ __device__ __forceinline__ std::uint32_t ring_staged_mask(const unsigned char* s
   }
 }
 
-// A warp's Q fragments for the rows of (b, hk): kWarpM m-tiles from its first row.
+// A warp's Q fragments for its rows of a segment of (b, hk) starting at row seg_row0: kWarpM m-tiles.
 template <int D, class View, class QT>
 __device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, int b,
-                                                 int hk, std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4]) {
-  const int row0 = int(threadIdx.x / 32) * 16 * WindowRing<D>::kWarpM;
+                                                 int hk, int seg_row0, std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4]) {
+  const int row0 = seg_row0 + int(threadIdx.x / 32) * 16 * WindowRing<D>::kWarpM;
 #pragma unroll
   for (int m = 0; m < WindowRing<D>::kWarpM; ++m) load_q_fragments<D>(kv, q, sp, b, hk, row0 + 16 * m, qa[m]);
 }
 
-// Pass 1: per (row, slot) the (max, sum) of the CTA's keys of that row's (sequence, KV head).
+// Pass 1: per (row, slot) the (max, sum) of the CTA's keys of that row's segment: kWindowRingRows rows
+// of one (sequence, KV head), seg = bh x row_tiles + row tile. CTAs are numbered backwards (vb), so
+// with a CTA per segment (H2O-prefill) the last row tiles, which see the most keys, start first.
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   extern __shared__ __align__(128) unsigned char ring_smem[];
-  const int hkv = kv.num_kv_heads, bh_count = kv.batch * hkv;
+  const int hkv = kv.num_kv_heads, row_capacity = launch.plan.row_capacity, slots = launch.plan.chunks;
+  const int row_tiles = (row_capacity + kWindowRingRows - 1) / kWindowRingRows;
   const int tiles = window_ring_tiles(launch.plan.max_length);
-  const std::int64_t n = std::int64_t(bh_count) * tiles;
-  const std::int64_t begin = blockIdx.x * n / gridDim.x, end = (blockIdx.x + 1) * n / gridDim.x;
+  const std::int64_t n = std::int64_t(kv.batch) * hkv * row_tiles * tiles;
+  const int vb = int(gridDim.x - 1 - blockIdx.x);
+  const std::int64_t begin = vb * n / gridDim.x, end = (vb + 1) * n / gridDim.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float c2 = launch.plan.scale * kLog2e;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
-  const int row_capacity = launch.plan.row_capacity, slots = launch.plan.chunks;
 
-  auto key_end_of = [&](int bh) {
-    const ScoreProblem sp = score_problem(kv, q, launch, bh / hkv);
-    return sp.prefix > 0 ? sp.len : 0;  // nothing to score: the row's log-sum-exp is never read
+  // Keys a segment's rows see: up to its last row's last key; none past the scored rows, or when the
+  // head has nothing to score (its log-sum-exp is never read).
+  auto key_end_of = [&](int seg) {
+    const ScoreProblem sp = score_problem(kv, q, launch, seg / row_tiles / hkv);
+    const int row0 = seg % row_tiles * kWindowRingRows;
+    if (sp.prefix <= 0 || row0 >= sp.rows()) return 0;
+    return sp.last_key(min(row0 + kWindowRingRows, sp.rows()) - 1) + 1;
   };
+  auto view_head = [&](int seg) { return seg / row_tiles; };  // the cursor's segment as a (b, hk) for the producer
   const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes};
   RingCursor prod{begin}, cons{begin};
@@ -214,25 +227,25 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   cons.seek(end, tiles, key_end_of);
   auto produce = [&](int slot) {
     const bool live = prod.item < end;
-    producer.issue(prod, live, tiles, slot);
+    producer.issue(view_head(prod.seg), prod.key0(tiles), live, slot);
     if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
   };
 #pragma unroll
   for (int s = 0; s < R::kStages - 1; ++s) produce(s);
 
-  // The consumer's (sequence, KV head), its rows' Q fragments and running (max, sum) in base 2.
+  // The consumer's segment, its rows' Q fragments and running (max, sum) in base 2.
   std::uint32_t qa[M][D / 16][4];
   ScoreProblem sp{};
-  int cur_b = 0, cur_bh = -1;
+  int cur_seg = -1, seg_row0 = 0;
   float m2[M][2], d[M][2];
-  // Every head in [first, last] of the span gets this CTA's slot written, live tiles or not.
+  // Every segment in [first, last] of the span gets this CTA's slot written, live tiles or not.
   int next_flush = int(begin / tiles);
-  const int last_bh = int((end - 1) / tiles);
+  const int last_seg = int((end - 1) / tiles);
   auto flush_until = [&](int stop) {
     for (; next_flush < stop; ++next_flush) {
-      const int bh = next_flush;
-      const int slot = int(blockIdx.x) - window_ring_cta_of(std::int64_t(bh) * tiles, n, gridDim.x);
-      const bool mine = bh == cur_bh;
+      const int seg = next_flush, bh = seg / row_tiles;
+      const int slot = vb - window_ring_cta_of(std::int64_t(seg) * tiles, n, gridDim.x);
+      const bool mine = seg == cur_seg;
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -248,7 +261,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
             mx = top;
             sum = top == -INFINITY ? 0.f : lo_d * exp2f(lo_m - top) + hi_d * exp2f(hi_m - top);
           }
-          const int row = warp * 16 * M + 16 * m + g + 8 * h;
+          const int row = seg % row_tiles * kWindowRingRows + warp * 16 * M + 16 * m + g + 8 * h;
           const int rows = mine ? sp.rows() : row_capacity;
           if (t == 0 && row < rows && slot >= 0 && slot < slots)
             partials[(std::int64_t(bh) * row_capacity + row) * slots + slot] = make_float2(mx * kLn2, sum);
@@ -261,14 +274,14 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     __syncthreads();                  // everyone's, and slot (it - 1) % kStages is no longer read
     const int slot = it % R::kStages;
     constexpr bool kIssueFirst = kv_rows_always_in_pool<View>;  // else the copies wait on page lookups
-    auto refill = [&] { produce((it + R::kStages - 1) % R::kStages); };
-    if constexpr (kIssueFirst) refill();
-    if (cons.bh != cur_bh) {  // a new (sequence, KV head): flush the ones before it, take its rows
-      flush_until(cons.bh);
-      cur_bh = cons.bh;
-      cur_b = cur_bh / hkv;
-      sp = score_problem(kv, q, launch, cur_b);
-      ring_q_fragments<D>(kv, q, sp, cur_b, cur_bh % hkv, qa);
+    if constexpr (kIssueFirst) produce((it + R::kStages - 1) % R::kStages);
+    if (cons.seg != cur_seg) {  // a new segment: flush the ones before it, take its rows
+      flush_until(cons.seg);
+      cur_seg = cons.seg;
+      const int bh = cur_seg / row_tiles;
+      seg_row0 = cur_seg % row_tiles * kWindowRingRows;
+      sp = score_problem(kv, q, launch, bh / hkv);
+      ring_q_fragments<D>(kv, q, sp, bh / hkv, bh % hkv, seg_row0, qa);
 #pragma unroll
       for (int m = 0; m < M; ++m) m2[m][0] = m2[m][1] = -INFINITY, d[m][0] = d[m][1] = 0.f;
     }
@@ -276,12 +289,13 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     ring_logits<D, QT>(producer.ring + unsigned(slot * R::kStageBytes), qa, acc);
     const int key0 = cons.key0(tiles);
     const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
-    const bool interior = key0 + R::kKeys - 1 <= sp.len - sp.nq && staged == 0xffffu;  // every row sees every key
+    // Every row of the segment sees every key of the tile (the segment's first row sees the fewest).
+    const bool interior = key0 + R::kKeys - 1 <= sp.last_key(seg_row0) && staged == 0xffffu;
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = warp * 16 * M + 16 * m + g + 8 * h;
+        const int row = seg_row0 + warp * 16 * M + 16 * m + g + 8 * h;
         if (!interior) {  // rows past the scored ones, keys a row does not see, keys not staged: -inf
           const bool row_ok = row < sp.rows();
           const int last = sp.last_key(row);
@@ -306,16 +320,16 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
         d[m][h] = d[m][h] * exp2f(m2[m][h] - m_new) + sum;
         m2[m][h] = m_new;
       }
-    if constexpr (!kIssueFirst) refill();
+    if constexpr (!kIssueFirst) produce((it + R::kStages - 1) % R::kStages);
     ++cons.item;
     cons.seek(end, tiles, key_end_of);
   }
   cp_async_wait<0>();  // no copy outlives the CTA
-  flush_until(last_bh + 1);
+  flush_until(last_seg + 1);
 }
 
-// Per row of the window path: fold its slots (the CTAs whose spans touched its head) in slot order on
-// each lane, then across the lanes in a fixed order; write the log-sum-exp. A warp per row.
+// Per scored row: fold its slots (the CTAs whose spans touched its segment) in slot order on each lane,
+// then across the lanes in a fixed order; write the log-sum-exp. A warp per row.
 template <class View, class QT>
 __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads;
@@ -323,9 +337,11 @@ __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaun
   const ScoreProblem sp = score_problem(kv, q, launch, b);
   if (row >= sp.rows() || sp.prefix <= 0) return;  // warp-uniform
   const int tiles = window_ring_tiles(launch.plan.max_length), slots = launch.plan.chunks;
-  const std::int64_t n = std::int64_t(kv.batch) * kv.num_kv_heads * tiles;
-  const int first = window_ring_cta_of(std::int64_t(bh) * tiles, n, launch.plan.ring_grid);
-  const int last = window_ring_cta_of(std::int64_t(bh) * tiles + tiles - 1, n, launch.plan.ring_grid);
+  const int row_tiles = (launch.plan.row_capacity + kWindowRingRows - 1) / kWindowRingRows;
+  const std::int64_t n = std::int64_t(kv.batch) * kv.num_kv_heads * row_tiles * tiles;
+  const std::int64_t seg = std::int64_t(bh) * row_tiles + row / kWindowRingRows;
+  const int first = window_ring_cta_of(seg * tiles, n, launch.plan.ring_grid);
+  const int last = window_ring_cta_of(seg * tiles + tiles - 1, n, launch.plan.ring_grid);
   const int used = min(last - first + 1, slots);
   const float2* partials = reinterpret_cast<const float2*>(launch.scratch.partials);
   const float2* mine = partials + (std::int64_t(bh) * launch.plan.row_capacity + row) * slots;
@@ -379,7 +395,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   cons.seek(end, tiles, key_end_of);
   auto produce = [&](int slot) {
     const bool live = prod.item < end;
-    producer.issue(prod, live, tiles, slot);
+    producer.issue(prod.seg, prod.key0(tiles), live, slot);
     if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
   };
 #pragma unroll
@@ -411,11 +427,11 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     auto refill = [&] { produce((it + R::kStages - 1) % R::kStages); };
     if constexpr (kIssueFirst) refill();
     write_pending();
-    if (cons.bh != cur_bh) {
-      cur_bh = cons.bh;
+    if (cons.seg != cur_bh) {
+      cur_bh = cons.seg;
       const int b = cur_bh / hkv, hk = cur_bh % hkv;
       sp = score_problem(kv, q, launch, b);
-      ring_q_fragments<D>(kv, q, sp, b, hk, qa);
+      ring_q_fragments<D>(kv, q, sp, b, hk, 0, qa);
 #pragma unroll
       for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -475,6 +491,154 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   cp_async_wait<0>();
   __syncthreads();
   write_pending();
+}
+
+// Pass 2 when a head's rows span several row tiles (H2O-prefill, windows of more than 128 rows), the
+// roles swapped: a CTA holds 128 keys of one (sequence, KV head) as mma A fragments (S^T = K Q^T, warp
+// w's keys 16 kWarpM w ..), and streams the rows that see them through the ring, 64 a tile: their Q rows
+// and log-sum-exps, copied with cp.async (16-byte aligned Q rows, plan: kRingColumnsK). A key's weight
+// sum is a row sum of S^T, so each thread adds its keys' weights over every tile in registers and one
+// quad reduction ends the CTA: no barrier but the ring's, nothing through shared memory per tile.
+// Causality: the first row that sees key j is (j - (L - nq)) G; rows past the diagonal tile see every
+// key of the block, so only the diagonal tiles and the last (partial) one test each weight. Blocks
+// are launched in key order, so the ones with the most rows start first.
+template <int D, class View, class QT>
+__global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
+    column_sums_keys_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  using R = WindowRing<D>;
+  constexpr int M = R::kWarpM;
+  constexpr int kRows = R::kKeys;  // streamed rows per tile
+  extern __shared__ __align__(128) unsigned char ring_smem[];
+  const WindowScoreParams& p = launch.params;
+  const int hkv = kv.num_kv_heads, bh = blockIdx.y, b = bh / hkv, hk = bh % hkv;
+  const ScoreProblem sp = score_problem(kv, q, launch, b);
+  const int block_key0 = blockIdx.x * kWindowRingRows;
+  if (block_key0 >= sp.prefix) return;  // block-uniform
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int group = sp.group;
+  const bool per_head = p.heads == ScoreHeads::kQueryHead;
+  const float c2 = launch.plan.scale * kLog2e;
+  const unsigned ring = unsigned(__cvta_generic_to_shared(ring_smem));
+  float* lse_ring = reinterpret_cast<float*>(ring_smem + R::kRingBytes);  // [kStages][64] natural-log lse
+
+  // This thread's keys: key_of(m, h) = block_key0 + 16 (kWarpM warp + m) + g + 8 h; their K fragments
+  // (zeros for keys past the sequence or off the pool) and which were staged.
+  const int warp_key0 = block_key0 + 16 * M * warp;
+  std::uint32_t ka[M][D / 16][4];
+  std::uint32_t staged = 0;  // bit 2 m + h
+  {
+    int bad_key = -1;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const std::uint16_t* rows[2] = {nullptr, nullptr};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int key = warp_key0 + 16 * m + g + 8 * h;
+        if (score_key_staged(kv, b, sp.len, key)) {
+          rows[h] = reinterpret_cast<const std::uint16_t*>(kv.k_row(b, hk, key));
+          staged |= 1u << (2 * m + h);
+        } else if (key < sp.len) {
+          bad_key = key;
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < D / 16; ++s) {
+        const int c = 16 * s + 2 * t;
+        ka[m][s][0] = rows[0] ? pack_pair(rows[0] + c) : 0u;
+        ka[m][s][1] = rows[1] ? pack_pair(rows[1] + c) : 0u;
+        ka[m][s][2] = rows[0] ? pack_pair(rows[0] + c + 8) : 0u;
+        ka[m][s][3] = rows[1] ? pack_pair(rows[1] + c + 8) : 0u;
+      }
+    }
+    if constexpr (!kv_rows_always_in_pool<View>)
+      if (bad_key >= 0) record_bad_score_key(kv, launch, b, hk, bad_key);
+  }
+
+  // The rows that see the block's first key, in tiles of 64 from the tile that holds the first one.
+  const int first_row = max(0, block_key0 - (sp.len - sp.nq)) * group;
+  const int tile_begin = first_row / kRows, tile_end = (sp.rows() + kRows - 1) / kRows;
+  const float* lse_src = p.lse ? p.lse : launch.scratch.lse_rows;
+  auto issue = [&](int tile, int slot) {
+    if (tile < tile_end) {
+      const unsigned dst = ring + unsigned(slot * R::kStageBytes);
+#pragma unroll
+      for (int i = 0; i < R::kCopies; ++i) {
+        const int v = i * R::kThreads + int(threadIdx.x), k = v / R::kChunks, ch = v % R::kChunks, row = tile * kRows + k;
+        const bool ok = row < sp.rows();
+        const QT* src = ok ? q.row(b, row / group, hk * group + row % group) + ch * 8 : q.data;
+        cp_async16(dst + R::at(k, ch), src, ok ? 16 : 0);
+      }
+      if (threadIdx.x < kRows) {
+        const int row = tile * kRows + int(threadIdx.x);
+        const bool ok = row < sp.rows();
+        const std::int64_t at = !ok ? 0
+                                : p.lse ? (std::int64_t(b) * q.num_heads + hk * group + row % group) * q.capacity + row / group
+                                        : std::int64_t(bh) * launch.plan.row_capacity + row;
+        cp_async4(unsigned(__cvta_generic_to_shared(lse_ring + slot * kRows + threadIdx.x)), lse_src + at, ok ? 4 : 0);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < R::kStages - 1; ++s) issue(tile_begin + s, s);
+
+  // sum[m][h][c]: this thread's key (m, h) over the rows 8 n + 2 t + c of every tile: with G dividing 8
+  // those rows all belong to query head (2 t + c) % G.
+  float sum[M][2][2] = {};
+  for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
+    cp_async_wait<R::kStages - 2>();
+    __syncthreads();
+    const int slot = it % R::kStages;
+    issue(tile + R::kStages - 1, (it + R::kStages - 1) % R::kStages);
+    float acc[M][8][4];
+    ring_logits<D, QT>(ring + unsigned(slot * R::kStageBytes), ka, acc);
+    const int row0 = tile * kRows;
+    // Every row of the tile is scored and sees every key of the block (its first row sees the fewest).
+    const bool interior = row0 + kRows <= sp.rows() && block_key0 + kWindowRingRows - 1 <= sp.last_key(row0);
+    const float* lse = lse_ring + slot * kRows;
+#pragma unroll
+    for (int nn = 0; nn < 8; ++nn) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + 8 * nn + 2 * t);
+      const float lse2[2] = {l.x * kLog2e, l.y * kLog2e};
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          float x = exp2f(fmaf(acc[m][nn][e], c2, -lse2[e % 2]));
+          if (!interior) {
+            const int row = row0 + 8 * nn + 2 * t + e % 2, key = warp_key0 + 16 * m + g + 8 * (e / 2);
+            if (row >= sp.rows() || key > sp.last_key(row)) x = 0.f;
+          }
+          sum[m][e / 2][e % 2] += x;
+        }
+    }
+  }
+  cp_async_wait<0>();
+
+  // Fold the quad: lanes t and t' hold the same query head where 2 t = 2 t' (mod G), i.e. t = t' (mod G / 2);
+  // the mean over heads folds everything.
+  const int heads_out = per_head ? group : 1;
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float v0 = sum[m][h][0], v1 = sum[m][h][1];
+      if (heads_out == 1) v0 += v1;
+      const int lanes = heads_out <= 2 ? 4 : 8 / heads_out;  // lanes t of the quad sharing a head: 4, 2, 1
+      for (int off = 4 / lanes; off < 4; off *= 2) {
+        v0 += __shfl_xor_sync(0xffffffffu, v0, off);
+        v1 += __shfl_xor_sync(0xffffffffu, v1, off);
+      }
+      const int key = warp_key0 + 16 * m + g + 8 * h;
+      if (key >= sp.prefix) continue;
+      const bool ok = (staged >> (2 * m + h)) & 1u;  // a key off the pool: no attention
+      if (heads_out == 1) {
+        if (t == 0) launch.scores(std::int64_t(b) * hkv + hk, key) = ok ? v0 / float(group) : 0.f;
+      } else if (2 * t < heads_out) {  // lane t holds heads 2 t and 2 t + 1
+        launch.scores(std::int64_t(b) * q.num_heads + hk * group + 2 * t, key) = ok ? v0 : 0.f;
+        if (2 * t + 1 < heads_out) launch.scores(std::int64_t(b) * q.num_heads + hk * group + 2 * t + 1, key) = ok ? v1 : 0.f;
+      }
+    }
 }
 
 }  // namespace detail
