@@ -76,32 +76,60 @@ struct WindowRing {
   static __device__ __forceinline__ unsigned at(int k, int c) { return unsigned(k * kRowBytes + ((c ^ (k & 7)) << 4)); }
 };
 
+// 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp; -inf gives +0). exp2f also scales denormal arguments
+// around the MUFU, a compare, two multiplies and a select per call: 467 of the 4174 static
+// instructions of the log-sum-exp kernel's loop (head_dim 128, sm_90 SASS). The arguments here are
+// <= 0 and the results are summed, so results below 2^-126 flushing to zero is far under the sums'
+// fp32 rounding.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // CTA of the persistent grid whose span holds item `item` of `n` (spans [c n / grid, (c + 1) n / grid)).
 KVSIFT_HD inline int window_ring_cta_of(std::int64_t item, std::int64_t n, int grid) {
   return int(((item + 1) * grid - 1) / n);
 }
 
-// A walk over the live tiles of this CTA's span: item = seg x tiles + tile, live when the tile's first
-// key is below the segment's key_end (pass 1: what its rows see; pass 2: the head's scored prefix). A
-// segment is one row tile of one (sequence, KV head): seg = bh x row tiles + row tile (pass 2: seg =
-// bh). The span (its end, the tiles per segment) is the pass's, passed in, so two cursors keep 4
-// registers each.
+// A walk over the live tiles of this CTA's span [begin, end) of items seg x tiles + tile: a tile is live
+// when its first key is below the segment's key_end (pass 1: what its rows see; pass 2: the head's
+// scored prefix). A segment is one row tile of one (sequence, KV head): seg = bh x row tiles + row tile
+// (pass 2: seg = bh). The position is kept as (seg, tile) and stepped without 64-bit divisions (the
+// span's bounds are divided once); key_end is asked only for segments inside the span, so no length
+// past the batch is read.
 struct RingCursor {
-  std::int64_t item;
-  int seg = -1, key_end = 0;
+  int seg, tile, key_end = 0;
+  int end_seg, end_tile;  // the span's end, as (segment, tile)
+  int tiles;
+
   template <class KeyEnd>
-  __device__ void seek(std::int64_t end, int tiles, const KeyEnd& key_end_of) {
-    while (item < end) {
-      const int h = int(item / tiles);
-      if (h != seg) {
-        seg = h;
-        key_end = key_end_of(h);
-      }
-      if (int(item - std::int64_t(h) * tiles) * kWindowRingKeys < key_end) return;
-      item = std::int64_t(h + 1) * tiles;  // live tiles are a prefix of a segment's tiles
+  __device__ RingCursor(std::int64_t begin, std::int64_t end, int tiles_, const KeyEnd& key_end_of)
+      : seg(int(begin / tiles_)), tile(int(begin % tiles_)), end_seg(int(end / tiles_)), end_tile(int(end % tiles_)),
+        tiles(tiles_) {
+    if (live()) key_end = key_end_of(seg);
+    seek(key_end_of);
+  }
+  __device__ bool live() const { return seg < end_seg || (seg == end_seg && tile < end_tile); }
+  __device__ int key0() const { return tile * kWindowRingKeys; }
+  // To the first live tile at or after the current one (live tiles are a prefix of a segment's tiles).
+  template <class KeyEnd>
+  __device__ void seek(const KeyEnd& key_end_of) {
+    while (live() && tile * kWindowRingKeys >= key_end) {
+      ++seg;
+      tile = 0;
+      if (live()) key_end = key_end_of(seg);
     }
   }
-  __device__ int key0(int tiles) const { return int(item - std::int64_t(seg) * tiles) * kWindowRingKeys; }
+  template <class KeyEnd>
+  __device__ void next(const KeyEnd& key_end_of) {
+    if (++tile == tiles) {
+      ++seg;
+      tile = 0;
+      if (live()) key_end = key_end_of(seg);
+    }
+    seek(key_end_of);
+  }
 };
 
 // The K ring's producer: issue() fills a slot with keys key0 .. key0 + 63 of head bh = b x Hkv + hk
@@ -222,13 +250,11 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto view_head = [&](int seg) { return seg / row_tiles; };  // the cursor's segment as a (b, hk) for the producer
   const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes};
-  RingCursor prod{begin}, cons{begin};
-  prod.seek(end, tiles, key_end_of);
-  cons.seek(end, tiles, key_end_of);
+  RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
-    const bool live = prod.item < end;
-    producer.issue(view_head(prod.seg), prod.key0(tiles), live, slot);
-    if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
+    const bool live = prod.live();
+    producer.issue(view_head(prod.seg), prod.key0(), live, slot);
+    if (live) prod.next(key_end_of);
   };
 #pragma unroll
   for (int s = 0; s < R::kStages - 1; ++s) produce(s);
@@ -259,7 +285,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
             const float lo_m = upper ? om : mx, lo_d = upper ? od : sum, hi_m = upper ? mx : om, hi_d = upper ? sum : od;
             const float top = fmaxf(lo_m, hi_m);
             mx = top;
-            sum = top == -INFINITY ? 0.f : lo_d * exp2f(lo_m - top) + hi_d * exp2f(hi_m - top);
+            sum = top == -INFINITY ? 0.f : lo_d * exp2_ftz(lo_m - top) + hi_d * exp2_ftz(hi_m - top);
           }
           const int row = seg % row_tiles * kWindowRingRows + warp * 16 * M + 16 * m + g + 8 * h;
           const int rows = mine ? sp.rows() : row_capacity;
@@ -269,7 +295,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     }
   };
 
-  for (int it = 0; cons.item < end; ++it) {
+  for (int it = 0; cons.live(); ++it) {
     cp_async_wait<R::kStages - 2>();  // this thread's copies of tile `it` landed
     __syncthreads();                  // everyone's, and slot (it - 1) % kStages is no longer read
     const int slot = it % R::kStages;
@@ -287,7 +313,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     }
     float acc[M][8][4];
     ring_logits<D, QT>(producer.ring + unsigned(slot * R::kStageBytes), qa, acc);
-    const int key0 = cons.key0(tiles);
+    const int key0 = cons.key0();
     const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
     // Every row of the segment sees every key of the tile (the segment's first row sees the fewest).
     const bool interior = key0 + R::kKeys - 1 <= sp.last_key(seg_row0) && staged == 0xffffu;
@@ -316,13 +342,12 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 #pragma unroll
         for (int nn = 0; nn < 8; ++nn)
 #pragma unroll
-          for (int c = 0; c < 2; ++c) sum += exp2f(fmaf(acc[m][nn][2 * h + c], c2, -m_new));
-        d[m][h] = d[m][h] * exp2f(m2[m][h] - m_new) + sum;
+          for (int c = 0; c < 2; ++c) sum += exp2_ftz(fmaf(acc[m][nn][2 * h + c], c2, -m_new));
+        d[m][h] = d[m][h] * exp2_ftz(m2[m][h] - m_new) + sum;
         m2[m][h] = m_new;
       }
     if constexpr (!kIssueFirst) produce((it + R::kStages - 1) % R::kStages);
-    ++cons.item;
-    cons.seek(end, tiles, key_end_of);
+    cons.next(key_end_of);
   }
   cp_async_wait<0>();  // no copy outlives the CTA
   flush_until(last_seg + 1);
@@ -390,13 +415,11 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto key_end_of = [&](int bh) { return score_problem(kv, q, launch, bh / hkv).prefix; };
   const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes + R::col_bytes(heads_out)};
-  RingCursor prod{begin}, cons{begin};
-  prod.seek(end, tiles, key_end_of);
-  cons.seek(end, tiles, key_end_of);
+  RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
-    const bool live = prod.item < end;
-    producer.issue(prod.seg, prod.key0(tiles), live, slot);
-    if (live) ++prod.item, prod.seek(end, tiles, key_end_of);
+    const bool live = prod.live();
+    producer.issue(prod.seg, prod.key0(), live, slot);
+    if (live) prod.next(key_end_of);
   };
 #pragma unroll
   for (int s = 0; s < R::kStages - 1; ++s) produce(s);
@@ -419,7 +442,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     }
   };
 
-  for (int it = 0; cons.item < end; ++it) {
+  for (int it = 0; cons.live(); ++it) {
     cp_async_wait<R::kStages - 2>();
     __syncthreads();  // tile `it` landed; slot (it - 1) % kStages and col[(it - 1) % 2] are complete
     const int slot = it % R::kStages;
@@ -448,7 +471,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     }
     float acc[M][8][4];
     ring_logits<D, QT>(producer.ring + unsigned(slot * R::kStageBytes), qa, acc);
-    const int key0 = cons.key0(tiles);
+    const int key0 = cons.key0();
     const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
     // Keys at or past the prefix are never written, so only the prefix's keys need every row to see them.
     const int last_scored = min(key0 + R::kKeys, sp.prefix) - 1;
@@ -463,7 +486,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             float& x = acc[m][nn][2 * h + c];
-            x = exp2f(fmaf(x, c2, -lse2[m][h]));  // rows past the scored ones: lse +inf, so 0
+            x = exp2_ftz(fmaf(x, c2, -lse2[m][h]));  // rows past the scored ones: lse +inf, so 0
             if (!interior && !(key0 + 8 * nn + 2 * t + c <= last && ((staged >> (2 * nn + c)) & 1u))) x = 0.f;
           }
       }
@@ -485,8 +508,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     pend_prefix = sp.prefix;
     pend_buf = buf;
     if constexpr (!kIssueFirst) refill();
-    ++cons.item;
-    cons.seek(end, tiles, key_end_of);
+    cons.next(key_end_of);
   }
   cp_async_wait<0>();
   __syncthreads();
@@ -604,7 +626,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          float x = exp2f(fmaf(acc[m][nn][e], c2, -lse2[e % 2]));
+          float x = exp2_ftz(fmaf(acc[m][nn][e], c2, -lse2[e % 2]));
           if (!interior) {
             const int row = row0 + 8 * nn + 2 * t + e % 2, key = warp_key0 + 16 * m + g + 8 * (e / 2);
             if (row >= sp.rows() || key > sp.last_key(row)) x = 0.f;
