@@ -91,6 +91,24 @@ __device__ __forceinline__ bool score_key_readable(const View& kv, const WindowS
   return false;
 }
 
+// The softmax partials of each group of kLanes consecutive lanes (a power of two, at most 32), merged
+// in lane order, so every lane of a group ends with the same bits. All 32 lanes take part.
+template <int kLanes>
+__device__ __forceinline__ SoftmaxState merge_lanes_in_order(SoftmaxState st) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int offset = 1; offset < kLanes; offset *= 2) {
+    SoftmaxState o;
+    o.m = __shfl_xor_sync(0xffffffffu, st.m, offset);
+    o.d = __shfl_xor_sync(0xffffffffu, st.d, offset);
+    SoftmaxState lo = (lane & offset) ? o : st, hi = (lane & offset) ? st : o;
+    float fs, fo;
+    lo.merge(hi, &fs, &fo);
+    st = lo;
+  }
+  return st;
+}
+
 // Merge the chunks of each row in order; rows of chunks a row never reached hold nothing (the
 // chunk loop of the partials kernels skipped them), so only chunks up to the row's last visible key
 // are read. Folds the partials of both paths (same layout).

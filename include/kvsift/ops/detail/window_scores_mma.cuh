@@ -197,17 +197,7 @@ __global__ void __launch_bounds__(kMmaThreads) lse_partials_mma_kernel(View kv, 
     SoftmaxState st;
     st.m = m[h];
     st.d = d[h];
-#pragma unroll
-    for (int offset = 1; offset < 4; offset *= 2) {
-      SoftmaxState o;
-      o.m = __shfl_xor_sync(0xffffffffu, st.m, offset);
-      o.d = __shfl_xor_sync(0xffffffffu, st.d, offset);
-      // Merge in lane order so every lane of the group computes the same bits.
-      SoftmaxState lo = (t & offset) ? o : st, hi = (t & offset) ? st : o;
-      float fs, fo;
-      lo.merge(hi, &fs, &fo);
-      st = lo;
-    }
+    st = merge_lanes_in_order<4>(st);
     if (t == 0 && my_rows[h] < sp.rows())
       partials[(std::int64_t(bh) * row_capacity + my_rows[h]) * num_chunks + chunk] = make_float2(st.m, st.d);
   }

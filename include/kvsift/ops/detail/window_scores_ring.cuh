@@ -371,23 +371,15 @@ __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaun
   const float2* partials = reinterpret_cast<const float2*>(launch.scratch.partials);
   const float2* mine = partials + (std::int64_t(bh) * launch.plan.row_capacity + row) * slots;
   SoftmaxState st;
-  float fs, fo;
   for (int s = lane; s < used; s += 32) {
     const float2 md = mine[s];
     SoftmaxState o;
     o.m = md.x;
     o.d = md.y;
+    float fs, fo;
     st.merge(o, &fs, &fo);
   }
-#pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    SoftmaxState o;
-    o.m = __shfl_xor_sync(0xffffffffu, st.m, off);
-    o.d = __shfl_xor_sync(0xffffffffu, st.d, off);
-    SoftmaxState lo = (lane & off) ? o : st, hi = (lane & off) ? st : o;
-    lo.merge(hi, &fs, &fo);
-    st = lo;
-  }
+  st = merge_lanes_in_order<32>(st);
   if (lane == 0) launch.scratch.lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row] = st.lse();
 }
 
