@@ -118,17 +118,19 @@ WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const
   const bool heads_fit = p.heads == ScoreHeads::kKvHeadMean || (group > 0 && 8 % group == 0);
   const std::int64_t bh = std::int64_t(kv.batch) * kv.num_kv_heads;
   if (plan.tensor_cores && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0 && plan.row_capacity > 0) {
-    // Log-sum-exp: segments of kWindowRingRows rows of one (sequence, KV head). Fewer segments than a
-    // wave (the window queries): CTA c takes tiles [c N / grid, (c + 1) N / grid) of the N = segments x
-    // tiles, so a segment is touched by at most grid / segments + 2 CTAs (and at most its tiles), each
-    // writing one partial per row into its own slot. A wave of segments or more (H2O-prefill): a CTA
-    // per segment, all of its keys, one slot.
+    // Log-sum-exp: segments of kWindowRingRows rows of one (sequence, KV head). Up to a few waves of
+    // segments (the window queries, at any batch): CTA c takes tiles [c N / grid, (c + 1) N / grid) of
+    // the N = segments x tiles, so a segment is touched by at most grid / segments + 2 CTAs (and at
+    // most its tiles), each writing one partial per row into its own slot. Many waves of segments
+    // (H2O-prefill, whose causal segments see from 1 to all tiles, so equal spans of tiles would be
+    // unequal work): a CTA per segment, all of its keys, one slot, the hardware balancing the waves.
     const std::int64_t segments = bh * ((plan.row_capacity + kWindowRingRows - 1) / kWindowRingRows);
     const int tiles = window_ring_tiles(plan.max_length);
-    if (segments >= window_ring_wave(num_sms, d) && segments <= 0x7fffffff) {
+    const std::int64_t many_waves = 4 * window_ring_wave(num_sms, d);
+    if (segments >= many_waves && segments <= 0x7fffffff) {
       plan.ring_grid = int(segments);
       plan.chunks = 1;
-    } else if (segments < window_ring_wave(num_sms, d)) {
+    } else if (segments < many_waves) {
       plan.ring_grid = window_ring_grid(segments * tiles, num_sms, d);
       const std::int64_t slots = plan.ring_grid / segments + 2;
       plan.chunks = int(slots < tiles ? slots : tiles);

@@ -17,14 +17,14 @@
 // Pass 1 (log-sum-exp), Q resident: a segment is 128 rows of one (sequence, KV head), seg = bh x row
 // tiles + row tile; K streams by. Per row, a tile is one max over the thread's 16 logits, one rescale
 // and 16 exponentials.
-// - Fewer segments than a wave (SnapKV's and ClusterAttn's windows, W x G <= 128 rows: one segment a
-//   head): a persistent grid of at most window_ring_ctas_per_sm CTAs per SM; CTA c takes the tiles
+// - Up to a few waves of segments (SnapKV's and ClusterAttn's windows, W x G <= 128 rows: one segment
+//   a head, at any batch): a persistent grid of at most window_ring_ctas_per_sm CTAs per SM; CTA c takes the tiles
 //   [c N / grid, (c + 1) N / grid) of the N = segments x tiles, so every CTA gets within one tile of the
 //   same work and the ring runs on across segment boundaries. A CTA's tiles of one segment fold into
 //   one (max, sum) per row, written to slot c - (first CTA of that segment) of the row's partials
 //   (plan.chunks slots; every CTA whose span touches the segment writes its slot, (-inf, 0) when it had
 //   no live tile there); lse_merge_ring_kernel folds a row's slots in a fixed order, a warp per row.
-// - A wave of segments or more (H2O-prefill): a CTA per segment, over all the keys its rows see; one
+// - Many waves of segments (H2O-prefill): a CTA per segment, over all the keys its rows see; one
 //   slot. CTAs are numbered backwards so that the last row tiles, which see the most keys, start first.
 // Tiles past what a segment's rows see are skipped by the producer and the consumer alike.
 //
