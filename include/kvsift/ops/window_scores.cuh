@@ -85,7 +85,7 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
     sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
   } else if (launch.plan.ring_columns == kRingColumnsK) {
-    const dim3 grid(unsigned((keys + kWindowRingRows - 1) / kWindowRingRows), unsigned(bh));
+    const dim3 grid(unsigned(bh), unsigned((keys + kWindowRingRows - 1) / kWindowRingRows));
     auto* sums = column_sums_keys_kernel<D, View, QT>;
     const std::size_t smem = R::kRingBytes + R::kStages * R::kKeys * sizeof(float);
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));

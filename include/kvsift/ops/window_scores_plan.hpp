@@ -135,10 +135,12 @@ WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const
       const std::int64_t slots = plan.ring_grid / segments + 2;
       plan.chunks = int(slots < tiles ? slots : tiles);
     }
+    // The K-resident grid is (heads, 128-key blocks): at most 65535 blocks of keys.
+    const bool k_blocks_fit = (std::int64_t(plan.max_length) + kWindowRingRows - 1) / kWindowRingRows <= 65535;
     if (plan.ring_grid > 0)
-      plan.ring_columns = plan.row_capacity <= kWindowRingRows ? kRingColumnsQ
-                          : query_rows_16byte_aligned(q)      ? kRingColumnsK
-                                                              : 0;
+      plan.ring_columns = plan.row_capacity <= kWindowRingRows              ? kRingColumnsQ
+                          : query_rows_16byte_aligned(q) && k_blocks_fit ? kRingColumnsK
+                                                                          : 0;
   }
   return plan;
 }

@@ -25,7 +25,7 @@
 //   (plan.chunks slots; every CTA whose span touches the segment writes its slot, (-inf, 0) when it had
 //   no live tile there); lse_merge_ring_kernel folds a row's slots in a fixed order, a warp per row.
 // - Many waves of segments (H2O-prefill): a CTA per segment, over all the keys its rows see; one
-//   slot. CTAs are numbered backwards so that the last row tiles, which see the most keys, start first.
+//   slot. The last row tiles, which see the most keys, launch first.
 // Tiles past what a segment's rows see are skipped by the producer and the consumer alike.
 //
 // Pass 2 (column sums):
@@ -221,8 +221,7 @@ __device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows
 }
 
 // Pass 1: per (row, slot) the (max, sum) of the CTA's keys of that row's segment: kWindowRingRows rows
-// of one (sequence, KV head), seg = bh x row_tiles + row tile. CTAs are numbered backwards (vb), so
-// with a CTA per segment (H2O-prefill) the last row tiles, which see the most keys, start first.
+// of one (sequence, KV head), seg = bh x row_tiles + row tile.
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
@@ -232,8 +231,13 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   const int hkv = kv.num_kv_heads, row_capacity = launch.plan.row_capacity, slots = launch.plan.chunks;
   const int row_tiles = (row_capacity + kWindowRingRows - 1) / kWindowRingRows;
   const int tiles = window_ring_tiles(launch.plan.max_length);
-  const std::int64_t n = std::int64_t(kv.batch) * hkv * row_tiles * tiles;
-  const int vb = int(gridDim.x - 1 - blockIdx.x);
+  const int bh_count = kv.batch * hkv;
+  const std::int64_t n = std::int64_t(bh_count) * row_tiles * tiles;
+  // The CTA's place in the spans. With a CTA per segment, launch order goes by row tile, last first,
+  // the heads inside: the segments that see the most keys start first, on every head alike.
+  int vb = int(blockIdx.x);
+  if (std::int64_t(gridDim.x) == std::int64_t(bh_count) * row_tiles)
+    vb = vb % bh_count * row_tiles + (row_tiles - 1 - vb / bh_count);
   const std::int64_t begin = vb * n / gridDim.x, end = (vb + 1) * n / gridDim.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float c2 = launch.plan.scale * kLog2e;
@@ -514,8 +518,9 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 // sum is a row sum of S^T, so each thread adds its keys' weights over every tile in registers and one
 // quad reduction ends the CTA: no barrier but the ring's, nothing through shared memory per tile.
 // Causality: the first row that sees key j is (j - (L - nq)) G; rows past the diagonal tile see every
-// key of the block, so only the diagonal tiles and the last (partial) one test each weight. Blocks
-// are launched in key order, so the ones with the most rows start first.
+// key of the block, so only the diagonal tiles and the last (partial) one test each weight. The grid
+// is (heads, key blocks), launched heads first, so every head's first blocks, which have the most rows,
+// start first.
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     column_sums_keys_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
@@ -524,9 +529,9 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   constexpr int kRows = R::kKeys;  // streamed rows per tile
   extern __shared__ __align__(128) unsigned char ring_smem[];
   const WindowScoreParams& p = launch.params;
-  const int hkv = kv.num_kv_heads, bh = blockIdx.y, b = bh / hkv, hk = bh % hkv;
+  const int hkv = kv.num_kv_heads, bh = blockIdx.x, b = bh / hkv, hk = bh % hkv;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
-  const int block_key0 = blockIdx.x * kWindowRingRows;
+  const int block_key0 = blockIdx.y * kWindowRingRows;
   if (block_key0 >= sp.prefix) return;  // block-uniform
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int group = sp.group;
