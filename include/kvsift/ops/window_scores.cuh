@@ -4,13 +4,15 @@
 /// workspace in window_scores_plan.hpp).
 ///
 /// Two passes per call: the log-sum-exp of each scored query (skipped when the caller gives lse), then
-/// the column sums. Three paths, chosen by the plan (window_scores_plan.hpp): the ring path (16-bit Q
-/// and K of one type, head_dim 64/128/256, 16-byte aligned K rows, per-head rows only for a group that
-/// divides 8: one operand resident in registers, the other streamed through a shared-memory ring;
-/// detail/window_scores_ring.cuh), the general tensor-core path (the other 16-bit cases:
-/// detail/window_scores_mma.cuh) and the CUDA-core path (the rest: detail/window_scores_simt.cuh). Every kernel takes the views and one
-/// WindowScoresLaunch by value. Grids come from the plan (shapes, params.max_length and the SM count),
-/// never from lengths in device memory, so a call can be captured in a CUDA graph.
+/// the column sums. Three paths, chosen by the plan (window_scores_plan.hpp):
+/// - the ring path (16-bit Q and K of one type, head_dim 64/128/256, 16-byte aligned K rows, per-head
+///   rows only for a group that divides 8): one operand resident in registers, the other streamed
+///   through a shared-memory ring (detail/window_scores_ring.cuh);
+/// - the general tensor-core path, the other 16-bit cases (detail/window_scores_mma.cuh);
+/// - the CUDA-core path, the rest (detail/window_scores_simt.cuh).
+/// Every kernel takes the views and one WindowScoresLaunch by value. Grids come from the plan (shapes,
+/// params.max_length and the SM count), never from lengths in device memory, so a call can be captured
+/// in a CUDA graph.
 
 #include <algorithm>
 #include <cstdint>
@@ -105,8 +107,10 @@ namespace cuda {
 /// Same contract as host::window_scores; pointers are device pointers. Asynchronous on exec.stream:
 /// no allocation, no synchronization, no read of device data by the host. Unless params.lse is given,
 /// `workspace` must hold window_scores_workspace_bytes(exec, ...) bytes (kNullPointer when its data
-/// is null). kUnsupported when batch * num_kv_heads > 65535 or the prompt is too long for one launch,
-/// fp8 views are read by the CUDA-core kernels (each K element dequantized as code x scale).
+/// is null), sized with an Exec of the same device facts. kInvalidArgument for an Exec without its
+/// device facts (exec.device.num_sms), kUnsupported when batch * num_kv_heads > 65535 or the prompt is
+/// too long for one launch. fp8 views are read by the CUDA-core kernels (each K element dequantized as
+/// code x scale).
 template <class View, class QT>
 Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, const WindowScoreParams& params,
                      StridedView2D<float> scores, Workspace workspace = {}) {
@@ -121,8 +125,8 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
                  std::int64_t(kv.batch) * kv.num_kv_heads, " must be <= 65535");
 
   WorkspaceCarver ws(workspace);
-  const detail::WindowScoresLaunch launch{params, scores, plan, detail::carve_window_scores(ws, kv, params, plan, exec.device.num_sms),
-                                         exec.data_error};
+  const detail::WindowScoreScratch scratch = detail::carve_window_scores(ws, kv, params, plan, exec.device.num_sms);
+  const detail::WindowScoresLaunch launch{params, scores, plan, scratch, exec.data_error};
   if (!params.lse) {
     KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer,
                    "workspace.data is null (ask window_scores_workspace_bytes)");

@@ -153,8 +153,9 @@ struct WindowScoreScratch {
 };
 
 // Partials per row that any path may use: the general paths' key chunks or the ring path's slots at
-// its most CTAs per SM (segments >= bh, so bh bounds its slots). Independent of the element types and head_dim, so a query made with stand-in
-// views of the right shapes (as the compression policies make it) sizes every path.
+// its most CTAs per SM (segments >= bh, so bh bounds its slots). Independent of the element types and
+// head_dim, so a query made with stand-in views of the right shapes (as the compression policies make
+// it) sizes every path.
 inline std::int64_t window_partials_per_row(int max_length, std::int64_t bh, int num_sms) {
   const std::int64_t chunks = (max_length + kLseKeyChunk - 1) / kLseKeyChunk;
   const std::int64_t tiles = window_ring_tiles(max_length);
