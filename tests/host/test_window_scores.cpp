@@ -173,14 +173,16 @@ TEST_CASE("window_scores and scored_prefix_lengths: the host reference asks for 
 // a (sequence, KV head)), within what the policies' type-free workspace query reserves.
 TEST_CASE("window_scores plan: the ring path's choice, slots and workspace bound") {
   using KV = ContiguousKV<const bfloat16_t>;
-  auto plan_for = [](int batch, int hkv, int group, int window, int max_len, int d, ScoreHeads heads, int sms) {
+  auto facts = [](int sms, std::size_t smem = 232448) { return DeviceFacts{sms, smem, true, 9, 0}; };  // H100/H200
+  auto plan_for = [&](int batch, int hkv, int group, int window, int max_len, int d, ScoreHeads heads, int sms,
+                      std::size_t smem = 232448) {
     KV kv = make_bhsd<const bfloat16_t>(nullptr, nullptr, batch, hkv, max_len, d, nullptr);
     QueryRows<const bfloat16_t> q = make_query_rows<const bfloat16_t>(nullptr, window, hkv * group, d);
     WindowScoreParams p;
     p.window = window;
     p.num_queries = window;
     p.heads = heads;
-    return detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 1, max_len), sms);
+    return detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 1, max_len), facts(sms, smem));
   };
   // ClusterAttn on a Llama-3-8B layer: one segment a head, a persistent wave of 3 CTAs per SM, Q-resident
   // column sums.
@@ -201,13 +203,13 @@ TEST_CASE("window_scores plan: the ring path's choice, slots and workspace bound
     WindowScoreParams p;
     p.window = 32;
     p.num_queries = kAllQueries;
-    const auto h2o = detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 8, 32768), 132);
+    const auto h2o = detail::plan_window_scores(kv, q, p, make_strided_view<float>(nullptr, 8, 32768), facts(132));
     CHECK(h2o.ring_grid == 8 * 1024);
     CHECK(h2o.chunks == 1);
     CHECK(h2o.ring_columns == detail::kRingColumnsK);
     // Query rows that are not 16-byte aligned: the general column sums after the ring's log-sum-exp.
     const auto odd = make_query_rows<const bfloat16_t>(reinterpret_cast<const bfloat16_t*>(std::uintptr_t(2)), 32768, 32, 128);
-    CHECK(detail::plan_window_scores(kv, odd, p, make_strided_view<float>(nullptr, 8, 32768), 132).ring_columns == 0);
+    CHECK(detail::plan_window_scores(kv, odd, p, make_strided_view<float>(nullptr, 8, 32768), facts(132)).ring_columns == 0);
   }
   // Not the ring path: a query-head layout whose group does not divide 8, an Exec without an SM count,
   // head_dim 96 (the CUDA cores).
@@ -215,6 +217,14 @@ TEST_CASE("window_scores plan: the ring path's choice, slots and workspace bound
   CHECK(plan_for(1, 8, 3, 32, 4096, 128, ScoreHeads::kKvHeadMean, 132).ring_grid > 0);
   CHECK(plan_for(1, 8, 4, 32, 4096, 128, ScoreHeads::kKvHeadMean, 0).ring_grid == 0);
   CHECK(plan_for(1, 8, 4, 32, 4096, 96, ScoreHeads::kKvHeadMean, 132).tensor_cores == 0);
+  // A part with 99 KiB of shared memory a block (sm_86/89/120): head_dim 256's ring (up to 160 KiB) does
+  // not fit, 128's does; unknown (0) keeps the general path.
+  CHECK(plan_for(1, 8, 4, 32, 4096, 256, ScoreHeads::kQueryHead, 84, 101376).ring_grid == 0);
+  CHECK(plan_for(1, 8, 4, 32, 4096, 256, ScoreHeads::kQueryHead, 84, 101376).tensor_cores == 256);
+  CHECK(plan_for(1, 8, 4, 32, 4096, 128, ScoreHeads::kQueryHead, 84, 101376).ring_grid > 0);
+  CHECK(plan_for(1, 8, 4, 32, 4096, 128, ScoreHeads::kQueryHead, 84, 0).ring_grid == 0);
+  CHECK(detail::window_ring_max_smem(256, 8) > 101376);
+  CHECK(detail::window_ring_max_smem(128, 8) <= 101376);
 
   auto rng = kvsift_test::make_rng(72);
   for (int trial = 0; trial < 3000; ++trial) {

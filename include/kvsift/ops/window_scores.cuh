@@ -83,13 +83,13 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
   if (launch.plan.ring_columns == kRingColumnsQ) {
     const int grid = window_ring_grid(std::int64_t(bh) * window_ring_tiles(keys), exec.device.num_sms, D);
     auto* sums = column_sums_ring_kernel<D, View, QT>;
-    const std::size_t smem = R::kRingBytes + R::col_bytes(heads_out) + R::kFlagBytes;
+    const std::size_t smem = R::kRingBytes + window_ring_col_bytes(D, heads_out) + R::kFlagBytes;
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
     sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
   } else if (launch.plan.ring_columns == kRingColumnsK) {
     const dim3 grid(unsigned(bh), unsigned((keys + kWindowRingRows - 1) / kWindowRingRows));
     auto* sums = column_sums_keys_kernel<D, View, QT>;
-    const std::size_t smem = R::kRingBytes + R::kStages * R::kKeys * sizeof(float);
+    const std::size_t smem = R::kRingBytes + window_ring_lse_bytes(D);
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
     sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
   } else {
@@ -117,7 +117,7 @@ Status window_scores(const Exec& exec, const View& kv, const QueryRows<QT>& q, c
   static_assert(check_kv_view<View>());
   KVSIFT_TRY(detail::validate_window_scores(kv, q, params, scores));
   KVSIFT_TRY(exec.device.validate("window_scores"));
-  const detail::WindowScorePlan plan = detail::plan_window_scores(kv, q, params, scores, exec.device.num_sms);
+  const detail::WindowScorePlan plan = detail::plan_window_scores(kv, q, params, scores, exec.device);
   KVSIFT_REQUIRE(plan.max_length >= 0, kInvalidArgument,
                  "max_length = 0 and the view has no capacity: set WindowScoreParams::max_length");
   if (kv.batch == 0 || plan.max_length <= params.window || scores.cols == 0) return Status();

@@ -42,6 +42,28 @@ inline constexpr int kLseKeyChunk = 2048;  // keys per block of the general path
 inline constexpr int kWindowRingRows = 128;
 inline constexpr int kWindowRingKeys = 64;
 KVSIFT_HD constexpr int window_ring_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 1; }
+KVSIFT_HD constexpr int window_ring_warp_rows(int head_dim) { return head_dim <= 128 ? 32 : 16; }  // resident rows a warp
+KVSIFT_HD constexpr int window_ring_warps(int head_dim) { return kWindowRingRows / window_ring_warp_rows(head_dim); }
+// Ring slots: 2-3 tiles in flight per CTA; with 3 CTAs an SM (head_dim <= 128) that is 100+ KiB per SM,
+// three times the ~33 KiB that one microsecond of HBM latency at an SM's share of 4.4 TB/s asks for.
+KVSIFT_HD constexpr int window_ring_stages(int head_dim) { return head_dim == 128 ? 3 : 4; }
+
+// Dynamic shared memory of the ring path's kernels at head_dim d: the ring of K (or Q) tiles, plus the
+// staged-key flags (log-sum-exp), plus the flags and the double-buffered per-warp column sums of
+// heads_out rows a head (Q-resident column sums), or plus the streamed rows' log-sum-exps (K-resident).
+KVSIFT_HD constexpr std::size_t window_ring_bytes(int d) { return std::size_t(window_ring_stages(d)) * kWindowRingKeys * 2 * d; }
+KVSIFT_HD constexpr std::size_t window_ring_flag_bytes(int d) { return std::size_t(window_ring_stages(d)) * kWindowRingKeys; }
+KVSIFT_HD constexpr std::size_t window_ring_col_bytes(int d, int heads_out) {
+  return std::size_t(2) * window_ring_warps(d) * heads_out * kWindowRingKeys * sizeof(float);
+}
+KVSIFT_HD constexpr std::size_t window_ring_lse_bytes(int d) {
+  return std::size_t(window_ring_stages(d)) * kWindowRingKeys * sizeof(float);
+}
+// The most any of them takes.
+KVSIFT_HD constexpr std::size_t window_ring_max_smem(int d, int heads_out) {
+  const std::size_t q_resident = window_ring_flag_bytes(d) + window_ring_col_bytes(d, heads_out);
+  return window_ring_bytes(d) + (q_resident > window_ring_lse_bytes(d) ? q_resident : window_ring_lse_bytes(d));
+}
 
 // Q and K of one 16-bit type (bf16 or fp16, CUDA's or kvsift's spelling): the tensor-core paths apply.
 template <class View, class QT>
@@ -102,7 +124,8 @@ bool query_rows_16byte_aligned(const QueryRows<QT>& q) {
 
 template <class View, class QT>
 WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const WindowScoreParams& p,
-                                   const StridedView2D<float>& scores, int num_sms) {
+                                   const StridedView2D<float>& scores, const DeviceFacts& device) {
+  const int num_sms = device.num_sms;
   WindowScorePlan plan;
   plan.cols = scores.cols;
   plan.scale = resolve_sm_scale(p.sm_scale, kv.head_dim);
@@ -116,8 +139,12 @@ WindowScorePlan plan_window_scores(const View& kv, const QueryRows<QT>& q, const
   // The ring path keeps a query head's rows on fixed lanes (row % G = lane / 4 % G, or (2 (lane % 4) + c)
   // % G, when G divides 8) so that per-head column sums stay register and warp reductions.
   const bool heads_fit = p.heads == ScoreHeads::kKvHeadMean || (group > 0 && 8 % group == 0);
+  // Its kernels' shared memory must fit a block's opt-in (head_dim 256 takes up to 160 KiB: not on
+  // parts with 99 KiB); 0, unknown, keeps the general path.
+  const int heads_out = p.heads == ScoreHeads::kQueryHead ? group : 1;
+  const bool smem_fits = plan.tensor_cores && heads_out <= 8 && window_ring_max_smem(d, heads_out) <= device.max_smem_optin;
   const std::int64_t bh = std::int64_t(kv.batch) * kv.num_kv_heads;
-  if (plan.tensor_cores && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0 && plan.row_capacity > 0) {
+  if (smem_fits && heads_fit && num_sms > 0 && bh > 0 && plan.max_length > 0 && plan.row_capacity > 0) {
     // Log-sum-exp: segments of kWindowRingRows rows of one (sequence, KV head). Up to a few waves of
     // segments (the window queries, at any batch): CTA c takes tiles [c N / grid, (c + 1) N / grid) of
     // the N = segments x tiles, so a segment is touched by at most grid / segments + 2 CTAs (and at
@@ -197,8 +224,8 @@ Status window_scores_workspace_bytes(const Exec& exec, const View& kv, const Que
   if constexpr (!is_host_exec<Exec>::value) {
     KVSIFT_TRY(exec.device.validate("window_scores"));
     WorkspaceCarver ws(nullptr, 0);
-    const int sms = exec.device.num_sms;
-    detail::carve_window_scores(ws, kv, params, detail::plan_window_scores(kv, q, params, scores, sms), sms);
+    detail::carve_window_scores(ws, kv, params, detail::plan_window_scores(kv, q, params, scores, exec.device),
+                                exec.device.num_sms);
     *bytes = ws.required_bytes();
   }
   return Status();

@@ -54,24 +54,21 @@ namespace detail {
 
 template <int D>
 struct WindowRing {
-  static constexpr int kWarpM = D <= 128 ? 2 : 1;                   // m16 tiles (16 rows each) per warp
-  static constexpr int kWarps = kWindowRingRows / (16 * kWarpM);    // 4 or 8
+  static constexpr int kWarpM = window_ring_warp_rows(D) / 16;  // m16 tiles (16 rows each) per warp
+  static constexpr int kWarps = window_ring_warps(D);           // 4 or 8
   static constexpr int kThreads = 32 * kWarps;
   static constexpr int kCtasPerSm = window_ring_ctas_per_sm(D);
   static constexpr int kKeys = kWindowRingKeys;
   static constexpr int kRowBytes = 2 * D;
-  static constexpr int kChunks = kRowBytes / 16;                    // 16-byte chunks per K row
+  static constexpr int kChunks = kRowBytes / 16;                 // 16-byte chunks per K row
   static constexpr int kStageBytes = kKeys * kRowBytes;
-  // 2-3 tiles in flight per CTA: with 3-4 CTAs an SM (head_dim <= 128) that is 100+ KiB per SM, three
-  // times the ~33 KiB that one microsecond of HBM latency at an SM's share of 4.4 TB/s asks for.
-  static constexpr int kStages = D == 128 ? 3 : 4;
-  static constexpr int kCopies = kKeys * kChunks / kThreads;       // 16-byte copies per thread per tile
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kFlagBytes = kStages * kKeys;               // per slot: which keys were staged
+  static constexpr int kStages = window_ring_stages(D);
+  static constexpr int kCopies = kKeys * kChunks / kThreads;     // 16-byte copies per thread per tile
+  static constexpr int kRingBytes = int(window_ring_bytes(D));
+  static constexpr int kFlagBytes = int(window_ring_flag_bytes(D));  // per slot: which keys were staged
+  static_assert(kRingBytes == kStages * kStageBytes, "the plan's ring size is the kernels'");
   static_assert(kKeys * kChunks % kThreads == 0, "whole copies per thread");
   static_assert(kCtasPerSm <= window_ring_ctas_per_sm(64), "window_partials_per_row sizes for 64's CTAs per SM");
-  // Pass 2's per-warp column sums: two tiles (double buffer) x warps x heads written x keys.
-  static KVSIFT_HD constexpr int col_bytes(int heads_out) { return 2 * kWarps * heads_out * kKeys * int(sizeof(float)); }
   // Byte offset of chunk c of key k inside a slot.
   static __device__ __forceinline__ unsigned at(int k, int c) { return unsigned(k * kRowBytes + ((c ^ (k & 7)) << 4)); }
 };
@@ -85,6 +82,14 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A 16-byte aligned global address for the zero-filling copies (source size 0: nothing is read, but
+// cp.async's 16-byte form wants an aligned operand): the query rows' base rounded down to 16 bytes,
+// inside the same allocation for any allocator that aligns to 16 or more (cudaMalloc: 256).
+template <class QT>
+__device__ __forceinline__ const void* ring_dummy_source(const QT* data) {
+  return reinterpret_cast<const void*>(reinterpret_cast<std::uintptr_t>(data) & ~std::uintptr_t(15));
 }
 
 // CTA of the persistent grid whose span holds item `item` of `n` (spans [c n / grid, (c + 1) n / grid)).
@@ -235,10 +240,13 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   const std::int64_t n = std::int64_t(bh_count) * row_tiles * tiles;
   // The CTA's place in the spans. With a CTA per segment, launch order goes by row tile, last first,
   // the heads inside: the segments that see the most keys start first, on every head alike.
+  // A CTA per segment: its span is its segment and its slot 0 (computed so, not by the products of
+  // the general formula, which would pass 2^63 near 2.4e7 segments).
+  const bool per_segment = std::int64_t(gridDim.x) == std::int64_t(bh_count) * row_tiles;
   int vb = int(blockIdx.x);
-  if (std::int64_t(gridDim.x) == std::int64_t(bh_count) * row_tiles)
-    vb = vb % bh_count * row_tiles + (row_tiles - 1 - vb / bh_count);
-  const std::int64_t begin = vb * n / gridDim.x, end = (vb + 1) * n / gridDim.x;
+  if (per_segment) vb = vb % bh_count * row_tiles + (row_tiles - 1 - vb / bh_count);
+  const std::int64_t begin = per_segment ? std::int64_t(vb) * tiles : vb * n / gridDim.x;
+  const std::int64_t end = per_segment ? begin + tiles : (vb + 1) * n / gridDim.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const float c2 = launch.plan.scale * kLog2e;
   float2* partials = reinterpret_cast<float2*>(launch.scratch.partials);
@@ -252,7 +260,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     return sp.last_key(min(row0 + kWindowRingRows, sp.rows()) - 1) + 1;
   };
   auto view_head = [&](int seg) { return seg / row_tiles; };  // the cursor's segment as a (b, hk) for the producer
-  const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
+  const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes};
   RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
@@ -274,7 +282,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto flush_until = [&](int stop) {
     for (; next_flush < stop; ++next_flush) {
       const int seg = next_flush, bh = seg / row_tiles;
-      const int slot = vb - window_ring_cta_of(std::int64_t(seg) * tiles, n, gridDim.x);
+      const int slot = per_segment ? 0 : vb - window_ring_cta_of(std::int64_t(seg) * tiles, n, gridDim.x);
       const bool mine = seg == cur_seg;
 #pragma unroll
       for (int m = 0; m < M; ++m)
@@ -369,9 +377,12 @@ __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaun
   const int row_tiles = (launch.plan.row_capacity + kWindowRingRows - 1) / kWindowRingRows;
   const std::int64_t n = std::int64_t(kv.batch) * kv.num_kv_heads * row_tiles * tiles;
   const std::int64_t seg = std::int64_t(bh) * row_tiles + row / kWindowRingRows;
-  const int first = window_ring_cta_of(seg * tiles, n, launch.plan.ring_grid);
-  const int last = window_ring_cta_of(seg * tiles + tiles - 1, n, launch.plan.ring_grid);
-  const int used = min(last - first + 1, slots);
+  int used = 1;  // a CTA per segment
+  if (std::int64_t(launch.plan.ring_grid) != std::int64_t(kv.batch) * kv.num_kv_heads * row_tiles) {
+    const int first = window_ring_cta_of(seg * tiles, n, launch.plan.ring_grid);
+    const int last = window_ring_cta_of(seg * tiles + tiles - 1, n, launch.plan.ring_grid);
+    used = min(last - first + 1, slots);
+  }
   const float2* partials = reinterpret_cast<const float2*>(launch.scratch.partials);
   const float2* mine = partials + (std::int64_t(bh) * launch.plan.row_capacity + row) * slots;
   SoftmaxState st;
@@ -409,8 +420,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto col_at = [&](int buf, int w, int head) { return col + ((buf * R::kWarps + w) * heads_out + head) * R::kKeys; };
 
   auto key_end_of = [&](int bh) { return score_problem(kv, q, launch, bh / hkv).prefix; };
-  const WindowRingProducer<D, View, QT> producer{kv, launch, q.data, unsigned(__cvta_generic_to_shared(ring_smem)),
-                                                 ring_smem + R::kRingBytes + R::col_bytes(heads_out)};
+  const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
+                                                 ring_smem + R::kRingBytes + window_ring_col_bytes(D, heads_out)};
   RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
     const bool live = prod.live();
@@ -584,7 +595,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       for (int i = 0; i < R::kCopies; ++i) {
         const int v = i * R::kThreads + int(threadIdx.x), k = v / R::kChunks, ch = v % R::kChunks, row = tile * kRows + k;
         const bool ok = row < sp.rows();
-        const QT* src = ok ? q.row(b, row / group, hk * group + row % group) + ch * 8 : q.data;
+        const void* src = ok ? static_cast<const void*>(q.row(b, row / group, hk * group + row % group) + ch * 8)
+                             : ring_dummy_source(q.data);
         cp_async16(dst + R::at(k, ch), src, ok ? 16 : 0);
       }
       if (threadIdx.x < kRows) {
