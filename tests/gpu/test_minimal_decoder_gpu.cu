@@ -532,7 +532,7 @@ namespace {
 
 // Decode steps of `batch` sequences under every policy, replayed from a CUDA graph and on a paged cache,
 // against launched steps, bit for bit. 3 sequences take the scalar GEMV by shape, 5 the tensor-core
-// one, 10 cuBLAS; LycheeDecode's corrections run outside the graph between replays.
+// one, 10 cuBLAS; LycheeDecode's corrections (every 3 steps) replay a graph of their own.
 void check_graph_and_paged_steps(int batch) {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);
@@ -595,6 +595,45 @@ TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a pa
 
 TEST_CASE("minimal decoder: decode steps replayed from a CUDA graph, and on a paged cache, equal launched steps bit for bit (10 sequences)") {
   check_graph_and_paged_steps(10);
+}
+
+// One decoder used twice, graphs on: its second prefill (fewer sequences than its limit, prompts
+// shorter than the correction interval) drops the step and correction graphs recorded for the first
+// batch and restarts the correction schedule, so every step after it equals a fresh decoder's on the
+// same prompts, bit for bit, corrections (every 3 steps) included.
+TEST_CASE("minimal decoder: a decoder that prefills again replays the steps of a fresh one (LycheeDecode, graphs)") {
+  const md::ModelConfig c = small_config();
+  const md::HostWeights hw = md::random_weights(c, 37);
+  md::CudaBackend gpu;
+  const md::BackendWeights<md::CudaBackend> weights(gpu, c, hw);
+  const md::PolicyOptions p = decoder_test::test_policy(md::PolicyKind::kLycheeDecode, 24, 16, 2, 4, 3);
+  md::DecoderLimits lim;
+  lim.max_batch = 3;
+  lim.max_prompt_len = 50;
+  lim.max_new_tokens = 12;
+  lim.prefill_chunk = 16;
+  md::Decoder<md::CudaBackend> reused(gpu, c, weights, p, lim), fresh(gpu, c, weights, p, lim);
+  for (md::Decoder<md::CudaBackend>* d : {&reused, &fresh}) {
+    d->set_attention_timing(false);
+    d->set_graph_steps(true);
+  }
+  std::vector<float> logits = reused.prefill(random_prompts({50, 41, 33}, c.vocab_size, 5));
+  for (int step = 0; step < 5; ++step) {  // one correction (step 2): its graph recorded for 3 sequences
+    std::vector<std::int32_t> next;
+    for (int b = 0; b < 3; ++b) next.push_back(md::argmax(logits.data() + b * c.vocab_size, c.vocab_size));
+    logits = reused.decode(next);
+  }
+  const std::vector<std::vector<std::int32_t>> second = {{4, 9}, {11}};
+  CHECK(reused.prefill(second) == fresh.prefill(second));
+  std::vector<std::int32_t> next = {2, 3};
+  for (int step = 0; step < 8; ++step) {  // corrections at steps 2 and 5: recorded, then replayed
+    CAPTURE(step);
+    const std::vector<float> a = reused.decode(next), b = fresh.decode(next);
+    REQUIRE(a.size() == b.size());
+    for (float x : a) REQUIRE(std::isfinite(x));
+    CHECK(a == b);
+    next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+  }
 }
 
 TEST_CASE("minimal decoder: --profile on the GPU times every part of a decode step (graph replay and direct launches)") {

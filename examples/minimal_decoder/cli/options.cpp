@@ -167,7 +167,7 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
                "vocabulary) in the middle of the batch; it must be rejected on its own while the other sequences run "
                "(exit status 1 otherwise)")->group(g);
   app.add_option("--soak-warmup", gen.soak_warmup, "--soak: decode steps before the first memory reading (every CUDA "
-                 "graph recorded by then)")->check(at_least(1))->capture_default_str()->group(g);
+                 "graph recorded by then; at least the correction interval under LycheeDecode)")->check(at_least(1))->capture_default_str()->group(g);
   app.add_option("--json", o.json, "also write as JSON: --profile's table, or --eval-passkey's results (every "
                  "prompt's output)")->group(g);
 

@@ -16,7 +16,8 @@
 //                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lycheedecode.
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
-//                        ordinary step is recorded into a CUDA graph once and replayed.
+//                        ordinary step and the correction step are each recorded into a CUDA graph
+//                        once and replayed.
 //   begin_step_parts,    --profile (step_profile.hpp): the ordinary step's parts (weights, attention,
 //   run_step_part        LycheeDecode's layer calls, the whole step) launched alone, same inputs.
 //
@@ -395,8 +396,9 @@ class Decoder {
     return q;
   }
   const StepTiming& timing() const { return timing_; }
-  // On: with the attention timing off and no query tap, decode steps (not LycheeDecode's correction
-  // steps) are recorded into a CUDA graph once per prefill and replayed (CUDA backend; no effect on the host).
+  // On: with the attention timing off and no query tap, decode steps (and LycheeDecode's correction
+  // steps, into a graph of their own) are recorded into a CUDA graph once per prefill and replayed
+  // (CUDA backend; no effect on the host).
   void set_graph_steps(bool on) { graph_steps_ = on; }
   // Off: no synchronisation around kvsift's calls (or a rank's all-reduces) and an attention share of
   // 0 (speed benchmarks).
@@ -631,36 +633,59 @@ class Decoder {
 
   // LycheeDecode cache correction: the last N positions (the new token included) run through every
   // layer again with dense causal attention (correct_layer, q_len = N), overwriting their K/V, which
-  // sparse steps computed from approximate attention. The next token comes from the last row.
+  // sparse steps computed from approximate attention. The next token comes from the last row of each
+  // sequence. The rows are position-major, row i * B + b holding position last - N + 1 + i of sequence
+  // b (kvsift's query rows take any strides), so the new tokens' rows are the last B, contiguous: the
+  // LM head runs once for the batch into logits_, as in the ordinary step, and everything after the
+  // uploads reads only device buffers, so with graph steps on it is recorded into a graph of its own at
+  // the first correction after a prefill and replayed at the later ones.
   std::vector<float> correction_step() {
     const int B = batch_, N = policy_.lycheedecode.correction_interval;
-    std::vector<std::int32_t> tokens, positions, seq, slots;
+    std::vector<std::int32_t> tokens(std::size_t(B) * N), positions(tokens.size()), seq(tokens.size()), slots(tokens.size());
     // The schedule (decode_steps_, restarted by every prefill) puts a correction at least N - 1 steps
     // after the prompt, so the window never starts before position 0; checked before any state moves.
     for (int b = 0; b < B; ++b)
       if (position_[std::size_t(b)] - N + 1 < 0)
         throw DecoderError("correction step: the window of " + std::to_string(N) + " positions starts before the prompt");
-    for (int b = 0; b < B; ++b) {
-      const int last = position_[std::size_t(b)];  // the new token's position (== its slot: no compression)
-      for (int pos = last - N + 1; pos <= last; ++pos) {
-        tokens.push_back(history_[std::size_t(b)][std::size_t(pos)]);
-        positions.push_back(pos);
-        seq.push_back(b);
-        slots.push_back(pos);
+    for (int i = 0; i < N; ++i)
+      for (int b = 0; b < B; ++b) {
+        // The new token's position is position_[b] (== its slot: no compression under LycheeDecode).
+        const int pos = position_[std::size_t(b)] - N + 1 + i;
+        const std::size_t r = std::size_t(i) * B + std::size_t(b);
+        tokens[r] = history_[std::size_t(b)][std::size_t(pos)];
+        positions[r] = pos;
+        seq[r] = b;
+        slots[r] = pos;
       }
-      ++cache_len_[std::size_t(b)];
-    }
+    for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];
     upload_rows(tokens, positions, seq, slots);
     be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
+    const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
+    if (graph)
+      be_.replay(correction_graph_, [&] { correction_forward(); });
+    else
+      correction_forward();
+    std::vector<float> logits(std::size_t(B) * lm_rows_);
+    be_.download(logits.data(), logits_.data(), logits.size());
+    return logits;
+  }
+
+  // The device part of correction_step: embedding, every layer (correct_layer over the position-major
+  // rows), final norm and LM head of the last B rows into logits_.
+  void correction_forward() {
+    const int B = batch_, N = policy_.lycheedecode.correction_interval;
     be_.embed(tokens_.data(), B * N, w_.embed, x_.data());
     for (int l = 0; l < c_.num_layers; ++l) {
       LayerCache& cache = decode_caches_[std::size_t(l)];
       layer_forward(l, B * N, cache, [&](const float* q, float* out) {
         cache.with_view(B, lengths_.data(), [&](const auto& kv) {
           with_query_rows(kv, q, out, std::int64_t(B) * N * c_.q_dim(), [&](const auto* qq, auto* oo) {
+            // [position, batch, heads, head_dim]: sequence b's position i at row i * B + b.
+            auto io = kvsift::make_query_io(qq, oo, N, c_.num_q_heads, c_.head_dim);
+            io.q.batch_stride = io.out.batch_stride = c_.q_dim();
+            io.q.position_stride = io.out.position_stride = std::int64_t(B) * c_.q_dim();
             timed([&] {
-              check(lycheedecode_.correct_layer(be_.exec(), lycheedecode_state_, l, kv,
-                                                kvsift::make_query_io(qq, oo, N, c_.num_q_heads, c_.head_dim),
+              check(lycheedecode_.correct_layer(be_.exec(), lycheedecode_state_, l, kv, io,
                                                 kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
                     "LycheeDecode correct_layer (layer " + std::to_string(l) + ")");
             });
@@ -668,10 +693,7 @@ class Decoder {
         });
       });
     }
-    std::vector<float> logits(std::size_t(B) * lm_rows_);
-    for (int b = 0; b < B; ++b)
-      lm_head(x_.data() + (std::int64_t(b) * N + N - 1) * c_.hidden_size, 1, logits.data() + std::int64_t(b) * lm_rows_);
-    return logits;
+    lm_head_to_device(x_.data() + std::int64_t(N - 1) * B * c_.hidden_size, B);
   }
 
   // Runs `f` and adds its wall time to the step's attention share (or to `*into`). The
@@ -889,6 +911,7 @@ class Decoder {
 
   void reset_step_graphs() {
     step_graph_.reset();
+    correction_graph_.reset();
     for (auto& g : part_graphs_) g.reset();
   }
 
@@ -960,6 +983,7 @@ class Decoder {
   bool time_attention_ = true;
   bool graph_steps_ = false;
   typename Backend::StepGraph step_graph_;
+  typename Backend::StepGraph correction_graph_;  // LycheeDecode's correction step, recorded the same way
   // --profile: a graph per step part (StepPart's order; the whole step replays step_graph_), each
   // layer's queries of the profiled step, and LycheeDecode's score rows of its attention-only launches.
   typename Backend::StepGraph part_graphs_[4];

@@ -202,8 +202,10 @@ GenerationReport generate_batch(MakeModel&& make_model, MemoryInUse&& memory_in_
   };
   soak_check(logits, 0);
   // The decode steps are new_tokens - 1 (the last token needs no forward pass); keep at least one
-  // after the warm-up.
-  r.memory_warmup_steps = std::max(1, std::min(req.soak_warmup, req.new_tokens - 2));
+  // after the warm-up. The warm-up covers every CUDA graph's recording: the step's at the first step,
+  // LycheeDecode's correction step's at the first correction (step correction_interval).
+  const int corrections_from = req.policy.kind == PolicyKind::kLycheeDecode ? req.policy.lycheedecode.correction_interval : 0;
+  r.memory_warmup_steps = std::max(1, std::min(std::max(req.soak_warmup, corrections_from), req.new_tokens - 2));
   for (int step = 0; step < req.new_tokens; ++step) {
     std::vector<std::int32_t> next(static_cast<std::size_t>(B));
     for (int b = 0; b < B; ++b) {

@@ -185,7 +185,10 @@ void CudaBackend::linear(const float* x, int n, const Matrix& w, float* y) const
 }
 
 void CudaBackend::reserve_linear_input(std::int64_t elements) const {
-  if (std::size_t(elements) > gemm_input_.size()) gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elements));
+  if (std::size_t(elements) > gemm_input_.size()) {
+    gemm_input_ = DeviceBuffer<__nv_bfloat16>(std::size_t(elements));
+    ++linear_input_generation_;  // graphs recorded with the old buffer are recorded again (replay)
+  }
 }
 
 void CudaBackend::linear_shared_input(const float* x, int n,

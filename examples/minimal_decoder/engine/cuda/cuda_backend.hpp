@@ -220,13 +220,17 @@ class CudaBackend {
    private:
     friend class CudaBackend;
     cudaGraphExec_t exec_ = nullptr;
+    std::uint64_t linear_input_generation_ = 0;  // gemm_input_'s allocation the recording points at
   };
   // The first call captures `record` (everything it queues on the stream) into `graph` and launches
-  // it; later calls only launch. Returns true when `record` ran, i.e. when its host-side effects
+  // it; later calls only launch. A graph recorded before the backend's shared GEMM input buffer was
+  // reallocated (a Decoder made later with more rows: reserve_linear_input) is recorded again, not
+  // launched with the freed address. Returns true when `record` ran, i.e. when its host-side effects
   // happened. Capture is thread-local and strict: an allocation or synchronisation inside `record`
   // fails loudly instead of being recorded wrongly.
   template <class F>
   bool replay(StepGraph& graph, F&& record) const {
+    if (graph.exec_ && graph.linear_input_generation_ != linear_input_generation_) graph.reset();
     const bool recording = graph.exec_ == nullptr;
     if (recording) {
       cuda_check(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
@@ -242,6 +246,7 @@ class CudaBackend {
       const cudaError_t err = cudaGraphInstantiate(&graph.exec_, g, 0);
       cudaGraphDestroy(g);
       cuda_check(err, "cudaGraphInstantiate");
+      graph.linear_input_generation_ = linear_input_generation_;
     }
     cuda_check(cudaGraphLaunch(graph.exec_, stream()), "cudaGraphLaunch");
     return recording;
@@ -332,6 +337,7 @@ class CudaBackend {
   DeviceBuffer<unsigned char> cublas_ws_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, DestroyCublas> cublas_;
   mutable DeviceBuffer<__nv_bfloat16> gemm_input_;  // the bf16 copy of a GEMM's float input
+  mutable std::uint64_t linear_input_generation_ = 0;  // counts gemm_input_'s reallocations (StepGraph)
 };
 
 }  // namespace minimal_decoder
