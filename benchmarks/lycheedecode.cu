@@ -14,7 +14,9 @@
 // heads' rows written. Extra counters: attention_us (the same attention launch alone), handoff_share
 // (1 - attention / step: what selection and handoff cost), selection_us (token modes: the hand-off's
 // top-k alone on the attention's scores), dense_us and speedup_vs_dense. BM_HybridLayerDependent times
-// the same step with Exec::dependent_launch (every kernel a programmatic dependent of the one before).
+// the same step with Exec::dependent_launch (every kernel a programmatic dependent of the one before);
+// BM_HybridLayerBeside the step with its handoff on a second stream beside a stand-in for the
+// engine's next work (hybrid_layer's comment), and how much of the handoff stays exposed.
 // torch SDPA (cuDNN) dense decode on the same shapes: benchmarks/torch_decode_attention.py.
 #include <benchmark/benchmark.h>
 
@@ -121,9 +123,22 @@ void BM_Dense(benchmark::State& state) {
   });
 }
 
-// One layer as described at the top; `dependent` launches every kernel of the step with
+// One Llama-3-8B layer's weights (436 MB): what the GEMVs after a layer's attention stream (its
+// o-projection and MLP, the next layer's q/k/v) at batch 1-8. BM_HybridLayerBeside reads this much
+// beside the handoff as a stand-in for that work.
+constexpr std::size_t kEngineBytes = std::size_t(436) * 1000 * 1000;
+
+enum class Variant { kPlain, kDependent, kBeside };
+
+// One layer as described at the top. kDependent launches every kernel of the step with
 // Exec::dependent_launch (BM_HybridLayerDependent: the step's time alone, no extra counters).
-void hybrid_layer(benchmark::State& state, bool dependent) {
+// kBeside (BM_HybridLayerBeside) runs it as an engine that overlaps the handoff does
+// (docs/ops/lycheedecode.md, "The handoff on a second stream"): attend_layer on the step's stream,
+// hand_off_layer on a second one, and on the step's stream meanwhile a read of kEngineBytes; counters
+// engine_us (the read alone), sequential_us (decode_layer, then the read) and exposed_handoff_us (the
+// step - attention_us - engine_us: what of the handoff is still on the critical path).
+void hybrid_layer(benchmark::State& state, Variant variant) {
+  const bool dependent = variant == Variant::kDependent;
   const int B = int(state.range(0)), S = int(state.range(1)), R = int(state.range(3));
   const Mode mode = Mode(state.range(2));
   const auto config = layer_config(B, S, mode, R);
@@ -161,8 +176,43 @@ void hybrid_layer(benchmark::State& state, bool dependent) {
   const double kv_tokens = double(B) * (double(R) * S + double(kHkv - R) * budget_tokens);
   const double index_entries = double(B) * kHkv * (is_block_mode(mode) ? budget_tokens / 64.0 : budget_tokens);
   const double floor = kv_tokens * 2.0 * kD * sizeof(BF16) + 2.0 * in.q.bytes() + index_entries * 4.0;
-  kvsift_bench::time_gpu(state, floor, step);
+  if (variant != Variant::kBeside) kvsift_bench::time_gpu(state, floor, step);
   if (dependent) return;
+  double engine_us = 0, sequential_us = 0;
+  if (variant == Variant::kBeside) {
+    kvsift_bench::DeviceArray<unsigned char> weights(kEngineBytes);
+    kvsift_bench::DeviceArray<float> sink(1024);
+    KVSIFT_BENCH_CUDA(cudaMemset(weights.get(), 0, weights.n));
+    cudaStream_t side = nullptr;
+    cudaEvent_t attended = nullptr, handed_off = nullptr;
+    KVSIFT_BENCH_CUDA(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+    KVSIFT_BENCH_CUDA(cudaEventCreateWithFlags(&attended, cudaEventDisableTiming));
+    KVSIFT_BENCH_CUDA(cudaEventCreateWithFlags(&handed_off, cudaEventDisableTiming));
+    const kvsift::Workspace w{ws.get(), ws_bytes};
+    const auto engine = [&](cudaStream_t s) { kvsift_bench::launch_stream_read(weights.get(), weights.n, sink.get(), s); };
+    kvsift_bench::time_gpu(state, floor + double(kEngineBytes), [&](cudaStream_t s) {
+      lychee.next_layer = 1;
+      const kvsift::cuda::Exec exec = kvsift_bench::gpu().on(s);
+      auto r = decoder.attend_layer(exec, lychee, 1, kv, io, w);
+      KVSIFT_BENCH_CUDA(cudaEventRecord(attended, s));
+      KVSIFT_BENCH_CUDA(cudaStreamWaitEvent(side, attended, 0));
+      if (r.ok()) r = decoder.hand_off_layer(exec.on(side), lychee, 1, kv, w);
+      if (!r.ok()) std::fprintf(stderr, "attend_layer / hand_off_layer: %s\n", r.to_string().c_str());
+      KVSIFT_BENCH_CUDA(cudaEventRecord(handed_off, side));
+      engine(s);
+      KVSIFT_BENCH_CUDA(cudaStreamWaitEvent(s, handed_off, 0));
+    });
+    engine_us = kvsift_bench::median_gpu_us(engine);
+    sequential_us = kvsift_bench::median_gpu_us([&](cudaStream_t s) {
+      step(s);
+      engine(s);
+    });
+    state.counters["engine_us"] = engine_us;
+    state.counters["sequential_us"] = sequential_us;
+    cudaEventDestroy(attended);
+    cudaEventDestroy(handed_off);
+    cudaStreamDestroy(side);
+  }
 
   // The attention launch alone (same parameters as inside the step), and our dense decode.
   kvsift_bench::DeviceArray<float> scores(std::size_t(B) * kHkv * ((S + 63) / 64 * 64 + 4));
@@ -176,9 +226,12 @@ void hybrid_layer(benchmark::State& state, bool dependent) {
       (void)kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, attention, kvsift::Workspace{attention_ws.get(), attention_bytes});
     });
     state.counters["attention_us"] = attention_us;
-    if (state.counters.count("us_median"))
+    if (state.counters.count("us_median") && variant == Variant::kBeside)
+      state.counters["exposed_handoff_us"] = double(state.counters["us_median"]) - attention_us - engine_us;
+    else if (state.counters.count("us_median"))
       state.counters["handoff_share"] = 1.0 - attention_us / double(state.counters["us_median"]);
   }
+  if (variant == Variant::kBeside) return;
   // Token modes: the hand-off's top-k alone, with the layer's parameters, on the scores the attention
   // launch above just wrote (full-length rows), so the part of the hand-off outside the top-k (the
   // row plan's kernel and the launch gaps) is read off as layer - attention - selection.
@@ -206,8 +259,9 @@ void hybrid_layer(benchmark::State& state, bool dependent) {
     state.counters["speedup_vs_dense"] = dense_us / double(state.counters["us_median"]);
 }
 
-void BM_HybridLayer(benchmark::State& state) { hybrid_layer(state, false); }
-void BM_HybridLayerDependent(benchmark::State& state) { hybrid_layer(state, true); }
+void BM_HybridLayer(benchmark::State& state) { hybrid_layer(state, Variant::kPlain); }
+void BM_HybridLayerDependent(benchmark::State& state) { hybrid_layer(state, Variant::kDependent); }
+void BM_HybridLayerBeside(benchmark::State& state) { hybrid_layer(state, Variant::kBeside); }
 
 // B in {1, 8} x S in {32K, 128K}: dense; token 4096 and block 64x64 with R in {0, 1, 2, 8}; token
 // 1024 with R = 1 (the paper's smaller budget). 40 cases, at most ~4.3 GB of cache each.
@@ -241,6 +295,11 @@ BENCHMARK(BM_HybridLayer)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_HybridLayerDependent)
+    ->Apply(dependent_shapes)
+    ->ArgNames({"B", "S", "mode", "R"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_HybridLayerBeside)
     ->Apply(dependent_shapes)
     ->ArgNames({"B", "S", "mode", "R"})
     ->UseManualTime()

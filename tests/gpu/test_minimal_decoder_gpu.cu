@@ -532,7 +532,9 @@ namespace {
 
 // Decode steps of `batch` sequences under every policy, replayed from a CUDA graph and on a paged cache,
 // against launched steps, bit for bit. 3 sequences take the scalar GEMV by shape, 5 the tensor-core
-// one, 10 cuBLAS; LycheeDecode's corrections (every 3 steps) replay a graph of their own.
+// one, 10 cuBLAS; LycheeDecode's corrections (every 3 steps) replay a graph of their own. The references
+// time the attention (decode_layer on one stream); the replays do not, so their LycheeDecode handoffs
+// run on the backend's side stream (forked and joined inside the graph).
 void check_graph_and_paged_steps(int batch) {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 31);

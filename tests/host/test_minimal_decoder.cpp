@@ -626,6 +626,29 @@ TEST_CASE("minimal decoder: a second prefill restarts LycheeDecode's correction 
   }
 }
 
+// Without the attention timing the decoder calls LycheeDecode's two halves (attend_layer, then
+// hand_off_layer on the backend's side stream, joined before the next layer's attention); with it,
+// decode_layer. Same logits, correction steps included.
+TEST_CASE("minimal decoder: LycheeDecode's handoff beside the next layer gives decode_layer's logits") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 19);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  const md::DecoderLimits limits = two_short_sequences();
+  const md::PolicyOptions p = small_lycheedecode_with_correction();  // a correction every 4 steps
+  md::Decoder<md::HostBackend> split(be, c, weights, p, limits), whole(be, c, weights, p, limits);
+  split.set_attention_timing(false);
+  const auto prompts = random_prompts({40, 29}, c.vocab_size, 23);
+  CHECK(split.prefill(prompts) == whole.prefill(prompts));
+  std::vector<std::int32_t> next = {3, 4};
+  for (int step = 0; step < 9; ++step) {  // corrections at steps 3 and 7
+    CAPTURE(step);
+    const std::vector<float> a = split.decode(next), b = whole.decode(next);
+    REQUIRE(a == b);
+    next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+  }
+}
+
 // A step that throws half way (here a query tap at layer 1) leaves nothing behind: after a new
 // prefill the decoder's steps are those of a fresh one (LycheeDecode's layer cursor used to stay at the
 // failed layer, so every later step failed "out of order").

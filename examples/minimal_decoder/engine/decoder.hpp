@@ -1,6 +1,7 @@
 #pragma once
 // A Llama-architecture decoder whose attention runs through kvsift, written once for any backend
-// (host_backend.hpp: the CPU reference; cuda/cuda_backend.hpp: one CUDA stream, same members). This
+// (host_backend.hpp: the CPU reference; cuda/cuda_backend.hpp: a CUDA stream and a side stream for work
+// that may overlap the step's, same members). This
 // is the file an engine author reads: every place where kvsift enters is marked "kvsift:". It is
 // compiled once per backend (host_engine.cpp by the host compiler, cuda/cuda_engine.cu by nvcc,
 // where kvsift's unqualified calls find the CUDA launchers).
@@ -13,7 +14,9 @@
 //   decode(tokens)       one token per sequence: append its K/V at slot cache_length[b], RoPE at
 //                        position[b] (the original position, also after compression), and attend
 //                        with decode_attention (q_len = 1) over the layer's cache, or with
-//                        LycheeDecodePolicy::decode_layer (hybrid dense/sparse heads) for --policy lycheedecode.
+//                        LycheeDecodePolicy's attend_layer (hybrid dense/sparse heads) for --policy
+//                        lycheedecode, whose hand_off_layer (the retrieval heads' top-k) runs on the
+//                        side stream beside the next kernels.
 //                        LycheeDecode's cache correction re-runs the last N positions densely
 //                        (correct_layer), overwriting their K/V, every N-th step. On the GPU the
 //                        ordinary step and the correction step are each recorded into a CUDA graph
@@ -454,6 +457,7 @@ class Decoder {
           try {
             for (int l = 0; l < c_.num_layers; ++l)
               step_attention(l, profile_q_[std::size_t(l)].data(), attn_.data(), part == StepPart::kAttention);
+            join_side_work();
           } catch (...) {
             abandon_step();
             throw;
@@ -568,24 +572,48 @@ class Decoder {
       for (int l = 0; l < c_.num_layers; ++l)
         layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
       lm_head_to_device(x_.data(), B);
+      join_side_work();  // the last selecting layer's handoff ran beside the layers after it and the LM head
     } catch (...) {
       abandon_step();
       throw;
     }
   }
-  // A step that threw half way: restart LycheeDecode's layer cursor, so that the decoder can prefill
-  // and decode again.
-  void abandon_step() noexcept { lycheedecode_state_.restart_step(); }
+  // A step that threw half way: join what it left on the side stream (inside a capture, so that the
+  // capture can end; launched, so that the next step's writes wait for it) and restart LycheeDecode's
+  // layer cursor, so that the decoder can prefill and decode again.
+  void abandon_step() noexcept {
+    try {
+      join_side_work();
+    } catch (...) {  // the step's own error is the one to report
+    }
+    side_pending_ = false;
+    lycheedecode_state_.restart_step();
+  }
+  // Work step_attention queued on the backend's side stream (LycheeDecode's handoff, the L2 prefetch
+  // experiment), if still unjoined: the step's stream waits for it (an event; a graph edge when captured).
+  void join_side_work() {
+    if (!side_pending_) return;
+    side_pending_ = false;
+    be_.join_side();
+  }
   void single_token_forward() {
     single_token_forward([&](int l, const float* q, float* out) { step_attention(l, q, out, false); });
   }
 
   // The attention slot of decode-step layer l over its cache, one query per sequence. The policy's
-  // call: for LycheeDecode decode_layer (attention, then its retrieval heads' top-k handoff), else
-  // dense decode_attention. With `attention_only` (--profile) LycheeDecode runs the attention launch
-  // of decode_layer alone, without the handoff, so that the selection's cost is the difference.
+  // call: for LycheeDecode attend_layer, then its retrieval heads' top-k handoff (hand_off_layer) on
+  // the side stream (decode_layer on one stream while the attention is timed), else dense
+  // decode_attention. With `attention_only` (--profile) LycheeDecode runs the attention launch alone,
+  // without the handoff, so that the selection's cost is the difference.
   void step_attention(int l, const float* q, float* out, bool attention_only) {
     const int B = batch_;
+    join_side_work();  // the previous layer's handoff wrote the index rows this attention reads
+    if (be_.prefetches_l2()) {  // the experiment: this layer's o-projection weights into L2 meanwhile
+      const auto& wo = w_.layers[std::size_t(l)].wo.data;
+      be_.fork_side();
+      be_.prefetch_to_l2(wo.data(), wo.size() * sizeof(*wo.data()));
+      side_pending_ = true;
+    }
     decode_caches_[std::size_t(l)].with_view(B, lengths_.data(), [&](const auto& kv) {
       if (policy_.kind != PolicyKind::kLycheeDecode) {
         // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.
@@ -600,11 +628,24 @@ class Decoder {
           lycheedecode_attention_only(l, kv, io);
           return;
         }
-        timed([&] {
-          check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv, io,
-                                           kvsift::Workspace{lycheedecode_ws_.data(), lycheedecode_ws_.size()}),
-                "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
-        });
+        const kvsift::Workspace ws{lycheedecode_ws_.data(), lycheedecode_ws_.size()};
+        if (time_attention_) {  // the attention share times both halves, on one stream
+          timed([&] {
+            check(lycheedecode_.decode_layer(be_.exec(), lycheedecode_state_, l, kv, io, ws),
+                  "LycheeDecode decode_layer (layer " + std::to_string(l) + ")");
+          });
+          return;
+        }
+        // The handoff (the retrieval heads' top-k into the index table) is read only by later
+        // layers' attention: it runs on the backend's side stream beside this layer's o-projection
+        // and MLP and the next layer's projections, and is joined before the next attention.
+        check(lycheedecode_.attend_layer(be_.exec(), lycheedecode_state_, l, kv, io, ws),
+              "LycheeDecode attend_layer (layer " + std::to_string(l) + ")");
+        if (lycheedecode_.retrieval_heads(l) == 0) return;
+        be_.fork_side();
+        side_pending_ = true;
+        check(lycheedecode_.hand_off_layer(be_.side_exec(), lycheedecode_state_, l, kv, ws),
+              "LycheeDecode hand_off_layer (layer " + std::to_string(l) + ")");
       });
     });
   }
@@ -967,6 +1008,7 @@ class Decoder {
   std::vector<std::vector<std::int32_t>> history_;  // every sequence's tokens so far (cache correction)
   kvsift::LycheeDecodePolicy lycheedecode_;
   kvsift::LycheeDecodeState lycheedecode_state_;
+  bool side_pending_ = false;  // work on the side stream not joined yet (step_attention)
   std::int64_t decode_steps_ = 0;  // decode steps since the last prefill: decides correction steps
   Buffer<unsigned char> lycheedecode_state_mem_, lycheedecode_ws_;
   std::vector<LayerCache> decode_caches_;

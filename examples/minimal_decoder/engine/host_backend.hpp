@@ -67,6 +67,15 @@ struct HostBackend {
   // its work); nothing to do on the CPU.
   void make_current() const {}
   Exec exec() const { return Exec{}; }
+  // Work that may run beside the step's own (LycheeDecode's top-k handoff, decoder.hpp): the CUDA
+  // backend queues it on a second stream between fork_side() and join_side(); here everything runs
+  // in call order, so the side is the same Exec and the fork and join are nothing.
+  Exec side_exec() const { return Exec{}; }
+  void fork_side() const {}
+  void join_side() const {}
+  // The CUDA backend's L2 prefetch experiment; the CPU has nothing to prefetch into.
+  bool prefetches_l2() const { return false; }
+  void prefetch_to_l2(const void*, std::size_t) const {}
 
   template <class T>
   Buffer<T> alloc(std::size_t n) const {

@@ -15,7 +15,9 @@
 //   step       the whole step as decode runs it (graph replay on the GPU unless --no-graph)
 //
 // selection and rest are differences of medians, so where they are near 0 they can come out
-// slightly negative; the shares (part / step) of the four parts sum to 1 by construction.
+// slightly negative; the shares (part / step) of the four parts sum to 1 by construction. The
+// selection part runs each handoff after its attention; the step runs it on the side stream beside
+// the next kernels (decoder.hpp), so there rest comes out near minus the selection the overlap hides.
 
 #include <cstdint>
 #include <string>

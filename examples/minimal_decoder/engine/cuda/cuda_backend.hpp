@@ -1,5 +1,6 @@
 #pragma once
-// The GPU backend of the decoder: the members of HostBackend (host_backend.hpp) on one CUDA stream.
+// The GPU backend of the decoder: the members of HostBackend (host_backend.hpp) on one CUDA stream,
+// plus a side stream for work that may overlap it (fork_side / join_side: LycheeDecode's handoff).
 // This header compiles with the host compiler (the CLI and the tools include it); the members that
 // launch kernels are defined in cuda_backend.cu, the only part nvcc compiles besides the engine's
 // instantiation (cuda_engine.cu).
@@ -15,8 +16,9 @@
 //   attention    kvsift::cuda::* through exec() (stream + device facts): decoder.hpp's unqualified calls resolve by ADL
 //
 // Integration rules an engine keeps too: every launch, copy and GEMM is queued on the backend's
-// stream; nothing in a step allocates (cuBLAS gets a fixed workspace, the GEMM-input buffer grows
-// during prefill only) or synchronizes, except `download` (the logits) and `synchronize` (timing).
+// stream (or on the side stream between a fork and a join, both events); nothing in a step
+// allocates (cuBLAS gets a fixed workspace, the GEMM-input buffer grows during prefill only) or
+// synchronizes, except `download` (the logits) and `synchronize` (timing).
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -164,6 +166,22 @@ class CudaBackend {
   // The stream and the device facts kvsift plans its launches with, read once at construction.
   const Exec& exec() const { return exec_; }
   cudaStream_t stream() const { return stream_.get(); }
+  // A second stream for work that may run beside the step's own (LycheeDecode's top-k handoff,
+  // decoder.hpp): fork_side() makes it wait for everything queued on stream() so far, side_exec()
+  // launches on it, join_side() makes stream() wait for what was queued on it. Both are events, so a
+  // captured step records them as graph edges. MINIMAL_DECODER_SIDE_STREAM=0 (or set_side_stream(false))
+  // keeps everything on stream(): side_exec() is exec() and the fork and join are nothing.
+  Exec side_exec() const { return side_stream_on_ ? exec_.on(side_stream_.get()) : exec_; }
+  void fork_side() const;
+  void join_side() const;
+  void set_side_stream(bool on) { side_stream_on_ = on; }
+  // An experiment, off by default (MINIMAL_DECODER_L2_PREFETCH=1 or set_l2_prefetch(true); needs the
+  // side stream): queues on the side stream (after a fork_side) an L2 prefetch of [p, p + bytes), so
+  // that HBM, idle while a small attention runs on latency, fetches the o-projection's weights the
+  // GEMV after it then reads from L2. docs/performance.md, twenty-first session.
+  bool prefetches_l2() const { return l2_prefetch_ && side_stream_on_; }
+  void prefetch_to_l2(const void* p, std::size_t bytes) const;
+  void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
 
   template <class T>
   Buffer<T> alloc(std::size_t n) const {
@@ -332,8 +350,16 @@ class CudaBackend {
   bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;
   bool fuse_norms_ = true;
+  struct DestroyEvent {
+    void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
+  };
+  using EventHandle = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, DestroyEvent>;
   // Destruction runs bottom-up: the cuBLAS handle goes before the stream it was bound to.
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
+  std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> side_stream_;
+  bool side_stream_on_ = true;
+  bool l2_prefetch_ = false;
+  EventHandle forked_, joined_;  // fork_side's and join_side's (no timing: ordering only)
   DeviceBuffer<unsigned char> cublas_ws_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, DestroyCublas> cublas_;
   mutable DeviceBuffer<__nv_bfloat16> gemm_input_;  // the bf16 copy of a GEMM's float input
