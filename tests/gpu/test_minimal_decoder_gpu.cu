@@ -79,7 +79,8 @@ std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c
                                            const md::PolicyOptions& policy,
                                            const std::vector<std::vector<std::int32_t>>& prompts, int steps,
                                            int prefill_chunk, std::vector<std::vector<std::int32_t>>& tokens,
-                                           bool graph_steps = false, md::KvLayout layout = md::KvLayout::kContiguous) {
+                                           bool graph_steps = false, md::KvLayout layout = md::KvLayout::kContiguous,
+                                           bool time_attention = true) {
   const md::BackendWeights<Backend> weights(be, c, host_weights);
   md::DecoderLimits lim;
   lim.max_batch = int(prompts.size());
@@ -89,7 +90,7 @@ std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c
   lim.kv_layout = layout;
   lim.page_size = 16;
   md::Decoder<Backend> decoder(be, c, weights, policy, lim);
-  decoder.set_attention_timing(!graph_steps);
+  decoder.set_attention_timing(time_attention && !graph_steps);
   decoder.set_graph_steps(graph_steps);
   std::vector<std::vector<float>> out{decoder.prefill(prompts)};
   const bool record = tokens.empty();
@@ -574,6 +575,13 @@ void check_graph_and_paged_steps(int batch) {
       }
     apply(gpu, kLaunchConfigs[0]);
     const auto& reference = *reference_of(kLaunchConfigs[0]);
+    // Launched steps without the attention timing: LycheeDecode's handoffs on the side stream, no graph.
+    const auto side = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, false, md::KvLayout::kContiguous, false);
+    REQUIRE(side.size() == reference.size());
+    for (std::size_t s = 0; s < reference.size(); ++s) {
+      INFO("step ", s, " (launched, side stream)");
+      CHECK(side[s] == reference[s]);
+    }
     // The paged layout (16-token pages through a block table) reads the same K/V in the same order.
     const auto paged = run_logits(gpu, c, w, p, prompts, 7, 16, tokens, true, md::KvLayout::kPaged);
     REQUIRE(paged.size() == reference.size());
