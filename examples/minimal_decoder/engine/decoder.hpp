@@ -589,8 +589,8 @@ class Decoder {
     side_pending_ = false;
     lycheedecode_state_.restart_step();
   }
-  // Work step_attention queued on the backend's side stream (LycheeDecode's handoff, the L2 prefetch
-  // experiment), if still unjoined: the step's stream waits for it (an event; a graph edge when captured).
+  // Work step_attention queued on the backend's side stream (LycheeDecode's handoff), if still
+  // unjoined: the step's stream waits for it (an event; a graph edge when captured).
   void join_side_work() {
     if (!side_pending_) return;
     side_pending_ = false;
@@ -608,12 +608,6 @@ class Decoder {
   void step_attention(int l, const float* q, float* out, bool attention_only) {
     const int B = batch_;
     join_side_work();  // the previous layer's handoff wrote the index rows this attention reads
-    if (be_.prefetches_l2()) {  // the experiment: this layer's o-projection weights into L2 meanwhile
-      const auto& wo = w_.layers[std::size_t(l)].wo.data;
-      be_.fork_side();
-      be_.prefetch_to_l2(wo.data(), wo.size() * sizeof(*wo.data()));
-      side_pending_ = true;
-    }
     decode_caches_[std::size_t(l)].with_view(B, lengths_.data(), [&](const auto& kv) {
       if (policy_.kind != PolicyKind::kLycheeDecode) {
         // kvsift: one query per sequence over the layer's (possibly compressed) cache, ragged lengths.

@@ -73,9 +73,6 @@ struct HostBackend {
   Exec side_exec() const { return Exec{}; }
   void fork_side() const {}
   void join_side() const {}
-  // The CUDA backend's L2 prefetch experiment; the CPU has nothing to prefetch into.
-  bool prefetches_l2() const { return false; }
-  void prefetch_to_l2(const void*, std::size_t) const {}
 
   template <class T>
   Buffer<T> alloc(std::size_t n) const {

@@ -77,7 +77,6 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   fuse_norms_ = env_switch("MINIMAL_DECODER_NORM_FUSION", true);
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   side_stream_on_ = env_switch("MINIMAL_DECODER_SIDE_STREAM", true);
-  l2_prefetch_ = env_switch("MINIMAL_DECODER_L2_PREFETCH", false);
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
   else if (gemv && std::strcmp(gemv, "pipelined") == 0) gemv_kernel_ = GemvKernel::kPipelined;
@@ -88,8 +87,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The name carries the switches, so --profile's table says which side it measured.
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
           (pdl_ ? "on" : "off") +
-          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") +
-          (l2_prefetch_ ? ", o-projection prefetched to L2" : "") + ")";
+          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -98,7 +96,14 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   exec_.dependent_launch = pdl_ && env_switch("MINIMAL_DECODER_KVSIFT_PDL", true);
   if (exec_.device.num_sms == 0) throw DecoderError("kvsift: could not read the device facts of GPU " + std::to_string(device));
   cudaStream_t side = nullptr;
-  cuda_check(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate (side)");
+  // The side stream's work (a handoff of a few dozen CTAs) must not wait behind the GEMVs' blocks for
+  // SM slots: the highest priority lets the block scheduler place it first whenever slots free up.
+  // MINIMAL_DECODER_SIDE_PRIORITY=0 gives it the default priority.
+  int least = 0, greatest = 0;
+  cuda_check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+  cuda_check(cudaStreamCreateWithPriority(&side, cudaStreamNonBlocking,
+                                          env_switch("MINIMAL_DECODER_SIDE_PRIORITY", true) ? greatest : 0),
+             "cudaStreamCreate (side)");
   side_stream_.reset(side);
   for (EventHandle* e : {&forked_, &joined_}) {
     cudaEvent_t ev = nullptr;
@@ -119,15 +124,6 @@ void CudaBackend::fork_side() const {
   if (!side_stream_on_) return;
   cuda_check(cudaEventRecord(forked_.get(), stream()), "cudaEventRecord (fork)");
   cuda_check(cudaStreamWaitEvent(side_stream_.get(), forked_.get(), 0), "cudaStreamWaitEvent (fork)");
-}
-
-void CudaBackend::prefetch_to_l2(const void* p, std::size_t bytes) const {
-  if (!l2_prefetch_ || !side_stream_on_ || bytes < 16) return;
-  constexpr std::size_t kChunk = std::size_t(256) << 10;  // 256 KiB a block: 128 blocks for a 32 MiB matrix
-  const unsigned blocks = unsigned((bytes + kChunk - 1) / kChunk);
-  cuda_check(kernels::launch_kernel(kernels::prefetch_l2, blocks, 32, 0, side_stream_.get(), false,
-                                    static_cast<const char*>(p), bytes, kChunk),
-             "prefetch_l2");
 }
 
 void CudaBackend::join_side() const {

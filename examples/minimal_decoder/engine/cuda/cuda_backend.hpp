@@ -175,13 +175,6 @@ class CudaBackend {
   void fork_side() const;
   void join_side() const;
   void set_side_stream(bool on) { side_stream_on_ = on; }
-  // An experiment, off by default (MINIMAL_DECODER_L2_PREFETCH=1 or set_l2_prefetch(true); needs the
-  // side stream): queues on the side stream (after a fork_side) an L2 prefetch of [p, p + bytes), so
-  // that HBM, idle while a small attention runs on latency, fetches the o-projection's weights the
-  // GEMV after it then reads from L2. docs/performance.md, twenty-first session.
-  bool prefetches_l2() const { return l2_prefetch_ && side_stream_on_; }
-  void prefetch_to_l2(const void* p, std::size_t bytes) const;
-  void set_l2_prefetch(bool on) { l2_prefetch_ = on; }
 
   template <class T>
   Buffer<T> alloc(std::size_t n) const {
@@ -358,7 +351,6 @@ class CudaBackend {
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> side_stream_;
   bool side_stream_on_ = true;
-  bool l2_prefetch_ = false;
   EventHandle forked_, joined_;  // fork_side's and join_side's (no timing: ordering only)
   DeviceBuffer<unsigned char> cublas_ws_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, DestroyCublas> cublas_;

@@ -180,24 +180,6 @@ __global__ void scatter_rows(const T* src, int n, std::int64_t row_elems, const 
   }
 }
 
-// Asks L2 to fetch [p, p + bytes) from HBM (cp.async.bulk.prefetch.L2: fire and forget, nothing
-// waits for the data): one thread a block, `chunk` bytes a block in 64 KiB requests. p and chunk are
-// 16-byte multiples; a tail under 16 bytes is left out. The kernel ends as soon as its requests are
-// issued, so it neither waits for the previous kernel nor holds anything back (launched plainly, on
-// the side stream: CudaBackend::prefetch_to_l2).
-__global__ void prefetch_l2(const char* p, std::size_t bytes, std::size_t chunk) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const std::size_t begin = std::size_t(blockIdx.x) * chunk;
-  if (threadIdx.x != 0 || begin >= bytes) return;
-  const std::size_t end = begin + chunk < bytes ? begin + chunk : bytes;
-  for (std::size_t at = begin; at + 16 <= end; at += 65536) {
-    const std::size_t left = end - at;
-    const unsigned size = unsigned(left < 65536 ? left : 65536) & ~15u;
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + at), "r"(size) : "memory");
-  }
-#endif
-}
-
 // A standard normal draw per element from a counter-based hash (SplitMix64 + Box-Muller), times
 // `scale`: random weights and synthetic K/V generated where they are used, reproducible from the
 // seed and independent of the launch shape, with no host-side generation of gigabytes.
