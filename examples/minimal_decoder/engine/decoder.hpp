@@ -433,10 +433,12 @@ class Decoder {
     if (policy_.kind == PolicyKind::kLycheeDecode)
       profile_scores_ = be_.template alloc<float>(std::size_t(lycheedecode_.config().max_batch) * c_.num_kv_heads *
                                                   std::size_t(lycheedecode_score_stride()));
-    single_token_forward([&](int l, const float* q, float* out) {
-      // A decode step's seq_ rows are 0 .. B-1, so scattering to them copies the B query rows.
-      be_.scatter_rows(q, B, c_.q_dim(), seq_.data(), profile_q_[std::size_t(l)].data());
-      step_attention(l, q, out, false);
+    abandon_on_throw([&] {
+      single_token_forward([&](int l, const float* q, float* out) {
+        // A decode step's seq_ rows are 0 .. B-1, so scattering to them copies the B query rows.
+        be_.scatter_rows(q, B, c_.q_dim(), seq_.data(), profile_q_[std::size_t(l)].data());
+        step_attention(l, q, out, false);
+      });
     });
     be_.synchronize();
   }
@@ -445,25 +447,22 @@ class Decoder {
   void run_step_part(StepPart part) {
     if (profile_q_.empty()) throw DecoderError("run_step_part: call begin_step_parts first");
     const auto launch = [&] {
-      switch (part) {
-        case StepPart::kStep:
-          single_token_forward();
-          break;
-        case StepPart::kWeights:
-          single_token_forward([](int, const float*, float*) {});
-          break;
-        case StepPart::kAttention:
-        case StepPart::kLayerCalls:
-          try {
+      abandon_on_throw([&] {
+        switch (part) {
+          case StepPart::kStep:
+            single_token_forward();
+            break;
+          case StepPart::kWeights:
+            single_token_forward([](int, const float*, float*) {});
+            break;
+          case StepPart::kAttention:
+          case StepPart::kLayerCalls:
             for (int l = 0; l < c_.num_layers; ++l)
               step_attention(l, profile_q_[std::size_t(l)].data(), attn_.data(), part == StepPart::kAttention);
             join_side_work();
-          } catch (...) {
-            abandon_step();
-            throw;
-          }
-          break;
-      }
+            break;
+        }
+      });
     };
     if (graph_steps_ && !query_tap_)
       be_.replay(part == StepPart::kStep ? step_graph_ : part_graphs_[int(part)], launch);
@@ -522,18 +521,22 @@ class Decoder {
 
   // The ordinary decode step: the new token's K/V appended at slot cache_len[b], one query per sequence.
   std::vector<float> single_token_step(const std::vector<std::int32_t>& next) {
-    const int B = batch_;
     upload_step_rows(next);
-    // Everything from here to the logits reads only device buffers filled above, so on the GPU it is
-    // captured into a graph once and replayed (kvsift's launchers never allocate or synchronise and
-    // size their grids from capacities, never from device lengths: that is what makes this legal).
-    // Not with the attention timing on (it synchronises) or a query tap (it reads on the host).
-    const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
-    if (graph)
-      be_.replay(step_graph_, [&] { single_token_forward(); });
+    return run_step(step_graph_, [&] { single_token_forward(); });
+  }
+  // The device part of a step (`forward`, which reads only device buffers filled before it), then its
+  // logits to the host. On the GPU `forward` is captured into `graph` once and replayed (kvsift's
+  // launchers never allocate or synchronise and size their grids from capacities, never from device
+  // lengths: that is what makes this legal); not with the attention timing on (it synchronises) or a
+  // query tap (it reads on the host).
+  template <class F>
+  std::vector<float> run_step(typename Backend::StepGraph& graph, F&& forward) {
+    const auto guarded = [&] { abandon_on_throw(forward); };
+    if (graph_steps_ && !time_attention_ && !query_tap_)
+      be_.replay(graph, guarded);
     else
-      single_token_forward();
-    std::vector<float> logits(std::size_t(B) * lm_rows_);
+      guarded();
+    std::vector<float> logits(std::size_t(batch_) * lm_rows_);
     be_.download(logits.data(), logits_.data(), logits.size());
     return logits;
   }
@@ -567,12 +570,17 @@ class Decoder {
   template <class Attention>
   void single_token_forward(Attention&& attention) {
     const int B = batch_;
+    be_.embed(tokens_.data(), B, w_.embed, x_.data());
+    for (int l = 0; l < c_.num_layers; ++l)
+      layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
+    lm_head_to_device(x_.data(), B);
+    join_side_work();  // the last selecting layer's handoff ran beside the layers after it and the LM head
+  }
+  // Runs `f` (device work of a step); if it throws, abandon_step first.
+  template <class F>
+  void abandon_on_throw(F&& f) {
     try {
-      be_.embed(tokens_.data(), B, w_.embed, x_.data());
-      for (int l = 0; l < c_.num_layers; ++l)
-        layer_forward(l, B, decode_caches_[std::size_t(l)], [&](const float* q, float* out) { attention(l, q, out); });
-      lm_head_to_device(x_.data(), B);
-      join_side_work();  // the last selecting layer's handoff ran beside the layers after it and the LM head
+      f();
     } catch (...) {
       abandon_step();
       throw;
@@ -695,14 +703,7 @@ class Decoder {
     for (int b = 0; b < B; ++b) ++cache_len_[std::size_t(b)];
     upload_rows(tokens, positions, seq, slots);
     be_.upload(lengths_.data(), cache_len_.data(), std::size_t(B));
-    const bool graph = graph_steps_ && !time_attention_ && !query_tap_;
-    if (graph)
-      be_.replay(correction_graph_, [&] { correction_forward(); });
-    else
-      correction_forward();
-    std::vector<float> logits(std::size_t(B) * lm_rows_);
-    be_.download(logits.data(), logits_.data(), logits.size());
-    return logits;
+    return run_step(correction_graph_, [&] { correction_forward(); });
   }
 
   // The device part of correction_step: embedding, every layer (correct_layer over the position-major
