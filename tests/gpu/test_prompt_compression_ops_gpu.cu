@@ -207,21 +207,37 @@ TEST_CASE("pooling and density clustering on the GPU equal the host on the same 
     const auto got = dout.download();
     CHECK(std::memcmp(got.data(), expect.data(), got.size() * sizeof(float)) == 0);
   }
+  // The clustering also on scores with NaN (never a maximum) and -inf (a maximum only of a block with
+  // nothing larger), whole blocks of them, and ties: the warp-per-block centres (blocks of 32 or more
+  // tokens: num_block 37 -> 82, 7 -> 429) and the thread-per-block ones (budget 500 / 37 -> 13) must
+  // pick the sequential scan's lowest position of the maximum.
+  std::vector<float> odd = s;
+  for (std::size_t i = 0; i < odd.size(); ++i) {
+    const int u = kvsift_test::uniform_int(rng, 0, 40);
+    if (u == 0) odd[i] = NAN;
+    if (u == 1) odd[i] = -INFINITY;
+  }
+  for (int i = 600; i < 1200; ++i) odd[i] = (i < 900 ? NAN : -INFINITY);  // row 0: blocks of only NaN / -inf
+  DeviceBuffer<float> dodd(odd);
+  for (const std::vector<float>* scores_host : {&s, &odd})
+  for (int num_block : {37, 7})
   for (auto block_rule : {kvsift::BlockRule::kPrefixSplit, kvsift::BlockRule::kBudgetSplit})
     for (auto radius_rule : {kvsift::RadiusRule::kHalfBlock, kvsift::RadiusRule::kBudgetBlocks, kvsift::RadiusRule::kFixed}) {
+      CAPTURE(num_block);
+      CAPTURE(scores_host == &odd);
       kvsift::ClusterParams c;
-      c.num_block = 37;
+      c.num_block = num_block;
       c.theta = 0.7f;
       c.budget = 500;
       c.block_rule = block_rule;
       c.radius_rule = radius_rule;
       c.fixed_radius = 9;
       std::vector<std::uint8_t> expect(s.size(), 0xFF);
-      REQUIRE(kh::cluster_flags(kh::Exec{}, make_strided_view<const float>(s.data(), rows, cols), len.data(), c,
+      REQUIRE(kh::cluster_flags(kh::Exec{}, make_strided_view<const float>(scores_host->data(), rows, cols), len.data(), c,
                                 make_strided_view(expect.data(), rows, cols)).ok());
       DeviceBuffer<std::uint8_t> dflags(s.size());
       const auto exec = kc::Exec::for_current_device();
-      const auto scores = make_strided_view<const float>(ds.get(), rows, cols);
+      const auto scores = make_strided_view<const float>(scores_host == &s ? ds.get() : dodd.get(), rows, cols);
       const auto flags = make_strided_view(dflags.get(), rows, cols);
       std::size_t bytes = 0;
       REQUIRE(kvsift::cluster_flags_workspace_bytes(exec, scores, dlen.get(), c, flags, &bytes).ok());

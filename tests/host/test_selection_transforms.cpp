@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kvsift/ops/cluster_flags.hpp"
@@ -103,6 +104,42 @@ TEST_CASE("cluster_flags equals the brute-force clustering for every block and r
           for (int j = len[r]; j < cols; ++j) REQUIRE(flags[r * cols + j] == 9);
         }
       }
+  }
+}
+
+TEST_CASE("cluster_flags: the CUDA kernel's warp per block (lane strides, then a butterfly) finds block_argmax's centre") {
+  // The kernel's order of operations replayed on the host: lane l scans positions lo + l, lo + l + 32,
+  // ... with argmax_step, then five rounds of argmax_merge with the lane l ^ off (off 16, 8, 4, 2, 1),
+  // every lane from the values of the round before; lane 0's result against block_argmax, on blocks of
+  // 1 to 300 tokens with NaN, -inf, +inf, ties, -0 / +0 and blocks of only NaN.
+  auto rng = kvsift_test::make_rng(81);
+  const float specials[] = {NAN, -INFINITY, INFINITY, -0.f, 0.f, 1.f, 1.f, -1.f};
+  for (int trial = 0; trial < 4000; ++trial) {
+    const int block = kvsift_test::uniform_int(rng, 1, 300);
+    std::vector<float> x(static_cast<std::size_t>(block));
+    const int mode = trial % 4;  // random / mostly specials / all NaN / all one value
+    for (auto& v : x) {
+      const int u = kvsift_test::uniform_int(rng, 0, 7);
+      v = mode == 2 ? NAN : mode == 3 ? 0.5f : mode == 1 || u == 0 ? specials[kvsift_test::uniform_int(rng, 0, 7)]
+                                                            : float(kvsift_test::uniform_int(rng, -3, 3));
+    }
+    float lm[32], m2[32];
+    int la[32], a2[32];
+    for (int l = 0; l < 32; ++l) {
+      lm[l] = -INFINITY;
+      la[l] = -1;
+      for (int t = l; t < block; t += 32) detail::argmax_step(x[std::size_t(t)], t, lm[l], la[l]);
+    }
+    for (int off = 16; off > 0; off /= 2) {
+      for (int l = 0; l < 32; ++l) m2[l] = lm[l], a2[l] = la[l];
+      for (int l = 0; l < 32; ++l) detail::argmax_merge(m2[l ^ off], a2[l ^ off], lm[l], la[l]);
+    }
+    float expect_m;
+    const int expect = detail::block_argmax(x.data(), block, block, 0, &expect_m);
+    CAPTURE(trial);
+    CAPTURE(block);
+    REQUIRE(la[0] == expect);
+    if (expect >= 0) CHECK(std::memcmp(&lm[0], &expect_m, sizeof(float)) == 0);
   }
 }
 

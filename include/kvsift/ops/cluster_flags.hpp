@@ -81,16 +81,29 @@ KVSIFT_HD inline int cluster_radius(const ClusterParams& p, int block, int centr
   return 0;
 }
 
+// One step of a scan in ascending positions for the maximum and the lowest position holding it:
+// (m, arg) starts at (-inf, -1); NaN is never taken, -inf only while nothing is.
+KVSIFT_HD inline void argmax_step(float x, int t, float& m, int& arg) {
+  if (x > m || (arg < 0 && x == m)) {
+    m = x;
+    arg = t;
+  }
+}
+// Merges the result (om, oa) of another part of the same block into (m, arg): the larger maximum,
+// the lower position on a tie; a part with no value (arg -1) yields. Merged in any order over parts
+// that each scanned their positions in ascending order, it gives the scan of the whole block.
+KVSIFT_HD inline void argmax_merge(float om, int oa, float& m, int& arg) {
+  if (oa >= 0 && (arg < 0 || om > m || (om == m && oa < arg))) {
+    m = om;
+    arg = oa;
+  }
+}
 // Block k of a row: max and the lowest position of it (-1 when the block is empty or all NaN).
 KVSIFT_HD inline int block_argmax(const float* row, int n, int block, int k, float* max_out) {
   const int lo = k * block, hi = lo + block < n ? lo + block : n;
   int arg = -1;
   float m = -INFINITY;
-  for (int t = lo; t < hi; ++t)
-    if (row[t] > m || (arg < 0 && row[t] == m)) {
-      m = row[t];
-      arg = t;
-    }
+  for (int t = lo; t < hi; ++t) argmax_step(row[t], t, m, arg);
   *max_out = m;
   return arg;
 }

@@ -1,7 +1,8 @@
 #pragma once
 // The kernels behind cuda::cluster_flags (contract in cluster_flags.hpp, scratch in cluster_flags_plan.hpp):
-//   1. one thread per block of a row: its maximum and argmax -> the block's centre (or -1), and a
-//      count of the row's centres (integer atomics: the count is exact whatever the order);
+//   1. a warp per block of a row (a thread per block under 32 tokens): its maximum and argmax -> the
+//      block's centre (or -1), and a count of the row's centres (integer atomics: the count is exact
+//      whatever the order);
 //   2. one thread per token: flagged when a centre within the radius exists (looks only at the
 //      blocks that can reach it).
 
@@ -25,22 +26,50 @@ struct ClusterFlagsLaunch {
 };
 static_assert(sizeof(ClusterFlagsLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
-// A template, so the header-only definition is inline across translation units.
+// One block's verdict: its centre (the lowest position of its maximum) when that maximum passes theta,
+// else -1; every centre counts once in the row's total.
+__device__ __forceinline__ void write_cluster_centre(const ClusterFlagsLaunch& launch, std::int64_t r, int k, int arg, float m) {
+  const bool centre = arg >= 0 && m > launch.params.theta;
+  launch.scratch.centres[r * launch.scores.cols + k] = centre ? arg : -1;
+  if (centre) atomicAdd(launch.scratch.counts + r, 1);
+}
+
+// Blocks of a row, grid-strided over (gridDim.x, row = blockIdx.y). Blocks of 32 tokens or more take a
+// warp each: the lanes read the block coalesced, each scans its stride (argmax_step), and a butterfly
+// of argmax_merge over the lanes gives the sequential scan's answer (cluster_flags.hpp; the host test
+// replays the butterfly). Shorter blocks take a thread each (the sequential scan itself). Why: a
+// thread scanning a block of n / num_block scores (1,024 at 128K) alone, its neighbours a block away,
+// read one sector per score and took 83 us of ClusterAttn's 587 (B=1, 128K, H200).
 template <class Unused = void>
 __global__ void cluster_centres_kernel(ClusterFlagsLaunch launch) {
   const StridedView2D<const float>& scores = launch.scores;
-  const ClusterParams& p = launch.params;
   const std::int64_t r = blockIdx.y;
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = clamp_row_length(launch.row_lengths, r, scores.cols);
   if (n == 0) return;
-  const int block = cluster_block_size(p, n);
-  if (k >= (n + block - 1) / block) return;
-  float m;
-  const int arg = block_argmax(scores.row(r), n, block, k, &m);
-  const bool centre = arg >= 0 && m > p.theta;
-  launch.scratch.centres[r * scores.cols + k] = centre ? arg : -1;
-  if (centre) atomicAdd(launch.scratch.counts + r, 1);
+  const int block = cluster_block_size(launch.params, n), blocks = (n + block - 1) / block;
+  const float* row = scores.row(r);
+  if (block < 32) {
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < blocks; k += gridDim.x * blockDim.x) {
+      float m;
+      const int arg = block_argmax(row, n, block, k, &m);
+      write_cluster_centre(launch, r, k, arg, m);
+    }
+    return;
+  }
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int k = blockIdx.x * warps + int(threadIdx.x / 32); k < blocks; k += gridDim.x * warps) {
+    const int lo = k * block, hi = min(lo + block, n);
+    float m = -INFINITY;
+    int arg = -1;
+    for (int t = lo + lane; t < hi; t += 32) argmax_step(row[t], t, m, arg);
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) {
+      const float om = __shfl_xor_sync(0xffffffffu, m, off);
+      const int oa = __shfl_xor_sync(0xffffffffu, arg, off);
+      argmax_merge(om, oa, m, arg);
+    }
+    if (lane == 0) write_cluster_centre(launch, r, k, arg, m);
+  }
 }
 
 // A template, so the header-only definition is inline across translation units.
