@@ -228,6 +228,35 @@ TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket a
   check_all_fills<float>(rng, flagged);
 }
 
+TEST_CASE("topk gpu paths: ClusterAttn's 32-bit flag-first keys (non-negative fp32 scores) select what the 33-bit keys do") {
+  // FlagFirstNonNegativeKey on the device against FlagFirstKey<float> on the host, on the shapes of
+  // ClusterAttn's selection (8 and 64 rows of 32K and 128K, k = Cp - W) and on each kernel the 32-bit
+  // key reaches: the register select (which the 33-bit key never takes), the candidate select in CTA
+  // groups, the stream select and the short-row select; every fill, made non-negative (NaN kept).
+  auto rng = kvsift_test::make_rng(521);
+  struct Shape { int rows, cols, k; TopkKernel kernel; bool cta_groups; };
+  for (const Shape s : {Shape{8, 131072, 992, kReg, false}, Shape{8, 32768, 992, kReg, false},
+                        Shape{8, 131072, 4064, kCand, true}, Shape{64, 32768, 992, kCand, true},
+                        Shape{64, 131072, 992, TopkKernel::kStreamSelect, false}, Shape{16, 3000, 992, kShort, false}}) {
+    Case c = shape(s.rows, s.cols, s.k, s.k);
+    c.flagged = true;
+    c.nonnegative = true;
+    c.register_kernels = !s.cta_groups;
+    CAPTURE(s.rows);
+    CAPTURE(s.cols);
+    const auto p = plan_of<float>(c);
+    INFO("plan kernel ", int(p.kernel), ", ctas_per_row ", p.ctas_per_row);
+    REQUIRE(int(p.kernel) == int(s.kernel));
+    check_all_fills<float>(rng, c);
+  }
+  check_edges<float>(rng, [&] {
+    Case e = edge_rows(rng, 7, 131072, 1024);
+    e.flagged = true;
+    e.nonnegative = true;
+    return e;
+  }());
+}
+
 TEST_CASE("topk gpu paths: fp16 and bf16 inputs on every candidate-select shape") {
   auto rng = kvsift_test::make_rng(505);
   struct Shape { int rows, cols, capacity, k, group, threads; };

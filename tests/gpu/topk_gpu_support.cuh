@@ -5,10 +5,12 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/ops/topk.cuh"
@@ -59,6 +61,9 @@ struct Case {
   std::vector<std::int32_t> lengths, per_row_k;
   Fill fill = Fill::kRandom;
   bool flagged = false;  // FlagFirstKey with random flags
+  // With flagged (fp32 scores): the scores' magnitudes, and the device runs FlagFirstNonNegativeKey
+  // (32 bits) where the host reference keeps FlagFirstKey<float> (33): the two must select the same.
+  bool nonnegative = false;
   // Device facts the plan sees: the real device's, or a smaller GPU's to force the radix select.
   // kFewSms: a 4-SM device, so a few rows already fill it and small cases get CTA groups of 2 and 4.
   enum class Facts { kDevice, kNoClusters, kNoClustersSmallSmem, kFewSms } facts = Facts::kDevice;
@@ -97,6 +102,7 @@ template <class T>
 kvsift::detail::TopkPlan plan_of(const Case& c) {
   const auto exec = exec_for(c, nullptr);
   const std::int64_t rows = kvsift::topk_written_rows(c.params, c.rows);
+  if (c.flagged && c.nonnegative) return case_plan<kvsift::FlagFirstNonNegativeKey::key_type>(c, rows, exec.device);
   if (c.flagged) return case_plan<typename kvsift::FlagFirstKey<T>::key_type>(c, rows, exec.device);
   return case_plan<typename kvsift::ScoreKey<T>::key_type>(c, rows, exec.device);
 }
@@ -133,7 +139,10 @@ Inputs<T> make_inputs(std::mt19937_64& rng, const Case& c) {
   in.stride = c.cols + c.stride_pad;
   in.scores.assign(std::size_t(std::max<std::int64_t>(c.rows * in.stride, 1)), kvsift::from_float<T>(3.f));
   for (int r = 0; r < c.rows; ++r)
-    for (int i = 0; i < c.cols; ++i) in.scores[r * in.stride + i] = kvsift::from_float<T>(draw(rng, c.fill, i));
+    for (int i = 0; i < c.cols; ++i) {
+      const float x = draw(rng, c.fill, i);
+      in.scores[r * in.stride + i] = kvsift::from_float<T>(c.nonnegative ? std::fabs(x) : x);  // fabs keeps NaN
+    }
   if (c.flagged) {
     in.flags.resize(std::size_t(std::max(c.rows * c.cols, 1)));
     const int density = kvsift_test::uniform_int(rng, 1, 9);
@@ -220,6 +229,15 @@ struct DeviceCase {
       if (c.stream_period > 0) plan.sample_period = c.stream_period;
       return kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<T, Key>{view, p, out, values.get(), key, plan});
     };
+    if constexpr (std::is_same_v<T, float>) {
+      if (c.flagged && c.nonnegative) {
+        kvsift::FlagFirstNonNegativeKey key;
+        key.flags = flags.get();
+        key.row_stride = c.cols;
+        return run(key);
+      }
+    }
+    REQUIRE_MESSAGE(!c.nonnegative, "FlagFirstNonNegativeKey takes fp32 scores");
     if (c.flagged) {
       kvsift::FlagFirstKey<T> key;
       key.flags = flags.get();

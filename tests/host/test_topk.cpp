@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/ops/topk_reference.hpp"
@@ -62,7 +63,8 @@ struct Case {
 };
 
 template <class T>
-void check_against_brute_force(const Case& c, const std::vector<float>& scores_f, const std::vector<std::uint8_t>* flags) {
+void check_against_brute_force(const Case& c, const std::vector<float>& scores_f, const std::vector<std::uint8_t>* flags,
+                               bool nonnegative_key = false) {
   const std::int64_t stride = c.cols + c.stride_pad;
   std::vector<T> scores(std::size_t(std::max<std::int64_t>(c.rows * stride, 1)));
   for (int r = 0; r < c.rows; ++r)
@@ -75,7 +77,14 @@ void check_against_brute_force(const Case& c, const std::vector<float>& scores_f
   auto out = kvsift::make_index_set(indices.data(), counts.data(), c.rows, c.capacity);
   const auto view = kvsift::make_strided_view<const T>(scores.data(), c.rows, c.cols, stride);
   kvsift::Status st;
-  if (flags) {
+  if (flags && nonnegative_key) {
+    if constexpr (std::is_same_v<T, float>) {
+      kvsift::FlagFirstNonNegativeKey key;
+      key.flags = flags->data();
+      key.row_stride = c.cols;
+      st = kvsift::host::topk(kvsift::host::Exec{}, view, p, out, values.data(), key);
+    }
+  } else if (flags) {
     kvsift::FlagFirstKey<T> key;
     key.flags = flags->data();
     key.row_stride = c.cols;
@@ -233,6 +242,69 @@ TEST_CASE("topk host: composite keys put flagged positions first") {
     check_against_brute_force<float>(c, s, &flags);
     check_against_brute_force<half_t>(c, s, &flags);
     check_against_brute_force<bfloat16_t>(c, s, &flags);
+  }
+}
+
+TEST_CASE("topk: FlagFirstNonNegativeKey orders NaN and non-negative fp32 scores as FlagFirstKey<float> does") {
+  // Key against key: every pair of special values (NaN payloads of both signs, +-0, the smallest
+  // denormal, FLT_MIN, 1, FLT_MAX, +inf) and random non-negative bit patterns, flagged or not: the
+  // 32-bit key's compare (<, ==) equals the 33-bit one's; negative scores rank as +0.
+  using Wide = kvsift::FlagFirstKey<float>;
+  using Narrow = kvsift::FlagFirstNonNegativeKey;
+  auto rng = kvsift_test::make_rng(612);
+  std::vector<std::uint32_t> bits = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x00000000u, 0x80000000u,
+                                     0x00000001u, 0x00800000u, 0x3f800000u, 0x7f7fffffu, 0x7f800000u};
+  for (int i = 0; i < 1500; ++i) bits.push_back(std::uint32_t(rng()) % 0x7f800001u);  // [+0, +inf]
+  const std::uint8_t flag_values[2] = {0, 1};
+  Wide wide;
+  Narrow narrow;
+  wide.flags = narrow.flags = flag_values;
+  wide.row_stride = narrow.row_stride = 0;
+  std::int64_t pairs = 0;
+  for (std::uint32_t a : bits)
+    for (std::uint32_t b : bits)
+      for (int fa = 0; fa < 2; ++fa) {
+        const int fb = int(rng() & 1u);
+        const float x = kvsift::detail::bits_to_float(a), y = kvsift::detail::bits_to_float(b);
+        const auto wa = wide(x, 0, fa), wb = wide(y, 0, fb);
+        const auto na = narrow(x, 0, fa), nb = narrow(y, 0, fb);
+        if ((wa < wb) != (na < nb) || (wa == wb) != (na == nb)) {
+          INFO("bits ", a, " flag ", fa, " against bits ", b, " flag ", fb);
+          REQUIRE((wa < wb) == (na < nb));
+          REQUIRE((wa == wb) == (na == nb));
+        }
+        ++pairs;
+      }
+  CHECK(pairs > 4000000);
+  CHECK(narrow(-1.f, 0, 0) == narrow(0.f, 0, 0));
+  CHECK(narrow(-std::numeric_limits<float>::infinity(), 0, 1) == narrow(-0.f, 0, 1));
+  CHECK(narrow(std::numeric_limits<float>::infinity(), 0, 1) == 0xff800001u);  // below the register select's sentinel
+  CHECK(narrow(std::numeric_limits<float>::quiet_NaN(), 0, 0) == 0u);
+
+  // The host top-k with the 32-bit key against the brute force, on rows with NaN, ties, zeros of both
+  // signs, denormals and +inf.
+  for (int trial = 0; trial < 10; ++trial) {
+    Case c;
+    c.rows = 3;
+    c.cols = kvsift_test::uniform_int(rng, 10, 2000);
+    c.capacity = c.cols;
+    c.params.k = kvsift_test::uniform_int(rng, 0, c.cols);
+    c.params.sink = kvsift_test::uniform_int(rng, 0, 4);
+    std::vector<std::uint8_t> flags(std::size_t(c.rows) * c.cols);
+    const int density = kvsift_test::uniform_int(rng, 0, 10);
+    for (auto& f : flags) f = kvsift_test::uniform_int(rng, 0, 9) < density ? std::uint8_t(1 + trial) : 0;
+    auto s = random_scores(rng, flags.size());
+    for (auto& x : s) {
+      const int u = kvsift_test::uniform_int(rng, 0, 40);
+      x = u == 0 ? std::numeric_limits<float>::quiet_NaN()
+          : u == 1 ? std::numeric_limits<float>::infinity()
+          : u == 2 ? -0.f
+          : u == 3 ? std::numeric_limits<float>::denorm_min()
+          : u < 10 ? 0.25f  // ties
+                   : std::fabs(x);
+    }
+    CAPTURE(trial);
+    check_against_brute_force<float>(c, s, &flags, /*nonnegative_key=*/true);
   }
 }
 

@@ -67,11 +67,13 @@ __device__ __forceinline__ uint4 topk_reg_load_peer(std::uint32_t address) {
 }
 
 /// Whether a key policy has a value it never produces, which the register select pads its lists
-/// with: any key narrower than 32 bits (2^kBits), and ScoreKey<float> (all ones: NaN maps to 0, +inf
-/// to 0xff800000). Other 32-bit policies take the other kernels.
+/// with: any key narrower than 32 bits (2^kBits), ScoreKey<float> (all ones: NaN maps to 0, +inf to
+/// 0xff800000) and FlagFirstNonNegativeKey (all ones: its largest key is 0xff800001). Other 32-bit
+/// policies take the other kernels.
 template <class T, class Key>
 inline constexpr bool kTopkRegHasSentinel =
-    sizeof(typename Key::key_type) == 4 && (Key::kBits < 32 || std::is_same_v<Key, ScoreKey<float>>);
+    sizeof(typename Key::key_type) == 4 &&
+    (Key::kBits < 32 || std::is_same_v<Key, ScoreKey<float>> || std::is_same_v<Key, FlagFirstNonNegativeKey>);
 
 template <class T, class Key, int kKeys>
 __global__ void __launch_bounds__(kTopkRegThreads, 1)
