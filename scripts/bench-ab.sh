@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A/B of one benchmark between two source trees, on one machine in one go: builds the benchmark in
-# each tree (Release, sm_90, that target only, both builds at once), runs the two binaries in turn
+# each tree (Release, sm_90 or $ARCH, that target only, both builds at once), runs the two binaries in turn
 # ROUNDS times with the same filter, and prints every row's us_median per run with the ratio of the
 # medians (B / A). Alternating the binaries spreads clock and thermal drift over both; every quoted
 # "before / after" in docs/performance.md is meant to come from such a run.
@@ -15,6 +15,8 @@
 #   MIN_TIME  --benchmark_min_time (default 0.05: Google Benchmark 1.7 wants a bare number)
 #   JOBS      build parallelism per tree (default half the cores)
 #   NO_BUILD  1: run the binaries an earlier call built (TREE/build/bench-ab), without building
+#   ARCH      CMAKE_CUDA_ARCHITECTURES of both builds (default 90)
+#   CUDAFLAGS extra nvcc flags of both builds (CMake reads them), e.g. -DKVSIFT_EXPERIMENTAL_WGMMA with ARCH=90a
 #
 # Example: git archive HEAD~1 | (mkdir -p .ab/a && tar -x -C .ab/a), then on the GPU machine
 #   scripts/bench-ab.sh bench_topk 'BM_TopK/rows:8/' .ab/a . 2
@@ -27,7 +29,7 @@ out=$(mktemp -d)
 
 build() {  # tree label
   local dir="$1/build/bench-ab"
-  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90} \
     -DKVSIFT_BUILD_TESTS=OFF -DKVSIFT_BUILD_BENCHMARKS=ON -DKVSIFT_BUILD_EXAMPLES=OFF >"$out/$2-configure.log" 2>&1 &&
     cmake --build "$dir" --target "$bench" --parallel "$jobs" >"$out/$2-build.log" 2>&1 ||
     { echo "bench-ab.sh: the build of $2 ($1) failed:"; grep -E "error" "$out/$2-build.log" "$out/$2-configure.log" | head -20; return 1; }

@@ -248,3 +248,49 @@ TEST_CASE("window_scores plan: the ring path's choice, slots and workspace bound
     for (std::int64_t h = 0; h < segs; ++h) REQUIRE(touching[std::size_t(h)] <= plan.chunks);
   }
 }
+
+TEST_CASE("window_scores ring path: the slot layout is a bank-conflict-free permutation; the row order covers every row once") {
+  namespace d = kvsift::detail;
+  for (int head_dim : {64, 128, 256}) {
+    CAPTURE(head_dim);
+    const int chunks = head_dim / 8, stage = d::kWindowRingKeys * 2 * head_dim;
+    REQUIRE(stage == int(d::window_ring_bytes(head_dim) / std::size_t(d::window_ring_stages(head_dim))));
+    // Every (row, 16-byte chunk) of a slot at its own 16-byte-aligned place inside the slot.
+    std::vector<int> owner(std::size_t(stage / 16), -1);
+    for (int k = 0; k < d::kWindowRingKeys; ++k)
+      for (int c = 0; c < chunks; ++c) {
+        const int at = d::window_ring_chunk_offset(k, c);
+        REQUIRE(at % 16 == 0);
+        REQUIRE(at >= 0);
+        REQUIRE(at < stage);
+        REQUIRE(owner[std::size_t(at / 16)] == -1);
+        owner[std::size_t(at / 16)] = k * chunks + c;
+      }
+    // wgmma's 128-byte swizzle, as PTX describes the K-major layout: row k's 16-byte chunk j of column
+    // group q at group base + (k / 8) x 1,024 + (k % 8) x 128 + 16 (j ^ (k % 8)).
+    for (int k = 0; k < d::kWindowRingKeys; ++k)
+      for (int c = 0; c < chunks; ++c)
+        CHECK(d::window_ring_chunk_offset(k, c) ==
+              (c / 8) * d::kWindowRingKeys * 128 + (k / 8) * 1024 + (k % 8) * 128 + 16 * ((c % 8) ^ (k % 8)));
+    // An ldmatrix phase reads one chunk of 8 consecutive rows: 8 different 16-byte bank quads.
+    for (int k0 = 0; k0 < d::kWindowRingKeys; k0 += 8)
+      for (int c = 0; c < chunks; ++c) {
+        std::vector<int> quads;
+        for (int k = k0; k < k0 + 8; ++k) quads.push_back(d::window_ring_chunk_offset(k, c) / 16 % 8);
+        std::sort(quads.begin(), quads.end());
+        CHECK(std::unique(quads.begin(), quads.end()) == quads.end());
+      }
+    // The resident rows: m-tiles x warps x (g, g + 8) cover 0 .. kWindowRingRows - 1 once, and a
+    // warpgroup's 4 warps hold 64 consecutive rows for each m.
+    const int warps = d::window_ring_warps(head_dim), tiles = d::window_ring_warp_rows(head_dim) / 16;
+    std::vector<int> seen(std::size_t(d::kWindowRingRows), 0);
+    for (int m = 0; m < tiles; ++m)
+      for (int w = 0; w < warps; ++w) {
+        const int r0 = d::window_ring_row16(head_dim, m, w);
+        CHECK(r0 / 64 == (warps * m + w) / 4);  // warpgroup (w / 4) of m-tile m: its 64-row block
+        for (int g = 0; g < 8; ++g)
+          for (int h = 0; h < 2; ++h) ++seen[std::size_t(r0 + g + 8 * h)];
+      }
+    CHECK(std::count(seen.begin(), seen.end(), 1) == d::kWindowRingRows);
+  }
+}

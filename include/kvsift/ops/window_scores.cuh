@@ -72,7 +72,7 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
   const char* what = "window_scores: cudaFuncSetAttribute";
   if (!launch.params.lse) {
     auto* partials = lse_partials_ring_kernel<D, View, QT>;
-    const std::size_t smem = R::kRingBytes + R::kFlagBytes;
+    const std::size_t smem = kWindowRingAlign + R::kRingBytes + R::kFlagBytes;
     KVSIFT_TRY(raise_dynamic_smem_limit(partials, smem, /*max_carveout=*/true, what));
     partials<<<launch.plan.ring_grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
     KVSIFT_CHECK_LAUNCH();
@@ -83,13 +83,13 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
   if (launch.plan.ring_columns == kRingColumnsQ) {
     const int grid = window_ring_grid(std::int64_t(bh) * window_ring_tiles(keys), exec.device.num_sms, D);
     auto* sums = column_sums_ring_kernel<D, View, QT>;
-    const std::size_t smem = R::kRingBytes + window_ring_col_bytes(D, heads_out) + R::kFlagBytes;
+    const std::size_t smem = kWindowRingAlign + R::kRingBytes + window_ring_col_bytes(D, heads_out) + R::kFlagBytes;
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
     sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
   } else if (launch.plan.ring_columns == kRingColumnsK) {
     const dim3 grid(unsigned(bh), unsigned((keys + kWindowRingRows - 1) / kWindowRingRows));
     auto* sums = column_sums_keys_kernel<D, View, QT>;
-    const std::size_t smem = R::kRingBytes + window_ring_lse_bytes(D);
+    const std::size_t smem = kWindowRingAlign + R::kRingBytes + window_ring_lse_bytes(D);
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
     sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
   } else {

@@ -48,6 +48,18 @@ KVSIFT_HD constexpr int window_ring_warps(int head_dim) { return kWindowRingRows
 // three times the ~33 KiB that one microsecond of HBM latency at an SM's share of 4.4 TB/s asks for.
 KVSIFT_HD constexpr int window_ring_stages(int head_dim) { return head_dim == 128 ? 3 : 4; }
 
+// A ring slot's layout (detail/window_scores_ring.cuh): byte offset of 16-byte chunk c of row k (a key,
+// or a streamed query row) of a slot of kWindowRingKeys rows. The row's 64-element column groups lie
+// one after another (kWindowRingKeys rows of 128 bytes each), chunk c % 8 of a 128-byte row at
+// (c % 8) ^ (k % 8): the layout Hopper's wgmma reads through a 128-byte-swizzle descriptor (groups of 8
+// rows 1,024 bytes apart), and 8 rows of one chunk (an ldmatrix) fall on 8 different bank quads.
+KVSIFT_HD constexpr int window_ring_chunk_offset(int k, int c) {
+  return (c >> 3) * (kWindowRingKeys * 128) + k * 128 + (((c & 7) ^ (k & 7)) << 4);
+}
+// First row of m-tile m (16 rows) of warp w among a CTA's kWindowRingRows resident rows: the m-tiles of
+// one m go to the warps in order, so each 4-warp warpgroup holds 64 consecutive rows (a wgmma's M).
+KVSIFT_HD constexpr int window_ring_row16(int head_dim, int m, int w) { return 16 * (window_ring_warps(head_dim) * m + w); }
+
 // Dynamic shared memory of the ring path's kernels at head_dim d: the ring of K (or Q) tiles, plus the
 // staged-key flags (log-sum-exp), plus the flags and the double-buffered per-warp column sums of
 // heads_out rows a head (Q-resident column sums), or plus the streamed rows' log-sum-exps (K-resident).
@@ -59,10 +71,14 @@ KVSIFT_HD constexpr std::size_t window_ring_col_bytes(int d, int heads_out) {
 KVSIFT_HD constexpr std::size_t window_ring_lse_bytes(int d) {
   return std::size_t(window_ring_stages(d)) * kWindowRingKeys * sizeof(float);
 }
+// The ring starts on a 1,024-byte boundary (wgmma's swizzled operands, detail/wgmma_ptx.cuh): every
+// launch asks for this much more, the kernels skip to the boundary.
+inline constexpr int kWindowRingAlign = 1024;
 // The most any of them takes.
 KVSIFT_HD constexpr std::size_t window_ring_max_smem(int d, int heads_out) {
   const std::size_t q_resident = window_ring_flag_bytes(d) + window_ring_col_bytes(d, heads_out);
-  return window_ring_bytes(d) + (q_resident > window_ring_lse_bytes(d) ? q_resident : window_ring_lse_bytes(d));
+  return kWindowRingAlign + window_ring_bytes(d) +
+         (q_resident > window_ring_lse_bytes(d) ? q_resident : window_ring_lse_bytes(d));
 }
 
 // Q and K of one 16-bit type (bf16 or fp16, CUDA's or kvsift's spelling): the tensor-core paths apply.

@@ -7,12 +7,16 @@
 // Why: the general tensor-core kernels load each 64-key tile and then compute on it, two barriers
 // apart, 8 warps reading every K fragment from shared memory with two 32-bit loads per mma: measured
 // at 51 TFLOP/s, 10x their bytes floor (ClusterAttn B=1, 128K). Here one operand stays in registers
-// and the other streams through a cp.async ring of kStages slots of 64 rows, one barrier a tile; slot
-// rows are XOR-swizzled by 16-byte chunk (chunk c of row k at c ^ (k % 8), as in the decode kernel's
-// ring), so ldmatrix reads them without bank conflicts, 2 mma k-steps' B fragments per instruction.
-// A warp holds kWarpM x 16 resident rows: 32 for head_dim <= 128 (4 warps read each streamed tile
-// from shared memory, not 8), 16 for 256 (registers). Exponentials in base 2 (exp2f) on logits scaled
-// by sm_scale x log2(e), one FMA each.
+// and the other streams through a cp.async ring of kStages slots of 64 rows, one barrier a tile; a
+// slot holds its rows' 64-element column groups one after another, each row's 128 bytes XOR-swizzled
+// by 16-byte chunk (WindowRing::at): the layout Hopper's wgmma reads through a 128-byte-swizzle
+// descriptor, and one ldmatrix reads without bank conflicts. The logits (ring_logits) are mma.sync
+// m16n8k16, or wgmma m64n64k16 under KVSIFT_WGMMA (sm_90a with KVSIFT_EXPERIMENTAL_WGMMA:
+// detail/wgmma_ptx.cuh). ncu on the H200 (2026-12-05) found the mma.sync kernels at 168 registers, 3
+// CTAs an SM, spilling, latency-bound at 178 TFLOP/s: what the wgmma form is for. A warp holds kWarpM x 16 resident rows: 32 for head_dim <= 128 (4
+// warps, one warpgroup), 16 for 256 (8 warps, two); m-tile m of warp w is rows 16 (kWarps m + w), so a
+// warpgroup's 4 warps hold the 64 rows of one wgmma. Exponentials in base 2 (exp2f) on logits scaled by
+// sm_scale x log2(e), one FMA each.
 //
 // Pass 1 (log-sum-exp), Q resident: a segment is 128 rows of one (sequence, KV head), seg = bh x row
 // tiles + row tile; K streams by. Per row, a tile is one max over the thread's 16 logits, one rescale
@@ -48,6 +52,7 @@
 #include "kvsift/ops/detail/smem_ring_ptx.cuh"
 #include "kvsift/ops/detail/window_scores_common.cuh"
 #include "kvsift/ops/detail/window_scores_mma.cuh"
+#include "kvsift/ops/detail/wgmma_ptx.cuh"
 
 namespace kvsift {
 namespace detail {
@@ -69,8 +74,11 @@ struct WindowRing {
   static_assert(kRingBytes == kStages * kStageBytes, "the plan's ring size is the kernels'");
   static_assert(kKeys * kChunks % kThreads == 0, "whole copies per thread");
   static_assert(kCtasPerSm <= window_ring_ctas_per_sm(64), "window_partials_per_row sizes for 64's CTAs per SM");
-  // Byte offset of chunk c of key k inside a slot.
-  static __device__ __forceinline__ unsigned at(int k, int c) { return unsigned(k * kRowBytes + ((c ^ (k & 7)) << 4)); }
+  static constexpr int kGroupBytes = kKeys * 128;  // one 64-element column group of a slot's rows
+  // Byte offset of chunk c of key k inside a slot, and the first row of m-tile m of warp w
+  // (window_scores_plan.hpp: the layout and the row order, checked on the host).
+  static __device__ __forceinline__ unsigned at(int k, int c) { return unsigned(window_ring_chunk_offset(k, c)); }
+  static __device__ __forceinline__ int row16(int m, int w) { return window_ring_row16(D, m, w); }
 };
 
 // 2^x in one MUFU.EX2 (ex2.approx.ftz: 2 ulp; -inf gives +0). exp2f also scales denormal arguments
@@ -82,6 +90,25 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The ring's start in the dynamic shared memory: the next 1,024-byte boundary (the launches ask for
+// kWindowRingAlign bytes more), where wgmma's swizzled operand groups must start.
+__device__ __forceinline__ unsigned char* ring_smem_aligned(unsigned char* raw) {
+  const unsigned at = unsigned(__cvta_generic_to_shared(raw));
+  return raw + ((kWindowRingAlign - at % kWindowRingAlign) % kWindowRingAlign);
+}
+
+// Wait for this thread's copies up to the tile about to be read (all but the kPending newest groups),
+// then for everyone's. The copies are generic-proxy writes; wgmma reads through the async proxy, so
+// under KVSIFT_WGMMA each thread fences its writes for it first.
+template <int kPending>
+__device__ __forceinline__ void ring_tile_landed() {
+  cp_async_wait<kPending>();
+#if KVSIFT_WGMMA
+  fence_proxy_async_shared();
+#endif
+  __syncthreads();
 }
 
 // A 16-byte aligned global address for the zero-filling copies (source size 0: nothing is read, but
@@ -174,12 +201,27 @@ struct WindowRingProducer {
   }
 };
 
-// Logits of the warp's kWarpM x 16 rows against the 64 keys of a slot: acc[m][n][0..1] are (row
-// 16 m + g, keys 8 n + 2 t, + 1), acc[m][n][2..3] the same keys for row 16 m + g + 8.
+// Logits of the warp's kWarpM x 16 rows (m-tile m: rows row16(m, warp) ..) against the 64 keys of a
+// slot: acc[m][n][0..1] are (row g of the m-tile, keys 8 n + 2 t, + 1), acc[m][n][2..3] the same keys
+// for row g + 8. Under KVSIFT_WGMMA each warpgroup runs kWarpM x D / 16 wgmma m64n64k16, A
+// (its 64 rows of an m) from the registers, B from the slot; otherwise mma.sync m16n8k16 with
+// ldmatrix B fragments. Same products, summed in k order either way.
 template <int D, class QT>
 __device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4],
                                            float (&acc)[WindowRing<D>::kWarpM][8][4]) {
   using R = WindowRing<D>;
+#if KVSIFT_WGMMA
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < D / 16; ++s) {
+    const std::uint64_t desc = wgmma_desc_k128(slot + unsigned((s / 4) * R::kGroupBytes + (s % 4) * 32));
+#pragma unroll
+    for (int m = 0; m < R::kWarpM; ++m)
+      wgmma_m64n64k16_rs<is_bf16_storage<QT>::value>(reinterpret_cast<float(&)[32]>(acc[m]), qa[m][s], desc, s > 0);
+  }
+  wgmma_commit();
+  wgmma_wait<0>();
+#else
   const int lane = threadIdx.x % 32;
 #pragma unroll
   for (int m = 0; m < R::kWarpM; ++m)
@@ -197,6 +239,7 @@ __device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (
 #pragma unroll
         for (int m = 0; m < R::kWarpM; ++m) mma_16816<QT>(acc[m][n], qa[m][2 * kp + h2], bf[2 * h2], bf[2 * h2 + 1]);
     }
+#endif
 }
 
 // Bit 2 n + c: whether key 8 n + 2 t + c of the slot was staged (paged views; all ones otherwise).
@@ -220,9 +263,10 @@ __device__ __forceinline__ std::uint32_t ring_staged_mask(const unsigned char* s
 template <int D, class View, class QT>
 __device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows<QT>& q, const ScoreProblem& sp, int b,
                                                  int hk, int seg_row0, std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4]) {
-  const int row0 = seg_row0 + int(threadIdx.x / 32) * 16 * WindowRing<D>::kWarpM;
+  const int warp = int(threadIdx.x / 32);
 #pragma unroll
-  for (int m = 0; m < WindowRing<D>::kWarpM; ++m) load_q_fragments<D>(kv, q, sp, b, hk, row0 + 16 * m, qa[m]);
+  for (int m = 0; m < WindowRing<D>::kWarpM; ++m)
+    load_q_fragments<D>(kv, q, sp, b, hk, seg_row0 + WindowRing<D>::row16(m, warp), qa[m]);
 }
 
 // Pass 1: per (row, slot) the (max, sum) of the CTA's keys of that row's segment: kWindowRingRows rows
@@ -232,7 +276,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
-  extern __shared__ __align__(128) unsigned char ring_smem[];
+  extern __shared__ __align__(128) unsigned char ring_smem_raw[];
+  unsigned char* const ring_smem = ring_smem_aligned(ring_smem_raw);
   const int hkv = kv.num_kv_heads, row_capacity = launch.plan.row_capacity, slots = launch.plan.chunks;
   const int row_tiles = (row_capacity + kWindowRingRows - 1) / kWindowRingRows;
   const int tiles = window_ring_tiles(launch.plan.max_length);
@@ -299,7 +344,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
             mx = top;
             sum = top == -INFINITY ? 0.f : lo_d * exp2_ftz(lo_m - top) + hi_d * exp2_ftz(hi_m - top);
           }
-          const int row = seg % row_tiles * kWindowRingRows + warp * 16 * M + 16 * m + g + 8 * h;
+          const int row = seg % row_tiles * kWindowRingRows + R::row16(m, warp) + g + 8 * h;
           const int rows = mine ? sp.rows() : row_capacity;
           if (t == 0 && row < rows && slot >= 0 && slot < slots)
             partials[(std::int64_t(bh) * row_capacity + row) * slots + slot] = make_float2(mx * kLn2, sum);
@@ -308,8 +353,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   };
 
   for (int it = 0; cons.live(); ++it) {
-    cp_async_wait<R::kStages - 2>();  // this thread's copies of tile `it` landed
-    __syncthreads();                  // everyone's, and slot (it - 1) % kStages is no longer read
+    ring_tile_landed<R::kStages - 2>();  // everyone's copies of tile `it`; slot (it - 1) % kStages no longer read
     const int slot = it % R::kStages;
     constexpr bool kIssueFirst = kv_rows_always_in_pool<View>;  // else the copies wait on page lookups
     if constexpr (kIssueFirst) produce((it + R::kStages - 1) % R::kStages);
@@ -333,7 +377,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int row = seg_row0 + warp * 16 * M + 16 * m + g + 8 * h;
+        const int row = seg_row0 + R::row16(m, warp) + g + 8 * h;
         if (!interior) {  // rows past the scored ones, keys a row does not see, keys not staged: -inf
           const bool row_ok = row < sp.rows();
           const int last = sp.last_key(row);
@@ -405,7 +449,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     column_sums_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
-  extern __shared__ __align__(128) unsigned char ring_smem[];
+  extern __shared__ __align__(128) unsigned char ring_smem_raw[];
+  unsigned char* const ring_smem = ring_smem_aligned(ring_smem_raw);
   const WindowScoreParams& p = launch.params;
   const int hkv = kv.num_kv_heads, bh_count = kv.batch * hkv, group = q.num_heads / hkv;
   const bool per_head = p.heads == ScoreHeads::kQueryHead;
@@ -450,8 +495,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   };
 
   for (int it = 0; cons.live(); ++it) {
-    cp_async_wait<R::kStages - 2>();
-    __syncthreads();  // tile `it` landed; slot (it - 1) % kStages and col[(it - 1) % 2] are complete
+    ring_tile_landed<R::kStages - 2>();  // tile `it`; slot (it - 1) % kStages and col[(it - 1) % 2] are complete
     const int slot = it % R::kStages;
     constexpr bool kIssueFirst = kv_rows_always_in_pool<View>;
     auto refill = [&] { produce((it + R::kStages - 1) % R::kStages); };
@@ -466,7 +510,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       for (int m = 0; m < M; ++m)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = warp * 16 * M + 16 * m + g + 8 * h;
+          const int row = R::row16(m, warp) + g + 8 * h;
           float lse = INFINITY;
           if (row < sp.rows()) {
             const int i = row / sp.group, hq = hk * sp.group + row % sp.group;
@@ -487,7 +531,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     for (int m = 0; m < M; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int last = sp.last_key(warp * 16 * M + 16 * m + g + 8 * h);
+        const int last = sp.last_key(R::row16(m, warp) + g + 8 * h);
 #pragma unroll
         for (int nn = 0; nn < 8; ++nn)
 #pragma unroll
@@ -538,7 +582,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   constexpr int kRows = R::kKeys;  // streamed rows per tile
-  extern __shared__ __align__(128) unsigned char ring_smem[];
+  extern __shared__ __align__(128) unsigned char ring_smem_raw[];
+  unsigned char* const ring_smem = ring_smem_aligned(ring_smem_raw);
   const WindowScoreParams& p = launch.params;
   const int hkv = kv.num_kv_heads, bh = blockIdx.x, b = bh / hkv, hk = bh % hkv;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
@@ -551,9 +596,9 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   const unsigned ring = unsigned(__cvta_generic_to_shared(ring_smem));
   float* lse_ring = reinterpret_cast<float*>(ring_smem + R::kRingBytes);  // [kStages][64] natural-log lse
 
-  // This thread's keys: key_of(m, h) = block_key0 + 16 (kWarpM warp + m) + g + 8 h; their K fragments
+  // This thread's keys: key_of(m, h) = block_key0 + row16(m, warp) + g + 8 h; their K fragments
   // (zeros for keys past the sequence or off the pool) and which were staged.
-  const int warp_key0 = block_key0 + 16 * M * warp;
+  auto key_of = [&](int m, int h) { return block_key0 + R::row16(m, warp) + g + 8 * h; };
   std::uint32_t ka[M][D / 16][4];
   std::uint32_t staged = 0;  // bit 2 m + h
   {
@@ -563,7 +608,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       const std::uint16_t* rows[2] = {nullptr, nullptr};
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const int key = warp_key0 + 16 * m + g + 8 * h;
+        const int key = key_of(m, h);
         if (score_key_staged(kv, b, sp.len, key)) {
           rows[h] = reinterpret_cast<const std::uint16_t*>(kv.k_row(b, hk, key));
           staged |= 1u << (2 * m + h);
@@ -617,8 +662,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   // those rows all belong to query head (2 t + c) % G.
   float sum[M][2][2] = {};
   for (int tile = tile_begin, it = 0; tile < tile_end; ++tile, ++it) {
-    cp_async_wait<R::kStages - 2>();
-    __syncthreads();
+    ring_tile_landed<R::kStages - 2>();
     const int slot = it % R::kStages;
     issue(tile + R::kStages - 1, (it + R::kStages - 1) % R::kStages);
     float acc[M][8][4];
@@ -637,7 +681,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
         for (int e = 0; e < 4; ++e) {
           float x = exp2_ftz(fmaf(acc[m][nn][e], c2, -lse2[e % 2]));
           if (!interior) {
-            const int row = row0 + 8 * nn + 2 * t + e % 2, key = warp_key0 + 16 * m + g + 8 * (e / 2);
+            const int row = row0 + 8 * nn + 2 * t + e % 2, key = key_of(m, e / 2);
             if (row >= sp.rows() || key > sp.last_key(row)) x = 0.f;
           }
           sum[m][e / 2][e % 2] += x;
@@ -660,7 +704,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
         v0 += __shfl_xor_sync(0xffffffffu, v0, off);
         v1 += __shfl_xor_sync(0xffffffffu, v1, off);
       }
-      const int key = warp_key0 + 16 * m + g + 8 * h;
+      const int key = key_of(m, h);
       if (key >= sp.prefix) continue;
       const bool ok = (staged >> (2 * m + h)) & 1u;  // a key off the pool: no attention
       if (heads_out == 1) {
