@@ -32,13 +32,16 @@ inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores,
   KVSIFT_REQUIRE(scores.rows <= 65535, kUnsupported, "scores.rows = ", scores.rows, " must be <= 65535");
   KVSIFT_CUDA_TRY(cudaMemsetAsync(launch.scratch.counts, 0, sizeof(std::int32_t) * scores.rows, exec.stream));
   const dim3 grid(unsigned((scores.cols + 255) / 256), unsigned(scores.rows));
-  // The centres: a warp per block of 32 or more tokens (8 a CTA), so as many CTAs as a row has blocks
-  // over 8, at most: ceil(n / ceil(n / num_block)) <= num_block blocks under kPrefixSplit, and under
-  // kBudgetSplit ceil(cols / block) with the row-independent block (the kernel strides over any more).
+  // The centres: a warp per block of 32 or more tokens (8 a CTA), a thread per shorter block (256 a
+  // CTA), so as many CTAs as a row has blocks over 8 (or over 256), at most: ceil(n / ceil(n /
+  // num_block)) <= num_block blocks under kPrefixSplit, and under kBudgetSplit ceil(cols / block) with
+  // the row-independent block (the kernel strides over any more).
+  const bool prefix_split = params.block_rule == BlockRule::kPrefixSplit;
   const std::int64_t budget_block = std::max(1, params.budget / params.num_block);
-  const std::int64_t max_blocks = std::min<std::int64_t>(
-      scores.cols, params.block_rule == BlockRule::kPrefixSplit ? params.num_block : (scores.cols + budget_block - 1) / budget_block);
-  const dim3 centres_grid(unsigned((max_blocks + 7) / 8), unsigned(scores.rows));
+  const std::int64_t max_blocks =
+      std::min<std::int64_t>(scores.cols, prefix_split ? params.num_block : (scores.cols + budget_block - 1) / budget_block);
+  const std::int64_t per_cta = !prefix_split && budget_block < 32 ? 256 : 8;
+  const dim3 centres_grid(unsigned((max_blocks + per_cta - 1) / per_cta), unsigned(scores.rows));
   detail::cluster_centres_kernel<><<<centres_grid, 256, 0, exec.stream>>>(launch);
   KVSIFT_CHECK_LAUNCH();
   detail::cluster_flags_kernel<><<<grid, 256, 0, exec.stream>>>(launch);

@@ -43,6 +43,10 @@ __device__ __forceinline__ std::uint64_t wgmma_desc_k128(unsigned addr) {
 // async proxy's reads.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Ties a register to this point of the program: an empty asm that reads and writes it, so the compiler
+// moves no access to an accumulator across the wgmma fence and wait around it (reading one before the
+// wait that covers its wgmma is undefined).
+__device__ __forceinline__ void wgmma_fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {

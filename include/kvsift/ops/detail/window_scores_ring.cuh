@@ -205,12 +205,23 @@ struct WindowRingProducer {
 // slot: acc[m][n][0..1] are (row g of the m-tile, keys 8 n + 2 t, + 1), acc[m][n][2..3] the same keys
 // for row g + 8. Under KVSIFT_WGMMA each warpgroup runs kWarpM x D / 16 wgmma m64n64k16, A
 // (its 64 rows of an m) from the registers, B from the slot; otherwise mma.sync m16n8k16 with
-// ldmatrix B fragments. Same products, summed in k order either way.
+// ldmatrix B fragments. The same products; how wgmma adds them inside a k-step is unspecified, so the
+// two builds may differ in the last bits.
 template <int D, class QT>
 __device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (&qa)[WindowRing<D>::kWarpM][D / 16][4],
                                            float (&acc)[WindowRing<D>::kWarpM][8][4]) {
   using R = WindowRing<D>;
 #if KVSIFT_WGMMA
+  auto fence_accumulators = [&] {
+#pragma unroll
+    for (int m = 0; m < R::kWarpM; ++m)
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) wgmma_fence_operand(acc[m][n][e]);
+  };
+  __syncwarp();  // .sync.aligned: the warp converged (every caller is CTA-uniform here)
+  fence_accumulators();
   wgmma_fence();
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) {
@@ -221,6 +232,7 @@ __device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (
   }
   wgmma_commit();
   wgmma_wait<0>();
+  fence_accumulators();
 #else
   const int lane = threadIdx.x % 32;
 #pragma unroll
