@@ -115,6 +115,19 @@ void check_against_brute_force(const Case& c, const std::vector<float>& scores_f
 
 std::vector<float> random_scores(std::mt19937_64& rng, std::size_t n) { return kvsift_test::random_values<float>(rng, n, -4.f, 4.f); }
 
+// Three rows of 10-2000 positions, a random k, and flags (value 1 + trial) at a random density.
+Case flagged_case(std::mt19937_64& rng, int trial, std::vector<std::uint8_t>* flags) {
+  Case c;
+  c.rows = 3;
+  c.cols = kvsift_test::uniform_int(rng, 10, 2000);
+  c.capacity = c.cols;
+  c.params.k = kvsift_test::uniform_int(rng, 0, c.cols);
+  flags->assign(std::size_t(c.rows) * c.cols, 0);
+  const int density = kvsift_test::uniform_int(rng, 0, 10);
+  for (auto& f : *flags) f = kvsift_test::uniform_int(rng, 0, 9) < density ? std::uint8_t(1 + trial) : 0;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("topk host: random rows, every dtype, ragged lengths, per-row k") {
@@ -229,14 +242,8 @@ TEST_CASE("topk host: forced positions counted inside the budget (LycheeDecode t
 TEST_CASE("topk host: composite keys put flagged positions first") {
   auto rng = kvsift_test::make_rng(305);
   for (int trial = 0; trial < 10; ++trial) {
-    Case c;
-    c.rows = 3;
-    c.cols = kvsift_test::uniform_int(rng, 10, 2000);
-    c.capacity = c.cols;
-    c.params.k = kvsift_test::uniform_int(rng, 0, c.cols);
-    std::vector<std::uint8_t> flags(std::size_t(c.rows) * c.cols);
-    const int density = kvsift_test::uniform_int(rng, 0, 10);
-    for (auto& f : flags) f = kvsift_test::uniform_int(rng, 0, 9) < density ? std::uint8_t(1 + trial) : 0;
+    std::vector<std::uint8_t> flags;
+    const Case c = flagged_case(rng, trial, &flags);
     const auto s = random_scores(rng, flags.size());
     CAPTURE(trial);
     check_against_brute_force<float>(c, s, &flags);
@@ -284,15 +291,9 @@ TEST_CASE("topk: FlagFirstNonNegativeKey orders NaN and non-negative fp32 scores
   // The host top-k with the 32-bit key against the brute force, on rows with NaN, ties, zeros of both
   // signs, denormals and +inf.
   for (int trial = 0; trial < 10; ++trial) {
-    Case c;
-    c.rows = 3;
-    c.cols = kvsift_test::uniform_int(rng, 10, 2000);
-    c.capacity = c.cols;
-    c.params.k = kvsift_test::uniform_int(rng, 0, c.cols);
+    std::vector<std::uint8_t> flags;
+    Case c = flagged_case(rng, trial, &flags);
     c.params.sink = kvsift_test::uniform_int(rng, 0, 4);
-    std::vector<std::uint8_t> flags(std::size_t(c.rows) * c.cols);
-    const int density = kvsift_test::uniform_int(rng, 0, 10);
-    for (auto& f : flags) f = kvsift_test::uniform_int(rng, 0, 9) < density ? std::uint8_t(1 + trial) : 0;
     auto s = random_scores(rng, flags.size());
     for (auto& x : s) {
       const int u = kvsift_test::uniform_int(rng, 0, 40);
