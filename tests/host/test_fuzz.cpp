@@ -16,6 +16,7 @@
 #include <limits>
 #include <numeric>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/kvsift.hpp"
@@ -89,11 +90,16 @@ void fuzz_topk_case(std::mt19937_64& rng, std::string* what) {
   std::vector<T> scores(std::size_t(rows) * stride, kvsift::from_float<T>(7.f));
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < cols; ++c) scores[r * stride + c] = kvsift::from_float<T>(fz::score_value(rng, fill, largest_finite<T>(), constant));
+  // Flag-first fp32 rows, half of them as the 32-bit FlagFirstNonNegativeKey over the scores'
+  // magnitudes (its order equals the 33-bit key's there; fabs keeps NaN).
+  const bool nonnegative = flagged && std::is_same_v<T, float> && chance(rng, 50);
+  if (nonnegative)
+    for (auto& x : scores) x = kvsift::from_float<T>(std::fabs(kvsift::to_float(x)));
   std::vector<std::uint8_t> flags(std::size_t(rows) * cols);
   for (auto& f : flags) f = chance(rng, 30) ? 1 : 0;
   *what = "topk rows=" + std::to_string(rows) + " cols=" + std::to_string(cols) + " cap=" + std::to_string(capacity) +
           " k=" + std::to_string(p.k) + " sink=" + std::to_string(p.sink) + " recent=" + std::to_string(p.recent) +
-          " fill=" + fz::name(fill) + " flagged=" + std::to_string(flagged) + " filter=" + std::to_string(p.num_kv_heads);
+          " fill=" + fz::name(fill) + " flagged=" + std::to_string(flagged) + " nonnegative=" + std::to_string(nonnegative) + " filter=" + std::to_string(p.num_kv_heads);
 
   std::vector<std::int32_t> idx(std::size_t(rows) * capacity, -7), counts(rows, -7);
   std::vector<T> values(idx.size(), kvsift::from_float<T>(-5.f));
@@ -102,7 +108,14 @@ void fuzz_topk_case(std::mt19937_64& rng, std::string* what) {
   const auto view = kvsift::make_strided_view<const T>(scores.data(), rows, cols, stride);
   const auto out = kvsift::make_index_set(idx.data(), counts.data(), rows, capacity);
   kvsift::Status st;
-  if (flagged) {
+  if (nonnegative) {
+    if constexpr (std::is_same_v<T, float>) {
+      kvsift::FlagFirstNonNegativeKey key;
+      key.flags = flags.data();
+      key.row_stride = cols;
+      st = kvsift::host::topk(kvsift::host::Exec{}, view, p, out, values.data(), key);
+    }
+  } else if (flagged) {
     kvsift::FlagFirstKey<T> key;
     key.flags = flags.data();
     key.row_stride = cols;
