@@ -13,10 +13,10 @@
 // descriptor, and one ldmatrix reads without bank conflicts. The logits (ring_logits) are mma.sync
 // m16n8k16, or wgmma m64n64k16 under KVSIFT_WGMMA (sm_90a with KVSIFT_EXPERIMENTAL_WGMMA:
 // detail/wgmma_ptx.cuh). ncu on the H200 (2026-12-05) found the mma.sync kernels at 168 registers, 3
-// CTAs an SM, spilling, latency-bound at 178 TFLOP/s: what the wgmma form is for. A warp holds kWarpM x 16 resident rows: 32 for head_dim <= 128 (4
-// warps, one warpgroup), 16 for 256 (8 warps, two); m-tile m of warp w is rows 16 (kWarps m + w), so a
-// warpgroup's 4 warps hold the 64 rows of one wgmma. Exponentials in base 2 (exp2f) on logits scaled by
-// sm_scale x log2(e), one FMA each.
+// CTAs an SM, spilling, latency-bound at 178 TFLOP/s: what the wgmma form is for. A warp holds
+// kWarpM x 16 resident rows: 32 for head_dim <= 128 (4 warps, one warpgroup), 16 for 256 (8 warps,
+// two); m-tile m of warp w is rows 16 (kWarps m + w), so a warpgroup's 4 warps hold the 64 rows of one
+// wgmma. Exponentials in base 2 (exp2f) on logits scaled by sm_scale x log2(e), one FMA each.
 //
 // Pass 1 (log-sum-exp), Q resident: a segment is 128 rows of one (sequence, KV head), seg = bh x row
 // tiles + row tile; K streams by. Per row, a tile is one max over the thread's 16 logits, one rescale
@@ -580,7 +580,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 
 // Pass 2 when a head's rows span several row tiles (H2O-prefill, windows of more than 128 rows), the
 // roles swapped: a CTA holds 128 keys of one (sequence, KV head) as mma A fragments (S^T = K Q^T, warp
-// w's keys 16 kWarpM w ..), and streams the rows that see them through the ring, 64 a tile: their Q rows
+// w's m-tile m the keys row16(m, w) ..), and streams the rows that see them through the ring, 64 a tile: their Q rows
 // and log-sum-exps, copied with cp.async (16-byte aligned Q rows, plan: kRingColumnsK). A key's weight
 // sum is a row sum of S^T, so each thread adds its keys' weights over every tile in registers and one
 // quad reduction ends the CTA: no barrier but the ring's, nothing through shared memory per tile.
