@@ -149,10 +149,11 @@ struct FlagFirstKey {
 /// FlagFirstKey<float>'s order in 32 bits instead of 33, for fp32 scores that are never negative (or
 /// NaN): window scores, sums of exponentials, and their pooled forms. A 33-bit key takes 64-bit
 /// radix passes and keeps the top-k off its fastest kernel (the register select wants 32-bit keys:
-/// 8 rows of 128K took 37.7 us in the candidate select with 33-bit keys, H200). key = flag << 31 | s, where s is 0 for NaN, 1 for -0 and
-/// +0, and the float's bits + 1 above them (up to 0x7f800001 for +inf): over NaN and [+0, +inf] the
-/// same order and the same ties as FlagFirstKey<float>. A negative score ranks as +0 (ties to the
-/// lower position among them), so give scores that may be negative FlagFirstKey.
+/// 8 rows of 128K took 37.7 us in the candidate select with 33-bit keys, H200).
+/// key = flag << 31 | s, where s is 0 for NaN, 1 for -0 and +0, and the float's bits + 1 above them
+/// (up to 0x7f800001 for +inf): over NaN and [+0, +inf] the same order and the same ties as
+/// FlagFirstKey<float>. A negative score ranks as +0 (ties to the lower position among them), so
+/// give scores that may be negative FlagFirstKey.
 struct FlagFirstNonNegativeKey {
   static constexpr int kBits = 32;  ///< the flag bit and 31 bits of score
   using key_type = std::uint32_t;   ///< 32-bit keys
