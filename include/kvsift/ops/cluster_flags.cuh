@@ -37,7 +37,7 @@ inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores,
   // num_block)) <= num_block blocks under kPrefixSplit, and under kBudgetSplit ceil(cols / block) with
   // the row-independent block (the kernel strides over any more).
   const bool prefix_split = params.block_rule == BlockRule::kPrefixSplit;
-  const std::int64_t budget_block = std::max(1, params.budget / params.num_block);
+  const std::int64_t budget_block = detail::cluster_block_size(params, 1);  // kBudgetSplit: the same for every n
   const std::int64_t max_blocks =
       std::min<std::int64_t>(scores.cols, prefix_split ? params.num_block : (scores.cols + budget_block - 1) / budget_block);
   const std::int64_t per_cta = !prefix_split && budget_block < 32 ? 256 : 8;
