@@ -1,11 +1,12 @@
 #pragma once
 // The kernel behind cuda::compact_kv (contract in compact_kv.hpp): one warp per destination slot
-// copies the K and V rows; slots are independent, so the grid covers the capacity, not the live
-// lengths.
+// copies the K and V rows (both rows' loads in flight before their stores: core/warp_rows.cuh); slots
+// are independent, so the grid covers the capacity, not the live lengths.
 
 #include <type_traits>
 
 #include "kvsift/core/data_error.cuh"
+#include "kvsift/core/warp_rows.cuh"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/compact_kv.hpp"
@@ -64,14 +65,8 @@ __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
     }
     return;
   }
-  const auto* ks = src.k_row(b, src_head, p);
-  const auto* vs = src.v_row(b, src_head, p);
-  auto* kd = dst.k_row(b, h, s);
-  auto* vd = dst.v_row(b, h, s);
-  for (int e = lane; e < src.head_dim; e += 32) {
-    kd[e] = ks[e];
-    vd[e] = vs[e];
-  }
+  warp_copy_row_pair(src.k_row(b, src_head, p), src.v_row(b, src_head, p), dst.k_row(b, h, s), dst.v_row(b, h, s),
+                     src.head_dim, lane);
 }
 
 }  // namespace detail

@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "kvsift/core/data_error.cuh"
+#include "kvsift/core/warp_rows.cuh"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/copy_kv_to_dense.hpp"
 
@@ -24,8 +25,9 @@ struct CopyKvToDenseLaunch {
 };
 static_assert(sizeof(CopyKvToDenseLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
-// One warp per (token, head, batch) row; lanes stride over head_dim. The grid covers max_tokens, not
-// the live length, so the launch shape does not depend on device data.
+// One warp per (token, head, batch) row, its K and V loads in flight before their stores
+// (core/warp_rows.cuh). The grid covers max_tokens, not the live length, so the launch shape does not
+// depend on device data.
 template <class View, class Out>
 __global__ void copy_kv_to_dense_kernel(View kv, CopyKvToDenseLaunch<Out> launch) {
   const int max_tokens = launch.max_tokens;
@@ -47,12 +49,7 @@ __global__ void copy_kv_to_dense_kernel(View kv, CopyKvToDenseLaunch<Out> launch
     }
     return;
   }
-  const auto* k = kv.k_row(b, h, t);
-  const auto* v = kv.v_row(b, h, t);
-  for (int i = lane; i < kv.head_dim; i += 32) {
-    launch.k_out[out + i] = k[i];
-    launch.v_out[out + i] = v[i];
-  }
+  warp_copy_row_pair(kv.k_row(b, h, t), kv.v_row(b, h, t), launch.k_out + out, launch.v_out + out, kv.head_dim, lane);
 }
 
 }  // namespace detail

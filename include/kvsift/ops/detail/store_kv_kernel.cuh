@@ -7,6 +7,7 @@
 #include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/reduce.cuh"
+#include "kvsift/core/warp_rows.cuh"
 #include "kvsift/kv/kv_view.hpp"
 #include "kvsift/ops/store_kv.hpp"
 
@@ -25,8 +26,10 @@ struct StoreKvLaunch {
 };
 static_assert(sizeof(StoreKvLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
-// One warp per (row i, KV head h), K then V. Lanes stride over head_dim; the per-token amax is a warp
-// max of per-lane maxima, which is order-independent, so the scale equals the host's bit for bit.
+// One warp per (row i, KV head h). The first kWarpRowElems elements of the K and V rows are loaded
+// into registers before anything else (core/warp_rows.cuh): their loads overlap the seq/pos and
+// block-table lookups, and no store sits in front of them. The per-token amax is a warp max of per-lane
+// maxima, which is order-independent, so the scale equals the host's bit for bit.
 template <class View, class T>
 __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   using KT = std::remove_const_t<typename View::value_type>;
@@ -36,6 +39,11 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   if (pair >= std::int64_t(p.n) * kv.num_kv_heads) return;  // whole warps leave together
   const int i = int(pair / kv.num_kv_heads), h = int(pair % kv.num_kv_heads);
   const int lane = threadIdx.x % 32;
+  const int d = kv.head_dim;
+  const T* src[2] = {p.k + i * p.row_stride + h * p.head_stride, p.v + i * p.row_stride + h * p.head_stride};
+  WarpRowSegment<T> seg[2];
+  seg[0].load(src[0], 0, d, lane);
+  seg[1].load(src[1], 0, d, lane);
   const int b = p.seq[i], t = p.pos[i];
   if (!store_row_in_range(b, t, kv.batch, launch.capacity)) return;
   // A page outside the pool: nothing is written (a write there would land in someone else's memory).
@@ -44,25 +52,47 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
       record_data_error(launch.data_error, DataErrorOp::kStoreKv, DataErrorKind::kPageOutOfPool, b, h, t, kv_page_of(kv, b, t));
     return;  // whole warps leave together
   }
-  const int d = kv.head_dim;
-  for (int kvi = 0; kvi < 2; ++kvi) {
-    const T* src = (kvi == 0 ? p.k : p.v) + i * p.row_stride + h * p.head_stride;
-    KT* dst = kvi == 0 ? kv.k_row(b, h, t) : kv.v_row(b, h, t);
-    float scale = 1.f;
-    if constexpr (is_fp8_dtype<KT>::value) {
-      float* scales = kvi == 0 ? kv.scales.k : kv.scales.v;
-      const std::int64_t at = kv.scale_offset(b, h, t);
-      if (kv.scales.granularity == ScaleGranularity::kPerToken) {
+  KT* const dst[2] = {kv.k_row(b, h, t), kv.v_row(b, h, t)};
+  float scale[2] = {1.f, 1.f};
+  [[maybe_unused]] bool per_token = false;
+  [[maybe_unused]] std::int64_t scale_at = 0;
+  if constexpr (is_fp8_dtype<KT>::value) {
+    float* const scales[2] = {kv.scales.k, kv.scales.v};
+    scale_at = kv.scale_offset(b, h, t);
+    per_token = kv.scales.granularity == ScaleGranularity::kPerToken;
+#pragma unroll
+    for (int kvi = 0; kvi < 2; ++kvi) {
+      if (per_token) {
         float amax = 0.f;
-        for (int e = lane; e < d; e += 32) amax = fold_amax(amax, to_float(src[e]));
-        scale = per_token_scale<KT>(warp_max(amax));
-        if (lane == 0) scales[at] = scale;
+        if (d <= kWarpRowElems) {  // the row is in the registers
+#pragma unroll
+          for (int j = 0; j < kWarpRowSlots; ++j)
+            if (lane + 32 * j < d) amax = fold_amax(amax, to_float(seg[kvi].x[j]));
+        } else {
+          for (int e = lane; e < d; e += 32) amax = fold_amax(amax, to_float(src[kvi][e]));
+        }
+        scale[kvi] = per_token_scale<KT>(warp_max(amax));
       } else {
-        scale = scales[at];
+        scale[kvi] = scales[kvi][scale_at];
       }
     }
-    for (int e = lane; e < d; e += 32) dst[e] = quantize_element<KT>(to_float(src[e]), scale);
   }
+  for (int base = 0; base < d; base += kWarpRowElems) {
+    if (base > 0) {  // rows longer than one segment (head_dim > kWarpRowElems)
+      seg[0].load(src[0], base, d, lane);
+      seg[1].load(src[1], base, d, lane);
+    }
+#pragma unroll
+    for (int kvi = 0; kvi < 2; ++kvi) {
+      const float s = scale[kvi];
+      seg[kvi].store(dst[kvi], base, d, lane, [s](T x) { return quantize_element<KT>(to_float(x), s); });
+    }
+  }
+  if constexpr (is_fp8_dtype<KT>::value)
+    if (per_token && lane == 0) {
+      kv.scales.k[scale_at] = scale[0];
+      kv.scales.v[scale_at] = scale[1];
+    }
 }
 
 }  // namespace detail
