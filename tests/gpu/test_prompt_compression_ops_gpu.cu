@@ -246,53 +246,70 @@ TEST_CASE("pooling and density clustering on the GPU equal the host on the same 
       REQUIRE(kc::cluster_flags(exec, scores, dlen.get(), c, flags, kvsift::Workspace{ws.get(), ws.size()}).ok());
       kvsift_test::sync_and_check();
       CHECK(dflags.download() == expect);
+      // Flag rows 3 bytes apart from 8-byte alignment (the kernel stores a run of 8 flags as one word
+      // only where the run is aligned): the same flags, the padding untouched.
+      const int padded = cols + 3;
+      DeviceBuffer<std::uint8_t> dpad(std::size_t(rows) * padded);
+      dpad.poison();
+      REQUIRE(kc::cluster_flags(exec, scores, dlen.get(), c, make_strided_view(dpad.get(), rows, cols, padded),
+                                kvsift::Workspace{ws.get(), ws.size()}).ok());
+      kvsift_test::sync_and_check();
+      const auto pad = dpad.download();
+      for (int r = 0; r < rows; ++r) {
+        CHECK(std::memcmp(pad.data() + std::size_t(r) * padded, expect.data() + std::size_t(r) * cols, cols) == 0);
+        for (int e = cols; e < padded; ++e) CHECK(pad[std::size_t(r) * padded + e] == kvsift_test::kPoisonByte);
+      }
     }
 }
 
 TEST_CASE("compact_kv on the GPU into a paged destination equals the host") {
   auto rng = kvsift_test::make_rng(72);
-  Prompt p(rng, 3, 2, 4, 200, 128, 1);
-  p.lengths = {200, 90, 13};
-  const int K = 40, W = 16, heads = 8;  // query-head granular destination
-  std::vector<std::int32_t> kept(std::size_t(p.batch) * heads * K, -1), counts(std::size_t(p.batch) * heads);
-  for (int b = 0; b < p.batch; ++b)
-    for (int h = 0; h < heads; ++h) {
-      const int r = b * heads + h, prefix = std::max(0, p.lengths[b] - W), n = std::min(K, prefix);
-      std::vector<int> all(prefix);
-      for (int j = 0; j < prefix; ++j) all[j] = j;
-      std::shuffle(all.begin(), all.end(), rng);
-      all.resize(n);
-      std::sort(all.begin(), all.end());
-      for (int s = 0; s < n; ++s) kept[std::size_t(r) * K + s] = all[s];
-      counts[r] = n;
-    }
-  kvsift_test::PagedFixture pages(rng, {p.batch, heads, K + W, 128}, 16, kvsift::PageLayout::kNHD);
-  std::vector<std::int32_t> dst_len(p.batch, pages.shape.capacity);
-  // Host reference into a host copy of the page pool.
-  std::vector<float> hk(pages.k.size(), 0.f), hv(hk.size(), 0.f);
-  std::vector<std::int32_t> h_new(p.batch), h_pos(std::size_t(p.batch) * heads * (K + W));
-  auto host_dst = pages.view(hk.data(), hv.data(), pages.block_table.data(), dst_len.data());
-  auto kept_set = kvsift::make_index_set(kept.data(), counts.data(), p.batch * heads, K);
-  REQUIRE(kh::compact_kv(kh::Exec{}, p.view(), kvsift::as_const(kept_set), W, host_dst,
-                         kvsift::CompactOutputs{h_new.data(), h_pos.data(), K + W}).ok());
+  // 300: rows longer than a warp's register segment (256, core/warp_rows.cuh), copied in two.
+  for (const int D : {128, 300}) {
+    CAPTURE(D);
+    Prompt p(rng, 3, 2, 4, 200, D, 1);
+    p.lengths = {200, 90, 13};
+    const int K = 40, W = 16, heads = 8;  // query-head granular destination
+    std::vector<std::int32_t> kept(std::size_t(p.batch) * heads * K, -1), counts(std::size_t(p.batch) * heads);
+    for (int b = 0; b < p.batch; ++b)
+      for (int h = 0; h < heads; ++h) {
+        const int r = b * heads + h, prefix = std::max(0, p.lengths[b] - W), n = std::min(K, prefix);
+        std::vector<int> all(prefix);
+        for (int j = 0; j < prefix; ++j) all[j] = j;
+        std::shuffle(all.begin(), all.end(), rng);
+        all.resize(n);
+        std::sort(all.begin(), all.end());
+        for (int s = 0; s < n; ++s) kept[std::size_t(r) * K + s] = all[s];
+        counts[r] = n;
+      }
+    kvsift_test::PagedFixture pages(rng, {p.batch, heads, K + W, D}, 16, kvsift::PageLayout::kNHD);
+    std::vector<std::int32_t> dst_len(p.batch, pages.shape.capacity);
+    // Host reference into a host copy of the page pool.
+    std::vector<float> hk(pages.k.size(), 0.f), hv(hk.size(), 0.f);
+    std::vector<std::int32_t> h_new(p.batch), h_pos(std::size_t(p.batch) * heads * (K + W));
+    auto host_dst = pages.view(hk.data(), hv.data(), pages.block_table.data(), dst_len.data());
+    auto kept_set = kvsift::make_index_set(kept.data(), counts.data(), p.batch * heads, K);
+    REQUIRE(kh::compact_kv(kh::Exec{}, p.view(), kvsift::as_const(kept_set), W, host_dst,
+                           kvsift::CompactOutputs{h_new.data(), h_pos.data(), K + W}).ok());
 
-  DeviceBuffer<float> sk(p.k), sv(p.v), dk(hk.size()), dv(hk.size());
-  DeviceBuffer<std::int32_t> slen(p.lengths), dlen(dst_len), table(pages.block_table), dkept(kept), dcounts(counts),
-      d_new(p.batch), d_pos(h_pos.size());
-  dk.upload(std::vector<float>(hk.size(), 0.f));
-  dv.upload(std::vector<float>(hk.size(), 0.f));
-  d_new.poison();
-  d_pos.poison();
-  auto src = kvsift::make_bhsd(sk.get(), sv.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, slen.get());
-  auto dst = pages.view(dk.get(), dv.get(), table.get(), dlen.get());
-  auto dset = kvsift::make_index_set(dkept.get(), dcounts.get(), p.batch * heads, K);
-  REQUIRE(kc::compact_kv(kc::Exec::for_current_device(), src, kvsift::as_const(dset), W, dst,
-                         kvsift::CompactOutputs{d_new.get(), d_pos.get(), K + W}).ok());
-  kvsift_test::sync_and_check();
-  CHECK(d_new.download() == h_new);
-  CHECK(d_pos.download() == h_pos);
-  CHECK(dk.download() == hk);
-  CHECK(dv.download() == hv);
+    DeviceBuffer<float> sk(p.k), sv(p.v), dk(hk.size()), dv(hk.size());
+    DeviceBuffer<std::int32_t> slen(p.lengths), dlen(dst_len), table(pages.block_table), dkept(kept), dcounts(counts),
+        d_new(p.batch), d_pos(h_pos.size());
+    dk.upload(std::vector<float>(hk.size(), 0.f));
+    dv.upload(std::vector<float>(hk.size(), 0.f));
+    d_new.poison();
+    d_pos.poison();
+    auto src = kvsift::make_bhsd(sk.get(), sv.get(), p.batch, p.kv_heads, p.capacity, p.head_dim, slen.get());
+    auto dst = pages.view(dk.get(), dv.get(), table.get(), dlen.get());
+    auto dset = kvsift::make_index_set(dkept.get(), dcounts.get(), p.batch * heads, K);
+    REQUIRE(kc::compact_kv(kc::Exec::for_current_device(), src, kvsift::as_const(dset), W, dst,
+                           kvsift::CompactOutputs{d_new.get(), d_pos.get(), K + W}).ok());
+    kvsift_test::sync_and_check();
+    CHECK(d_new.download() == h_new);
+    CHECK(d_pos.download() == h_pos);
+    CHECK(dk.download() == hk);
+    CHECK(dv.download() == hv);
+  }
 }
 
 TEST_CASE("attention_cosine on the GPU matches the host") {

@@ -30,8 +30,10 @@ inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores,
   KVSIFT_REQUIRE(workspace.data != nullptr, kNullPointer, "workspace.data is null (ask cluster_flags_workspace_bytes)");
   KVSIFT_TRY(ws.status());
   KVSIFT_REQUIRE(scores.rows <= 65535, kUnsupported, "scores.rows = ", scores.rows, " must be <= 65535");
-  KVSIFT_CUDA_TRY(cudaMemsetAsync(launch.scratch.counts, 0, sizeof(std::int32_t) * scores.rows, exec.stream));
-  const dim3 grid(unsigned((scores.cols + 255) / 256), unsigned(scores.rows));
+  if (detail::cluster_counts_centres(params))
+    KVSIFT_CUDA_TRY(cudaMemsetAsync(launch.scratch.counts, 0, sizeof(std::int32_t) * scores.rows, exec.stream));
+  constexpr std::int64_t kFlagTokensPerCta = detail::kClusterFlagThreads * detail::kClusterFlagRun;
+  const dim3 grid(unsigned((scores.cols + kFlagTokensPerCta - 1) / kFlagTokensPerCta), unsigned(scores.rows));
   // The centres: a warp per block of 32 or more tokens (8 a CTA), a thread per shorter block (256 a
   // CTA), so as many CTAs as a row has blocks over 8 (or over 256), at most: ceil(n / ceil(n /
   // num_block)) <= num_block blocks under kPrefixSplit, and under kBudgetSplit ceil(cols / block) with
@@ -44,7 +46,7 @@ inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores,
   const dim3 centres_grid(unsigned((max_blocks + per_cta - 1) / per_cta), unsigned(scores.rows));
   detail::cluster_centres_kernel<><<<centres_grid, 256, 0, exec.stream>>>(launch);
   KVSIFT_CHECK_LAUNCH();
-  detail::cluster_flags_kernel<><<<grid, 256, 0, exec.stream>>>(launch);
+  detail::cluster_flags_kernel<><<<grid, detail::kClusterFlagThreads, 0, exec.stream>>>(launch);
   KVSIFT_CHECK_LAUNCH();
   return Status();
 }

@@ -2,10 +2,10 @@
 /// \file
 /// \brief The scratch layout of cluster_flags and its workspace query (contract in cluster_flags.hpp).
 ///
-/// The CUDA path runs in two launches over a grid of (columns / 256, rows): the first writes every
-/// block's centre and counts each row's centres, the second flags tokens from them. Between the two
-/// the centres live in the workspace: int32 [rows, cols] (a row has at most cols blocks) and the
-/// count per row. The host reference needs none.
+/// The CUDA path runs in two launches over a grid of (CTAs, rows): the first writes every block's
+/// centre (and, for RadiusRule::kBudgetBlocks, whose radius depends on it, counts each row's centres),
+/// the second flags tokens from them. Between the two the centres live in the workspace: int32 [rows,
+/// cols] (a row has at most cols blocks) and the count per row. The host reference needs none.
 
 #include <cstddef>
 #include <cstdint>
@@ -21,7 +21,7 @@ namespace detail {
 
 struct ClusterFlagsScratch {
   std::int32_t* centres = nullptr;  // [rows, cols]: centre position of block k of row r, or -1
-  std::int32_t* counts = nullptr;   // [rows]: centres of row r
+  std::int32_t* counts = nullptr;   // [rows]: centres of row r (RadiusRule::kBudgetBlocks only)
 };
 
 inline ClusterFlagsScratch carve_cluster_flags(WorkspaceCarver& ws, std::int64_t rows, std::int64_t cols) {

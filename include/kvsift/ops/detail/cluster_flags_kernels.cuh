@@ -3,8 +3,8 @@
 //   1. a warp per block of a row (a thread per block under 32 tokens): its maximum and argmax -> the
 //      block's centre (or -1), and a count of the row's centres (integer atomics: the count is exact
 //      whatever the order);
-//   2. one thread per token: flagged when a centre within the radius exists (looks only at the
-//      blocks that can reach it).
+//   2. a run of kClusterFlagRun tokens per thread: each flagged when a centre within the radius
+//      exists (looks only at the blocks that can reach it).
 
 #include <cstdint>
 
@@ -26,12 +26,18 @@ struct ClusterFlagsLaunch {
 };
 static_assert(sizeof(ClusterFlagsLaunch) <= 128, "kernel parameter structs stay within 128 bytes");
 
+// Whether the radius depends on the row's number of centres (cluster_radius): only then are they
+// counted (and the counts zeroed before the centres kernel).
+__host__ __device__ __forceinline__ bool cluster_counts_centres(const ClusterParams& p) {
+  return p.radius_rule == RadiusRule::kBudgetBlocks;
+}
+
 // One block's verdict: its centre (the lowest position of its maximum) when that maximum passes theta,
-// else -1; every centre counts once in the row's total.
+// else -1; every centre counts once in the row's total when the radius needs it.
 __device__ __forceinline__ void write_cluster_centre(const ClusterFlagsLaunch& launch, std::int64_t r, int k, int arg, float m) {
   const bool centre = arg >= 0 && m > launch.params.theta;
   launch.scratch.centres[r * launch.scores.cols + k] = centre ? arg : -1;
-  if (centre) atomicAdd(launch.scratch.counts + r, 1);
+  if (centre && cluster_counts_centres(launch.params)) atomicAdd(launch.scratch.counts + r, 1);
 }
 
 // Blocks of a row, grid-strided over (gridDim.x, row = blockIdx.y). Blocks of 32 tokens or more take a
@@ -72,19 +78,43 @@ __global__ void cluster_centres_kernel(ClusterFlagsLaunch launch) {
   }
 }
 
-// A template, so the header-only definition is inline across translation units.
+// Tokens one thread flags: a run of consecutive positions. Why: with a thread per token, every thread
+// paid the row's length and centre-count loads, then its centres' (one L2 round trip each, in series),
+// and 1M tokens (B=1, 128K, 8 heads) took four waves of the GPU: 9.4 us of ClusterAttn's 587 (H200).
+// A run's tokens share their blocks' centres, so after the first token's loads the others hit L1, and
+// a wave covers 8x the tokens.
+inline constexpr int kClusterFlagRun = 8;
+inline constexpr int kClusterFlagThreads = 256;
+
+// Flags of a row, grid (ceil(cols / (kClusterFlagThreads x kClusterFlagRun)), rows): thread i of CTA x
+// takes tokens [8 (x kClusterFlagThreads + i), + 8). A token is flagged when a centre within the radius
+// exists (near_centre looks only at the blocks that can reach it). A template, so the header-only
+// definition is inline across translation units.
 template <class Unused = void>
 __global__ void cluster_flags_kernel(ClusterFlagsLaunch launch) {
   const std::int64_t cols = launch.scores.cols;
   const ClusterParams& p = launch.params;
   const std::int64_t r = blockIdx.y;
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = clamp_row_length(launch.row_lengths, r, cols);
-  if (j >= n) return;
-  const int block = cluster_block_size(p, n);
-  const int radius = cluster_radius(p, block, launch.scratch.counts[r]);
+  const int j0 = (blockIdx.x * kClusterFlagThreads + int(threadIdx.x)) * kClusterFlagRun;
+  if (j0 >= n) return;
+  const int block = cluster_block_size(p, n), blocks = (n + block - 1) / block;
+  const int radius = cluster_radius(p, block, cluster_counts_centres(p) ? launch.scratch.counts[r] : 0);
   const std::int32_t* centres = launch.scratch.centres + r * cols;
-  launch.flags(r, j) = near_centre(centres, (n + block - 1) / block, block, j, p, radius) ? 1 : 0;
+  std::uint8_t f[kClusterFlagRun];
+#pragma unroll
+  for (int i = 0; i < kClusterFlagRun; ++i) f[i] = j0 + i < n && near_centre(centres, blocks, block, j0 + i, p, radius);
+  std::uint8_t* out = launch.flags.row(r) + j0;
+  if (j0 + kClusterFlagRun <= n && reinterpret_cast<std::uintptr_t>(out) % 8 == 0) {  // one 8-byte store
+    std::uint64_t word = 0;
+#pragma unroll
+    for (int i = 0; i < kClusterFlagRun; ++i) word |= std::uint64_t(f[i]) << (8 * i);
+    *reinterpret_cast<std::uint64_t*>(out) = word;
+  } else {
+#pragma unroll
+    for (int i = 0; i < kClusterFlagRun; ++i)
+      if (j0 + i < n) out[i] = f[i];
+  }
 }
 
 }  // namespace detail
