@@ -294,3 +294,42 @@ TEST_CASE("window_scores ring path: the slot layout is a bank-conflict-free perm
     CHECK(std::count(seen.begin(), seen.end(), 1) == d::kWindowRingRows);
   }
 }
+
+// The ring kernels' walk over a CTA's span of (segment, tile) items: forward it visits exactly the span's
+// live tiles (first key below the segment's key_end) in order, backward the same ones in reverse, and
+// neither asks key_end of a segment outside the span.
+TEST_CASE("window_scores ring path: the span walk visits the live tiles, forward and backward") {
+  auto rng = kvsift_test::make_rng(91);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int tiles = kvsift_test::uniform_int(rng, 1, 12), segs = kvsift_test::uniform_int(rng, 1, 9);
+    std::vector<int> key_end(segs);
+    for (int& e : key_end) {
+      const int pick = kvsift_test::uniform_int(rng, 0, 4);  // none, all, one key, a random count
+      e = pick == 0 ? 0 : pick == 1 ? tiles * detail::kWindowRingKeys : pick == 2 ? 1
+                                    : kvsift_test::uniform_int(rng, 0, tiles * detail::kWindowRingKeys + 70);
+    }
+    const std::int64_t n = std::int64_t(segs) * tiles;
+    std::int64_t begin = kvsift_test::uniform_int(rng, 0, int(n)), end = kvsift_test::uniform_int(rng, 0, int(n));
+    if (begin > end) std::swap(begin, end);
+    CAPTURE(trial);
+    std::vector<std::int64_t> want;
+    for (std::int64_t item = begin; item < end; ++item)
+      if (item % tiles * detail::kWindowRingKeys < key_end[item / tiles]) want.push_back(item);
+    const int first_seg = int(begin / tiles), last_seg = end > begin ? int((end - 1) / tiles) : -1;
+    auto key_end_of = [&](int s) {
+      CHECK(s >= first_seg);
+      CHECK(s <= last_seg);
+      return key_end[std::size_t(std::clamp(s, 0, segs - 1))];
+    };
+    std::vector<std::int64_t> fwd, bwd;
+    for (detail::RingCursor<> c(begin, end, tiles, key_end_of); c.live() && fwd.size() <= want.size(); c.next(key_end_of)) {
+      CHECK(c.key0() == c.tile * detail::kWindowRingKeys);
+      fwd.push_back(std::int64_t(c.seg) * tiles + c.tile);
+    }
+    for (detail::RingCursor<true> c(begin, end, tiles, key_end_of); c.live() && bwd.size() <= want.size(); c.next(key_end_of))
+      bwd.push_back(std::int64_t(c.seg) * tiles + c.tile);
+    CHECK(fwd == want);
+    std::reverse(want.begin(), want.end());
+    CHECK(bwd == want);
+  }
+}

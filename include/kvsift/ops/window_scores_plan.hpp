@@ -119,6 +119,80 @@ inline constexpr int kRingColumnsK = 2;
 // Tiles of kWindowRingKeys keys a ring pass covers per (sequence, KV head), for keys [0, keys).
 KVSIFT_HD inline int window_ring_tiles(std::int64_t keys) { return int((keys + kWindowRingKeys - 1) / kWindowRingKeys); }
 
+// A walk over the live tiles of a CTA's span [begin, end) of items seg x tiles + tile: a tile is live
+// when its first key is below the segment's key_end (pass 1: what its rows see; pass 2: the head's
+// scored prefix), so a segment's live tiles are a prefix of its tiles. A segment is one row tile of one
+// (sequence, KV head): seg = bh x row tiles + row tile (pass 2: seg = bh). The position is kept as
+// (seg, tile) and stepped without 64-bit divisions (the span's bounds are divided once); key_end is
+// asked only for segments inside the span, so no length past the batch is read.
+// kBackward walks the same tiles last to first: the column sums (pass 2) share the log-sum-exp pass's
+// spans, and a CTA that starts where its pass-1 span ended finds those tiles' keys, the last ones pass 1
+// read, still in L2 (60 MiB on the H200: about a fifth of ClusterAttn's 268 MB of K at B=1, 128K).
+template <bool kBackward = false>
+struct RingCursor {
+  int seg = 0, tile = 0, key_end = 0;
+  int stop_seg = 0, stop_tile = 0;  // the span's end (exclusive) forward, its begin (inclusive) backward
+  int tiles = 1;
+
+  template <class KeyEnd>
+  KVSIFT_HD RingCursor(std::int64_t begin, std::int64_t end, int tiles_, const KeyEnd& key_end_of) : tiles(tiles_) {
+    if constexpr (kBackward) {
+      stop_seg = int(begin / tiles_);
+      stop_tile = int(begin % tiles_);
+      seg = stop_seg;
+      tile = stop_tile - 1;  // an empty span: not live
+      if (end > begin) {
+        seg = int((end - 1) / tiles_);
+        tile = int((end - 1) % tiles_);
+      }
+    } else {
+      seg = int(begin / tiles_);
+      tile = int(begin % tiles_);
+      stop_seg = int(end / tiles_);
+      stop_tile = int(end % tiles_);
+    }
+    if (live()) key_end = key_end_of(seg);
+    seek(key_end_of);
+  }
+  KVSIFT_HD bool live() const {
+    if constexpr (kBackward) return seg > stop_seg || (seg == stop_seg && tile >= stop_tile);
+    else return seg < stop_seg || (seg == stop_seg && tile < stop_tile);
+  }
+  KVSIFT_HD int key0() const { return tile * kWindowRingKeys; }
+  // To the nearest live tile at or after the current one, in the walk's direction.
+  template <class KeyEnd>
+  KVSIFT_HD void seek(const KeyEnd& key_end_of) {
+    while (live() && tile * kWindowRingKeys >= key_end) {
+      if constexpr (kBackward) {
+        const int last_live = (key_end + kWindowRingKeys - 1) / kWindowRingKeys - 1;  // -1: none
+        if (last_live >= 0) tile = last_live;
+        else to_segment(seg - 1, tiles - 1, key_end_of);
+      } else {
+        to_segment(seg + 1, 0, key_end_of);
+      }
+    }
+  }
+  template <class KeyEnd>
+  KVSIFT_HD void next(const KeyEnd& key_end_of) {
+    if constexpr (kBackward) {
+      if (tile == 0) to_segment(seg - 1, tiles - 1, key_end_of);
+      else --tile;
+    } else {
+      if (tile + 1 == tiles) to_segment(seg + 1, 0, key_end_of);
+      else ++tile;
+    }
+    seek(key_end_of);
+  }
+
+ private:
+  template <class KeyEnd>
+  KVSIFT_HD void to_segment(int s, int t, const KeyEnd& key_end_of) {
+    seg = s;
+    tile = t;
+    if (live()) key_end = key_end_of(seg);
+  }
+};
+
 // One wave of the ring path's CTAs.
 inline std::int64_t window_ring_wave(int num_sms, int head_dim) {
   return std::int64_t(num_sms) * window_ring_ctas_per_sm(head_dim);

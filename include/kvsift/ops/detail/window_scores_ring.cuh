@@ -34,10 +34,11 @@
 //
 // Pass 2 (column sums):
 // - One row tile per head, Q resident (column_sums_ring_kernel): the persistent grid over the heads'
-//   key tiles; per tile, exp2(logit - lse) summed over the warp's rows (a warp reduction over the lanes
-//   of one query head: with G dividing 8, row r = i G + g of a thread's fragments always has
-//   g = (lane / 4) % G), then over the warps through shared memory, in a fixed order. The warps' sums
-//   of tile t are read after the barrier of tile t + 1 (double-buffered): one barrier a tile.
+//   key tiles, each CTA's span walked last tile first (pass 1's last reads are still in L2); per
+//   tile, exp2(logit - lse) summed over the warp's rows (a warp reduction over the lanes of one query
+//   head: with G dividing 8, row r = i G + g of a thread's fragments always has g = (lane / 4) % G),
+//   then over the warps through shared memory, in a fixed order. The warps' sums of a tile are read
+//   after the next tile's barrier (double-buffered): one barrier a tile.
 // - Several row tiles, K resident (column_sums_keys_kernel): 128 keys a CTA, the rows that see them
 //   streamed; see there.
 //
@@ -123,46 +124,6 @@ __device__ __forceinline__ const void* ring_dummy_source(const QT* data) {
 KVSIFT_HD inline int window_ring_cta_of(std::int64_t item, std::int64_t n, int grid) {
   return int(((item + 1) * grid - 1) / n);
 }
-
-// A walk over the live tiles of this CTA's span [begin, end) of items seg x tiles + tile: a tile is live
-// when its first key is below the segment's key_end (pass 1: what its rows see; pass 2: the head's
-// scored prefix). A segment is one row tile of one (sequence, KV head): seg = bh x row tiles + row tile
-// (pass 2: seg = bh). The position is kept as (seg, tile) and stepped without 64-bit divisions (the
-// span's bounds are divided once); key_end is asked only for segments inside the span, so no length
-// past the batch is read.
-struct RingCursor {
-  int seg, tile, key_end = 0;
-  int end_seg, end_tile;  // the span's end, as (segment, tile)
-  int tiles;
-
-  template <class KeyEnd>
-  __device__ RingCursor(std::int64_t begin, std::int64_t end, int tiles_, const KeyEnd& key_end_of)
-      : seg(int(begin / tiles_)), tile(int(begin % tiles_)), end_seg(int(end / tiles_)), end_tile(int(end % tiles_)),
-        tiles(tiles_) {
-    if (live()) key_end = key_end_of(seg);
-    seek(key_end_of);
-  }
-  __device__ bool live() const { return seg < end_seg || (seg == end_seg && tile < end_tile); }
-  __device__ int key0() const { return tile * kWindowRingKeys; }
-  // To the first live tile at or after the current one (live tiles are a prefix of a segment's tiles).
-  template <class KeyEnd>
-  __device__ void seek(const KeyEnd& key_end_of) {
-    while (live() && tile * kWindowRingKeys >= key_end) {
-      ++seg;
-      tile = 0;
-      if (live()) key_end = key_end_of(seg);
-    }
-  }
-  template <class KeyEnd>
-  __device__ void next(const KeyEnd& key_end_of) {
-    if (++tile == tiles) {
-      ++seg;
-      tile = 0;
-      if (live()) key_end = key_end_of(seg);
-    }
-    seek(key_end_of);
-  }
-};
 
 // The K ring's producer: issue() fills a slot with keys key0 .. key0 + 63 of head bh = b x Hkv + hk
 // (zeros for keys past the sequence or on a page off the pool, recorded; flags say which were staged)
@@ -319,7 +280,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto view_head = [&](int seg) { return seg / row_tiles; };  // the cursor's segment as a (b, hk) for the producer
   const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes};
-  RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
+  RingCursor<> prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
     const bool live = prod.live();
     producer.issue(view_head(prod.seg), prod.key0(), live, slot);
@@ -479,7 +440,9 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto key_end_of = [&](int bh) { return score_problem(kv, q, launch, bh / hkv).prefix; };
   const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes + window_ring_col_bytes(D, heads_out)};
-  RingCursor prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
+  // Backward over the same spans as the log-sum-exp pass (RingCursor): each CTA starts on the tiles
+  // whose keys that pass read last.
+  RingCursor<true> prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
   auto produce = [&](int slot) {
     const bool live = prod.live();
     producer.issue(prod.seg, prod.key0(), live, slot);
