@@ -204,7 +204,8 @@ class PromptCompressionConfig:
             ``"budget_split"`` ``max(1, K / num_block)``.
         radius_rule: ClusterAttn's cluster radius: ``"half_block"``, ``"budget_blocks"`` or ``"fixed"``.
         fixed_radius: tokens, for ``radius_rule="fixed"``.
-        pool: SnapKV's pool before top-k: ``"max"`` (max_pool1d) or ``"avg"`` (avg_pool1d, pads count as 0).
+        pool: SnapKV's pool before top-k: ``"max"`` (max_pool1d, except that a NaN is never the maximum)
+            or ``"avg"`` (avg_pool1d, pads count as 0).
         pool_kernel: SnapKV's pool width, odd, >= 1 (1 is no pooling).
         sinks: StreamingLLM's sink tokens, in ``[0, capacity - window]``; the rest of the budget is recent.
     """

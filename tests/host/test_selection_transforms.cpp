@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "kvsift/ops/cluster_flags.hpp"
@@ -47,6 +48,27 @@ TEST_CASE("pool_scores matches torch avg_pool1d / max_pool1d with padding kernel
   std::vector<float> a(4), b(4);
   CHECK(host::pool_scores(host::Exec{}, make_strided_view<const float>(a.data(), 1, 4), nullptr, PoolParams{PoolKind::kMax, 4},
                           make_strided_view(b.data(), 1, 4)).message() == "pool.kernel = 4 must be odd and >= 1");
+}
+
+// NaN, where torch's pools and kvsift's differ (the contract in score_pooling.hpp): max pooling never
+// takes a NaN (a window of only NaN gives -inf), so one NaN score does not spread to its neighbours
+// before top-k; average pooling propagates it, as torch does. The CUDA kernel shares pool_at.
+TEST_CASE("pool_scores: max pooling skips NaN, average pooling propagates it") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> in = {0.5f, nan, 0.25f, nan, nan, nan, 0.75f, -INFINITY};
+  const int n = int(in.size());
+  std::vector<float> mx(in.size()), av(in.size());
+  REQUIRE(host::pool_scores(host::Exec{}, make_strided_view<const float>(in.data(), 1, n), nullptr, PoolParams{PoolKind::kMax, 3},
+                            make_strided_view(mx.data(), 1, n)).ok());
+  REQUIRE(host::pool_scores(host::Exec{}, make_strided_view<const float>(in.data(), 1, n), nullptr, PoolParams{PoolKind::kAvg, 3},
+                            make_strided_view(av.data(), 1, n)).ok());
+  const std::vector<float> want_max = {0.5f, 0.5f, 0.25f, 0.25f, -INFINITY, 0.75f, 0.75f, 0.75f};
+  for (int j = 0; j < n; ++j) {
+    CAPTURE(j);
+    CHECK(mx[j] == want_max[j]);
+    const bool window_has_nan = std::isnan(in[j]) || (j > 0 && std::isnan(in[j - 1])) || (j + 1 < n && std::isnan(in[j + 1]));
+    CHECK(std::isnan(av[j]) == window_has_nan);
+  }
 }
 
 namespace {

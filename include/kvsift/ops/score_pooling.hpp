@@ -7,6 +7,10 @@
 ///   kAvg:  out[j] = (sum of in[t], t in [j - p, j + p] and inside the row) / kernel   (pads count as 0)
 ///   kMax:  out[j] = max of in[t], t in [j - p, j + p] and inside the row             (pads are -inf)
 ///
+/// NaN is where the two differ from torch's: kMax never takes a NaN (a window of only NaN gives -inf;
+/// max_pool1d would give NaN), so one NaN score does not spread to its neighbours before top-k (which
+/// ranks NaN lowest); kAvg propagates it, as avg_pool1d does.
+///
 /// Row r uses columns [0, row_lengths[r]) (clamped to the row width); other columns are untouched.
 ///
 /// This header is the contract (parameters, validation). The workspace query is in score_pooling_plan.hpp,
