@@ -6,7 +6,8 @@
 /// For each row p[0, n) (n = row_lengths[r] clamped to [0, scores.cols]; scores.cols when row_lengths
 /// is null):
 ///   1. block max-pool: blocks of `block` tokens (the tail block may be shorter); for block k its
-///      maximum M[k] and the lowest position A[k] holding it;
+///      maximum M[k] and the lowest position A[k] holding it (NaN is never the maximum; a block of
+///      only NaN has none and is no centre; -inf can be, and fails the threshold);
 ///   2. density threshold: block k is a cluster centre when M[k] > theta; the centre is at A[k];
 ///   3. neighbourhood: token j is flagged when it lies within the radius of a centre;
 /// and writes flags[r][j] = 1 for flagged tokens, 0 for the others. The shared top-k then ranks
