@@ -28,6 +28,11 @@
 /// Rows with no visible key (length 0, an empty or fully out-of-range index row, a query position
 /// before the start of the sequence) give out = 0 and lse = -inf, never NaN.
 ///
+/// Values: Q, K and V are finite, and every logit sm_scale * q.k_t and every weighted sum of V rows
+/// fits a float; the GPU accumulates in fp32. Outside that (an inf or NaN element, or products near
+/// FLT_MAX) the results are unspecified: the GPU may give inf or NaN where the double-precision host
+/// reference still has a finite answer.
+///
 /// Duplicate entries in an index row are separate keys: a token listed twice is attended twice (its
 /// weight doubles), exactly as if the cache held two copies. The kernels never deduplicate, so an
 /// index row costs what it lists; producers such as top-k never emit duplicates.
