@@ -18,6 +18,10 @@
 /// Heads: ScoreHeads::kKvHeadMean (default) writes one row per KV head, the mean of its G query heads'
 /// rows, so a selection serves the whole group; kQueryHead writes one row per query head, the layout of
 /// the SnapKV reference (whose cache becomes query-head granular).
+/// Values: Q and K are finite and the logits fit a float (the GPU computes them and the softmax in
+/// fp32, the GPU's exponentials to ~2 ulp); a given lse is each row's finite log-sum-exp. Outside that
+/// the results are unspecified.
+///
 /// Output row r = b * H + h (H = kv heads or query heads), columns [0, min(L - window, scores.cols));
 /// other columns are left untouched. Cost: nq * L * head_dim multiply-adds per query head per pass;
 /// for H2O-prefill (all queries) that is O(L^2 * head_dim).
