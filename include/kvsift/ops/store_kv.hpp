@@ -23,8 +23,10 @@
 /// sequence at its current length), a prefill chunk, or rows of several sequences at different
 /// lengths, and a CUDA graph replays it for any positions. The op writes rows only: lengths are the
 /// engine's (bump them after the store, before attention reads the rows). Rows whose seq[i] is outside
-/// [0, kv.batch) or pos[i] outside [0, capacity) are skipped, never written out of bounds. Two rows with
-/// the same (seq, pos) race on the GPU; an engine's append never produces them.
+/// [0, kv.batch) or pos[i] outside [0, capacity) are skipped, never written out of bounds; all n source
+/// rows are read all the same (the GPU loads a row before its seq and pos arrive), so a padded batch's
+/// unused rows must be readable memory. Two rows with the same (seq, pos) race on the GPU; an engine's
+/// append never produces them.
 ///
 /// This header is the contract (params, validation, the per-row quantization both backends use). The
 /// workspace query is in store_kv_plan.hpp (0 bytes), the host reference in store_kv_reference.hpp, the

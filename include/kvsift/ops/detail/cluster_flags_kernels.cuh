@@ -105,7 +105,7 @@ __global__ void cluster_flags_kernel(ClusterFlagsLaunch launch) {
 #pragma unroll
   for (int i = 0; i < kClusterFlagRun; ++i) f[i] = j0 + i < n && near_centre(centres, blocks, block, j0 + i, p, radius);
   std::uint8_t* out = launch.flags.row(r) + j0;
-  if (j0 + kClusterFlagRun <= n && reinterpret_cast<std::uintptr_t>(out) % 8 == 0) {  // one 8-byte store
+  if (j0 <= n - kClusterFlagRun && reinterpret_cast<std::uintptr_t>(out) % 8 == 0) {  // one 8-byte store
     std::uint64_t word = 0;
 #pragma unroll
     for (int i = 0; i < kClusterFlagRun; ++i) word |= std::uint64_t(f[i]) << (8 * i);
