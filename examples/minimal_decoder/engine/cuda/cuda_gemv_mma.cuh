@@ -123,23 +123,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
-  // The norm of every input row, computed as gemv_bf16_pipelined does (all threads take part in
-  // every row's block reduction).
+  // The norm of every input row, as gemv_bf16_pipelined computes it (all threads take part in every
+  // row's block reduction).
   [[maybe_unused]] float inv[N];
-  if constexpr (kNorm) {
-    for (int i = 0; i < N; ++i) {
-      const float* xr = norm.x + std::int64_t(i) * cols;
-      const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
-      float ss = 0.f;
-      for (int e = tid; e < cols; e += kGemvThreads) {
-        const float v = dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e);
-        if (norm.x_out && blockIdx.x == 0) norm.x_out[std::int64_t(i) * cols + e] = v;
-        ss += v * v;
-      }
-      inv[i] = block_inverse_rms(ss, cols, norm.eps);
-      __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
-    }
-  }
+  if constexpr (kNorm) fused_norm_inverse_rms<N>(norm, cols, inv);
   // The whole input, rounded to bf16, into shared memory before the first tile, by all threads
   // together: every tile spans every column, and a block often has a single tile (q/k/v: 384 tiles for
   // 396 blocks), so inputs fetched step by step inside the loop put an L2 round trip into every step

@@ -43,6 +43,7 @@
 #include <cstring>
 
 #include "cuda_block_rms.cuh"
+#include "cuda_block_row.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_pdl.cuh"
 
@@ -109,6 +110,34 @@ struct NormInput {
 constexpr int kGemvNormMaxRows = 1;
 // The static shared memory the norm adds (block_inverse_rms' warp sums).
 constexpr std::size_t kNormStaticSmem = sizeof(float) * (kThreads / 32);
+
+// The prologue's norm: inv[i] = block_inverse_rms of input row i, each thread's partial sum over its
+// elements t, t + kGemvThreads, ... in add_rms_norm's order, so inv is the norm kernel's bit for bit.
+// Its loads carry no store between them (cuda_block_row.cuh: block 0 also wrote the residual sum inside
+// this loop, which put every block's loads in series behind those stores: 16 L2 round trips for 4096
+// columns, while the weight stream idled behind its first stages). The residual sum x_out is written
+// after, a slice by each block.
+template <int N>
+__device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, float (&inv)[N]) {
+  for (int i = 0; i < N; ++i) {
+    const float* xr = norm.x + std::int64_t(i) * cols;
+    const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
+    float ss = 0.f;
+    for (int base = 0; base < cols; base += row_segment_size()) {
+      float v[kRowSlots];
+      load_row_segment([&](int e) { return dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e); }, cols, base, v);
+#pragma unroll
+      for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past cols: adds nothing
+    }
+    inv[i] = block_inverse_rms(ss, cols, norm.eps);
+    __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
+  }
+  if (norm.x_out) {
+    const std::int64_t total = std::int64_t(N) * cols, stride = std::int64_t(gridDim.x) * blockDim.x;
+    for (std::int64_t e = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += stride)
+      norm.x_out[e] = norm.delta ? __ldcg(norm.x + e) + __ldcg(norm.delta + e) : __ldcg(norm.x + e);
+  }
+}
 
 // Input chunk i (8 values, row-major over [n, cols]; `col` its first column) of the normalized input,
 // rounded to bf16: add_rms_norm's expression (v * inv) * w, then load_input_bf16's rounding.
@@ -198,23 +227,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
-  // The norm of each input row: add_rms_norm's partial sums (thread t: elements t, t + 256, ...) and
-  // block reduction, so inv equals the norm kernel's bit for bit. Block 0 writes the residual sum.
+  // The norm of each input row (add_rms_norm's arithmetic; the residual sum written too).
   float inv[N];
-  if constexpr (kNorm) {
-    for (int i = 0; i < N; ++i) {
-      const float* xr = norm.x + std::int64_t(i) * cols;
-      const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
-      float ss = 0.f;
-      for (int e = tid; e < cols; e += kGemvThreads) {
-        const float v = dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e);
-        if (norm.x_out && blockIdx.x == 0) norm.x_out[std::int64_t(i) * cols + e] = v;
-        ss += v * v;
-      }
-      inv[i] = block_inverse_rms(ss, cols, norm.eps);
-      __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
-    }
-  }
+  if constexpr (kNorm) fused_norm_inverse_rms<N>(norm, cols, inv);
 
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;

@@ -21,6 +21,7 @@
 #include <kvsift/kvsift.cuh>
 
 #include "cuda_block_rms.cuh"
+#include "cuda_block_row.cuh"
 #include "cuda_pdl.cuh"
 #include "engine/tensor_block.hpp"
 
@@ -33,7 +34,7 @@ inline unsigned blocks_for(std::int64_t n, int threads = kThreads) {
   return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);  // grid-stride loops cover the rest
 }
 
-// out[i, :] = float(table[tokens[i], :])
+// out[i, :] = float(table[tokens[i], :]); a row segment's loads before its stores (cuda_block_row.cuh).
 template <class T>
 __global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* table, int cols, T* out) {
   wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
@@ -41,27 +42,46 @@ __global__ void embed(const std::int32_t* tokens, int n, const __nv_bfloat16* ta
   const int row = blockIdx.x;
   if (row >= n) return;
   const __nv_bfloat16* src = table + std::int64_t(tokens[row]) * cols;
-  for (int i = threadIdx.x; i < cols; i += blockDim.x) out[std::int64_t(row) * cols + i] = T(__bfloat162float(src[i]));
+  T* dst = out + std::int64_t(row) * cols;
+  for (int base = 0; base < cols; base += row_segment_size()) {
+    float v[kRowSlots];
+    load_row_segment([&](int i) { return __bfloat162float(src[i]); }, cols, base, v);
+    store_row_segment([&](int i, float x) { dst[i] = T(x); }, cols, base, v);
+  }
 }
 
 
 // One block per row: y = x * rsqrt(mean(x^2) + eps) * w. Each thread writes only the elements it
-// read, after the block-wide sum, so y may alias x (the q/k norms run in place).
+// read, after the block-wide sum, so y may alias x (the q/k norms run in place). A row of one segment
+// stays in registers between the sum and the writes (cuda_block_row.cuh); a longer one is read again.
 template <class T>
 __global__ void rms_norm(const T* x, int dim, const float* w, float eps, T* y) {
   wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
   allow_next_kernel_launch();
   const T* xr = x + std::int64_t(blockIdx.x) * dim;
   T* yr = y + std::int64_t(blockIdx.x) * dim;
+  auto load_x = [&](int i) { return float(xr[i]); };
+  float v[kRowSlots];
   float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += float(xr[i]) * float(xr[i]);
+  for (int base = 0; base < dim; base += row_segment_size()) {
+    load_row_segment(load_x, dim, base, v);
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past dim: adds nothing
+  }
   const float inv = block_inverse_rms(ss, dim, eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) yr[i] = T(float(xr[i]) * inv * w[i]);
+  for (int base = 0; base < dim; base += row_segment_size()) {
+    if (dim > row_segment_size()) load_row_segment(load_x, dim, base, v);
+    float wv[kRowSlots];
+    load_row_segment([&](int i) { return w[i]; }, dim, base, wv);
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) v[k] = v[k] * inv * wv[k];
+    store_row_segment([&](int i, float o) { yr[i] = T(o); }, dim, base, v);
+  }
 }
 
 // One block per row: x_out = x + y (x alone when y is null), then out = rms_norm(x_out) as above (the
 // residual add fused into the next norm). x_out may be x; each thread writes out only where it read
-// y, after the block-wide sum, so out may alias y.
+// y, after the block-wide sum, so out may alias y. Segments as in rms_norm.
 template <class T>
 __global__ void add_rms_norm(const T* x, const T* y, T* x_out, int dim, const float* w, float eps, T* out) {
   wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
@@ -70,14 +90,23 @@ __global__ void add_rms_norm(const T* x, const T* y, T* x_out, int dim, const fl
   const T* yr = y ? y + std::int64_t(blockIdx.x) * dim : nullptr;
   T* xo = x_out + std::int64_t(blockIdx.x) * dim;
   T* outr = out + std::int64_t(blockIdx.x) * dim;
+  float v[kRowSlots];
   float ss = 0.f;
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = yr ? float(xr[i]) + float(yr[i]) : float(xr[i]);
-    xo[i] = T(v);
-    ss += v * v;
+  for (int base = 0; base < dim; base += row_segment_size()) {
+    load_row_segment([&](int i) { return yr ? float(xr[i]) + float(yr[i]) : float(xr[i]); }, dim, base, v);
+    store_row_segment([&](int i, float s) { xo[i] = T(s); }, dim, base, v);
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past dim: adds nothing
   }
   const float inv = block_inverse_rms(ss, dim, eps);
-  for (int i = threadIdx.x; i < dim; i += blockDim.x) outr[i] = T(float(xo[i]) * inv * w[i]);
+  for (int base = 0; base < dim; base += row_segment_size()) {
+    if (dim > row_segment_size()) load_row_segment([&](int i) { return float(xo[i]); }, dim, base, v);
+    float wv[kRowSlots];
+    load_row_segment([&](int i) { return w[i]; }, dim, base, wv);
+#pragma unroll
+    for (int k = 0; k < kRowSlots; ++k) v[k] = float(T(v[k])) * inv * wv[k];  // x_out as stored
+    store_row_segment([&](int i, float o) { outr[i] = T(o); }, dim, base, v);
+  }
 }
 
 // RoPE "rotate half" in place on q [n, q_heads, head_dim] and k [n, k_heads, head_dim], one launch for
