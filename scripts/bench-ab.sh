@@ -15,8 +15,9 @@
 #   MIN_TIME  --benchmark_min_time (default 0.05: Google Benchmark 1.7 wants a bare number)
 #   JOBS      build parallelism per tree (default half the cores)
 #   NO_BUILD  1: run the binaries an earlier call built (TREE/build/bench-ab), without building
-#   ARCH      CMAKE_CUDA_ARCHITECTURES of both builds (default 90)
-#   CUDAFLAGS extra nvcc flags of both builds (CMake reads them), e.g. -DKVSIFT_EXPERIMENTAL_WGMMA with ARCH=90a
+#   ARCH      CMAKE_CUDA_ARCHITECTURES of both builds (default 90a)
+#   CUDAFLAGS extra nvcc flags of both builds (CMake reads them), e.g. -DKVSIFT_NO_WGMMA (the mma.sync
+#             window scores on sm_90a)
 #
 # Example: git archive HEAD~1 | (mkdir -p .ab/a && tar -x -C .ab/a), then on the GPU machine
 #   scripts/bench-ab.sh bench_topk 'BM_TopK/rows:8/' .ab/a . 2
@@ -29,7 +30,7 @@ out=$(mktemp -d)
 
 build() {  # tree label
   local dir="$1/build/bench-ab"
-  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90} \
+  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DKVSIFT_BUILD_TESTS=OFF -DKVSIFT_BUILD_BENCHMARKS=ON -DKVSIFT_BUILD_EXAMPLES=OFF >"$out/$2-configure.log" 2>&1 &&
     cmake --build "$dir" --target "$bench" --parallel "$jobs" >"$out/$2-build.log" 2>&1 ||
     { echo "bench-ab.sh: the build of $2 ($1) failed:"; grep -E "error" "$out/$2-build.log" "$out/$2-configure.log" | head -20; return 1; }

@@ -12,8 +12,8 @@
 #   BENCH_ARGS="--benchmark_min_time=0.2" scripts/gpu-check.sh
 #   SANITIZER_TIMEOUT=300                     seconds per sanitizer run (default 600)
 #   SANITIZER_TOOLS="memcheck initcheck"      a subset of the four tools
-#   PRESET=gpu-wgmma scripts/gpu-check.sh     another configure preset (build/<preset>): gpu-wgmma is sm_90a
-#                                             with the experimental wgmma window scores
+#   PRESET=gpu-sm90 scripts/gpu-check.sh      another configure preset (build/<preset>): gpu-sm90 is the
+#                                             portable sm_90 build (window scores on mma.sync, not wgmma)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PRESET=${PRESET:-gpu}

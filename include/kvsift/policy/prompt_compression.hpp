@@ -189,7 +189,7 @@ Status compression_stage_bytes(const Exec& exec, const PromptCompressionConfig& 
   if (c.policy == CompressionPolicy::kClusterAttn) {
     KVSIFT_TRY(cluster_flags_workspace_bytes(exec, selection_scores, nullptr, c.cluster(), flags, &op));
     need = std::max(need, op);
-    KVSIFT_TRY((topk_workspace_bytes<float, FlagFirstKey<float>>(exec, selection_scores, select, kept, &op)));
+    KVSIFT_TRY((topk_workspace_bytes<float, FlagFirstNonNegativeKey>(exec, selection_scores, select, kept, &op)));
   } else {
     KVSIFT_TRY(topk_workspace_bytes<float>(exec, selection_scores, select, kept, &op));
   }
@@ -308,7 +308,7 @@ Status compress_prompt(const Exec& exec, const PromptCompressionConfig& config, 
       KVSIFT_TRY(window_scores(exec, src, queries, detail::score_params(config, shape, lse), scores, x.stage));
       auto flags = make_strided_view(x.flags, rows, cols);
       KVSIFT_TRY(cluster_flags(exec, selection_scores, x.row_lengths, config.cluster(), flags, x.stage));
-      FlagFirstKey<float> key;
+      FlagFirstNonNegativeKey key;  // window scores are never negative: 32-bit keys, the register select
       key.flags = x.flags;
       key.row_stride = cols;
       KVSIFT_TRY(topk(exec, selection_scores, select, kept, no_values, key, x.stage));

@@ -1,10 +1,10 @@
 #pragma once
 // Hopper's warpgroup MMA (wgmma), the form the window scores use: A (16 rows a warp of the 4-warp
 // warpgroup) in registers, B (64 rows of 16-bit K-major operands) in shared memory behind a
-// descriptor, fp32 accumulators. KVSIFT_WGMMA is 1 only where the device code is compiled for sm_90a
-// (the arch-specific target, `-arch=sm_90a` / CMAKE_CUDA_ARCHITECTURES 90a) and the build defines
-// KVSIFT_EXPERIMENTAL_WGMMA: this path has not run on a GPU yet (written in a session without one),
-// so it stays opt-in until its GPU tests pass; the callers keep their mma.sync path otherwise.
+// descriptor, fp32 accumulators. KVSIFT_WGMMA is 1 where the device code is compiled for sm_90a (the
+// arch-specific target, `-arch=sm_90a` / CMAKE_CUDA_ARCHITECTURES 90a, kvsift's default), unless the
+// build defines KVSIFT_NO_WGMMA (to measure the mma.sync path on the same target); the callers keep
+// their mma.sync path otherwise (sm_90 without the suffix, and other architectures).
 //
 // Why: one wgmma m64n64k16 does the work of 32 mma.sync m16n8k16 and reads its B operand from shared
 // memory itself, so the ldmatrix loads and most of the issue slots of the mma.sync loop go.
@@ -17,7 +17,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && defined(KVSIFT_EXPERIMENTAL_WGMMA)
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL) && !defined(KVSIFT_NO_WGMMA)
 #define KVSIFT_WGMMA 1
 #else
 #define KVSIFT_WGMMA 0

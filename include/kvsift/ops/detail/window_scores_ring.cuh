@@ -11,7 +11,7 @@
 // slot holds its rows' 64-element column groups one after another, each row's 128 bytes XOR-swizzled
 // by 16-byte chunk (WindowRing::at): the layout Hopper's wgmma reads through a 128-byte-swizzle
 // descriptor, and one ldmatrix reads without bank conflicts. The logits (ring_logits) are mma.sync
-// m16n8k16, or wgmma m64n64k16 under KVSIFT_WGMMA (sm_90a with KVSIFT_EXPERIMENTAL_WGMMA:
+// m16n8k16, or wgmma m64n64k16 under KVSIFT_WGMMA (sm_90a, kvsift's default target, unless KVSIFT_NO_WGMMA:
 // detail/wgmma_ptx.cuh). ncu on the H200 (2026-12-05) found the mma.sync kernels at 168 registers, 3
 // CTAs an SM, spilling, latency-bound at 178 TFLOP/s: what the wgmma form is for. A warp holds
 // kWarpM x 16 resident rows: 32 for head_dim <= 128 (4 warps, one warpgroup), 16 for 256 (8 warps,
