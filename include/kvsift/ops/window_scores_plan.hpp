@@ -126,8 +126,9 @@ KVSIFT_HD inline int window_ring_tiles(std::int64_t keys) { return int((keys + k
 // (seg, tile) and stepped without 64-bit divisions (the span's bounds are divided once); key_end is
 // asked only for segments inside the span, so no length past the batch is read.
 // kBackward walks the same tiles last to first: the column sums (pass 2) share the log-sum-exp pass's
-// spans, and a CTA that starts where its pass-1 span ended finds those tiles' keys, the last ones pass 1
-// read, still in L2 (60 MiB on the H200: about a fifth of ClusterAttn's 268 MB of K at B=1, 128K).
+// spans, and a CTA that starts where its pass-1 span ended finds some of those tiles' keys, the last
+// ones pass 1 read, still in L2. Measured on an H100 (2026-12-05): paged rows 2-3% faster than the
+// forward walk, contiguous ones within 1%.
 template <bool kBackward = false>
 struct RingCursor {
   int seg = 0, tile = 0, key_end = 0;
