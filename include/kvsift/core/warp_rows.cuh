@@ -41,22 +41,17 @@ struct WarpRowSegment {
   }
 };
 
-/// The element unchanged (converted by the destination's assignment, as `dst[e] = src[e]` would).
-struct SameElement {
-  template <class T>
-  __device__ __forceinline__ T operator()(T x) const { return x; }
-};
-
-/// kd[e] = f(ks[e]) and vd[e] = f(vs[e]) for e < n, by one warp: per segment both rows' loads, then
-/// both rows' stores (one round trip per kWarpRowElems elements of the pair).
-template <class S, class D, class F = SameElement>
-__device__ __forceinline__ void warp_copy_row_pair(const S* ks, const S* vs, D* kd, D* vd, int n, int lane, F f = {}) {
+/// kd[e] = ks[e] and vd[e] = vs[e] for e < n (converted by the destinations' assignment), by one warp:
+/// per segment both rows' loads, then both rows' stores (one round trip per kWarpRowElems elements).
+template <class S, class D>
+__device__ __forceinline__ void warp_copy_row_pair(const S* ks, const S* vs, D* kd, D* vd, int n, int lane) {
+  const auto same = [](std::remove_const_t<S> x) { return x; };
   for (int base = 0; base < n; base += kWarpRowElems) {
     WarpRowSegment<S> k, v;
     k.load(ks, base, n, lane);
     v.load(vs, base, n, lane);
-    k.store(kd, base, n, lane, f);
-    v.store(vd, base, n, lane, f);
+    k.store(kd, base, n, lane, same);
+    v.store(vd, base, n, lane, same);
   }
 }
 
