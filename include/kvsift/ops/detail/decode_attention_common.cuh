@@ -137,9 +137,7 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
 //
 // A Handle is what a row address needs besides the token id: a kernel that streams computes handles a
 // stage ahead (for a paged view that is where the block-table load happens) and forms the addresses
-// when it issues the copies. handle(t) = handle(t, lookup(t)): lookup does the memory read (the block
-// table's page id), handle the arithmetic, so a kernel can issue the lookups of several tokens before
-// any handle branches on what one returned.
+// when it issues the copies.
 //
 // kAffine: a row's address is a base plus the token times a stride (K, V and the fp8 scale each), so a
 // kernel streaming consecutive tokens can advance pointers instead of forming addresses per token.
@@ -153,10 +151,7 @@ struct KvRows {
   __device__ KvRows(const View& v, int b_, int h_) : kv(v), b(b_), h(h_) {}
   __device__ __forceinline__ const T* k(int t) const { return kv.k_row(b, h, t); }
   __device__ __forceinline__ const T* v(int t) const { return kv.v_row(b, h, t); }
-  using Lookup = int;  // nothing read ahead: the view's own kv_row_in_pool reads what it needs
-  __device__ __forceinline__ Lookup lookup(int t) const { return t; }
-  __device__ __forceinline__ Handle handle(int t, Lookup) const { return kv_row_in_pool(kv, b, t) ? t : -1; }
-  __device__ __forceinline__ Handle handle(int t) const { return handle(t, lookup(t)); }
+  __device__ __forceinline__ Handle handle(int t) const { return kv_row_in_pool(kv, b, t) ? t : -1; }
   // Whether the row has an address (kv_row_in_pool); a row that has none is skipped, never read.
   __device__ __forceinline__ bool valid(Handle t) const { return t >= 0; }
   // What the record reports for a row without an address: the view's kv_page_of, as the other ops do.
@@ -182,9 +177,6 @@ struct KvRows<ContiguousKV<E>> {
   __device__ __forceinline__ const T* v(int t) const { return v_base + t * v_stride; }
   using Handle = int;  // the token: its address is arithmetic
   static constexpr bool kAffine = true;
-  using Lookup = int;
-  __device__ __forceinline__ Lookup lookup(int t) const { return t; }
-  __device__ __forceinline__ Handle handle(int t, Lookup) const { return t; }
   __device__ __forceinline__ Handle handle(int t) const { return t; }
   __device__ __forceinline__ bool valid(Handle) const { return true; }  // every token has an address
   __device__ __forceinline__ long long bad_value(int t) const { return t; }
@@ -224,12 +216,16 @@ struct KvRows<PagedKV<E>> {
     std::int64_t row = 0, scale = 0;
   };
   static constexpr bool kAffine = false;
-  __device__ __forceinline__ int page_of(int t) const { return page_shift >= 0 ? t >> page_shift : t / page_size; }
-  using Lookup = int;  // the token's page id, from the block table
-  __device__ __forceinline__ Lookup lookup(int t) const { return __ldg(table + page_of(t)); }
-  __device__ __forceinline__ Handle handle(int t) const { return handle(t, lookup(t)); }
-  __device__ __forceinline__ Handle handle(int t, Lookup id) const {
-    const int slot = page_shift >= 0 ? t & (page_size - 1) : t - page_of(t) * page_size;
+  __device__ __forceinline__ Handle handle(int t) const {
+    int page, slot;
+    if (page_shift >= 0) {
+      page = t >> page_shift;
+      slot = t & (page_size - 1);
+    } else {
+      page = t / page_size;
+      slot = t - page * page_size;
+    }
+    const int id = __ldg(table + page);
     Handle hd;
     // A page outside the pool has no rows: row -1 marks the token for skipping (valid() below).
     hd.row = unsigned(id) < unsigned(num_pages) ? std::int64_t(id) * page_stride + slot * slot_stride + head_offset : -1;
@@ -238,7 +234,9 @@ struct KvRows<PagedKV<E>> {
   }
   __device__ __forceinline__ bool valid(Handle o) const { return o.row >= 0; }
   // The bad page id, for the record (the cold path: read again).
-  __device__ __forceinline__ long long bad_value(int t) const { return lookup(t); }
+  __device__ __forceinline__ long long bad_value(int t) const {
+    return __ldg(table + (page_shift >= 0 ? t >> page_shift : t / page_size));
+  }
   __device__ __forceinline__ const T* k(int t) const { return k_pages + handle(t).row; }
   __device__ __forceinline__ const T* v(int t) const { return v_pages + handle(t).row; }
   __device__ __forceinline__ const T* k_at(Handle o) const { return k_pages + o.row; }

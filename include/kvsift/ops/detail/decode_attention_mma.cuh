@@ -285,11 +285,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // split out of range): skipped here, noted, and recorded once after the loop, so the unrolled loads
   // hold no call.
   int bad_page_token = -1, bad_entry = -1;
-  // Every token's lookup (a paged view: its block-table read) first, then the handles and checks: a
-  // handle branches on the page id its read returned, and the next token's read, issued after that
-  // branch, waited for it (the SASS ran LDG, compare, branch, LDG, ...: the lookups in series).
   auto advance = [&](int stage_after_next) {
-    typename KvRows<View>::Lookup found[kLoadTokensPerThread];
 #pragma unroll
     for (int i = 0; i < kLoadTokensPerThread; ++i) {
       int t = tok_next[i];
@@ -298,12 +294,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
         t = -1;
       }
       tok_issue[i] = t;
-      found[i] = t >= 0 ? rows.lookup(t) : typename KvRows<View>::Lookup{};
-    }
-#pragma unroll
-    for (int i = 0; i < kLoadTokensPerThread; ++i) {
-      const int t = tok_issue[i];
-      hdl_issue[i] = t >= 0 ? rows.handle(t, found[i]) : Handle();
+      hdl_issue[i] = t >= 0 ? rows.handle(t) : Handle();
       if (t >= 0 && !rows.valid(hdl_issue[i])) {  // its page is outside the pool: skip it
         bad_page_token = t;
         // Its score is -inf, as for every token nobody can attend (block maxima ignore it anyway).
