@@ -181,6 +181,10 @@ TEST_CASE("window_scores on the GPU: the ring path over long persistent spans ma
       h2o.capacity = 300;
       compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, ScoreHeads::kQueryHead, false, h2o);
       compare_window_scores<__half>(rng, 4, 16, kvsift::kAllQueries, ScoreHeads::kKvHeadMean, false, h2o);
+      // The mean over 6 or 3 heads (a group that does not divide 8): the K-resident column sums' tiles
+      // of 64 rows are then not whole positions, and their query rows are addressed row by row.
+      compare_window_scores<__nv_bfloat16>(rng, 6, 16, kvsift::kAllQueries, ScoreHeads::kKvHeadMean, false, h2o);
+      compare_window_scores<__half>(rng, 3, 48, 48, ScoreHeads::kKvHeadMean, true, shape);
       // Query rows off 16 bytes: the ring's log-sum-exp, then the general column sums.
       h2o.misaligned_q = true;
       compare_window_scores<__nv_bfloat16>(rng, 2, 16, kvsift::kAllQueries, ScoreHeads::kQueryHead, false, h2o);

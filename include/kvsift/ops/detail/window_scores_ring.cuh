@@ -50,6 +50,7 @@
 
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
+#include "kvsift/ops/detail/kv_rows.cuh"
 #include "kvsift/ops/detail/smem_ring_ptx.cuh"
 #include "kvsift/ops/detail/window_scores_common.cuh"
 #include "kvsift/ops/detail/window_scores_mma.cuh"
@@ -70,6 +71,10 @@ struct WindowRing {
   static constexpr int kStageBytes = kKeys * kRowBytes;
   static constexpr int kStages = window_ring_stages(D);
   static constexpr int kCopies = kKeys * kChunks / kThreads;     // 16-byte copies per thread per tile
+  // A thread copies chunk tid % kChunks of the slot's rows tid / kChunks + i kCopyRows. kCopyRows is a
+  // multiple of 8, so the swizzle puts copy i at copy 0's offset + i kCopyRows x 128 bytes.
+  static constexpr int kCopyRows = kThreads / kChunks;
+  static_assert(kCopyRows % 8 == 0 && kKeys / kCopyRows == kCopies, "a thread's copies share a swizzle phase");
   static constexpr int kRingBytes = int(window_ring_bytes(D));
   static constexpr int kFlagBytes = int(window_ring_flag_bytes(D));  // per slot: which keys were staged
   static_assert(kRingBytes == kStages * kStageBytes, "the plan's ring size is the kernels'");
@@ -125,42 +130,110 @@ KVSIFT_HD inline int window_ring_cta_of(std::int64_t item, std::int64_t n, int g
   return int(((item + 1) * grid - 1) / n);
 }
 
-// The K ring's producer: issue() fills a slot with keys key0 .. key0 + 63 of head bh = b x Hkv + hk
-// (zeros for keys past the sequence or on a page off the pool, recorded; flags say which were staged)
-// and commits one cp.async group, an empty one once the span is done, so the consumer's wait counts
-// stay fixed.
+// A thread's copies of a slot's rows row0 + tid / kChunks + i kCopyRows (chunk tid % kChunks), whose
+// sources lie `step` bytes apart from `src` (the first one's chunk): copy i to dst + i kCopyRows x 128
+// (dst: the first one's place), rows at or past `end` zero-filled from `dummy` (nothing is read). A
+// slot whose rows all come before `end` (most) issues its copies without predicates. The adds are asm,
+// which the compiler keeps: left to itself it forms each copy's address by a 64-bit multiply again.
+template <class R>
+__device__ __forceinline__ void ring_copy_stepped(unsigned dst, const void* src, std::uint64_t step, int row0, int end,
+                                                  const void* dummy) {
+  std::uint64_t at = reinterpret_cast<std::uint64_t>(src);
+  if (row0 + R::kKeys <= end) {
+#pragma unroll
+    for (int i = 0; i < R::kCopies; ++i) {
+      cp_async16(dst + unsigned(i * R::kCopyRows * 128), reinterpret_cast<const void*>(at), 16);
+      asm("add.u64 %0, %0, %1;" : "+l"(at) : "l"(step));
+    }
+  } else {
+    const int first = row0 + int(threadIdx.x) / R::kChunks;
+#pragma unroll
+    for (int i = 0; i < R::kCopies; ++i) {
+      const bool ok = first + i * R::kCopyRows < end;
+      cp_async16(dst + unsigned(i * R::kCopyRows * 128), ok ? reinterpret_cast<const void*>(at) : dummy, ok ? 16 : 0);
+      asm("add.u64 %0, %0, %1;" : "+l"(at) : "l"(step));
+    }
+  }
+}
+
+// The K ring's producer: issue() fills a slot with keys key0 .. key0 + 63 of the head last set by
+// to_head(bh), bh = b x Hkv + hk (zeros for keys past the sequence or on a page off the pool,
+// recorded; flags say which were staged), and commits one cp.async group, an empty one once the span
+// is done, so the consumer's wait counts stay fixed. Its cursor's walk (ring_produce) calls to_head
+// when it enters a segment.
+// Per tile, only what changes is computed. The head is kept from the segment before (two divisions
+// every tile), and on an affine view (KvRows::kAffine: contiguous caches) the copies stop at the
+// cursor's key_end, the end of the keys the segment's rows use, instead of the sequence's length (a
+// dependent load that every tile's copies waited for): keys past it are masked or never written
+// either way. A thread's copies (WindowRing::kCopyRows) land at immediate offsets from its first, and
+// on an affine view their sources are kCopyRows rows apart: one add a copy. Forming each copy's
+// address from (b, hk, key) took ~50 instructions a copy, 430 of the log-sum-exp kernel's ~1000 a tile
+// (head_dim 128, sm_90a SASS).
 template <int D, class View, class QT>
 struct WindowRingProducer {
   using R = WindowRing<D>;
+  using Rows = KvRows<View>;
+  static_assert(!Rows::kAffine || kv_rows_always_in_pool<View>, "an affine view has every row");
   const View& kv;
   const WindowScoresLaunch& launch;
   const void* dummy;  // a valid global address for zero-filled copies (nothing is read)
   unsigned ring;      // shared-memory address of slot 0
   unsigned char* flags;
+  int b = 0, hk = 0, len = 0;  // the head to_head set (and its length, for views not affine)
 
-  __device__ void issue(int bh, int key0, bool live, int slot) const {
+  __device__ void to_head(int bh) {
+    b = bh / kv.num_kv_heads;
+    hk = bh - b * kv.num_kv_heads;
+    if constexpr (!Rows::kAffine) len = kv.length(b);
+  }
+
+  __device__ void issue(int key0, int key_end, bool live, int slot) {
     if (live) {
-      const int b = bh / kv.num_kv_heads, hk = bh % kv.num_kv_heads;
-      const int len = kv.length(b);
-      const unsigned dst = ring + unsigned(slot * R::kStageBytes);
-      int bad_key = -1;
+      const int ch = int(threadIdx.x) % R::kChunks, k_first = int(threadIdx.x) / R::kChunks;
+      const unsigned dst = ring + unsigned(slot * R::kStageBytes) + R::at(k_first, ch);
+      const Rows rows(kv, b, hk);
+      if constexpr (Rows::kAffine) {
+        const std::uint64_t step =
+            std::uint64_t(reinterpret_cast<const char*>(rows.k(R::kCopyRows)) - reinterpret_cast<const char*>(rows.k(0)));
+        ring_copy_stepped<R>(dst, reinterpret_cast<const char*>(rows.k(key0 + k_first)) + ch * 16, step, key0, key_end, dummy);
+      } else {
+        int bad_key = -1;
 #pragma unroll
-      for (int i = 0; i < R::kCopies; ++i) {
-        const int v = i * R::kThreads + int(threadIdx.x), k = v / R::kChunks, ch = v % R::kChunks, key = key0 + k;
-        const bool ok = score_key_staged(kv, b, len, key);
-        const void* src = ok ? static_cast<const void*>(reinterpret_cast<const char*>(kv.k_row(b, hk, key)) + ch * 16)
-                             : dummy;
-        cp_async16(dst + R::at(k, ch), src, ok ? 16 : 0);
-        if (ch == 0) flags[slot * R::kKeys + k] = ok;
+        for (int i = 0; i < R::kCopies; ++i) {
+          const int k = k_first + i * R::kCopyRows, key = key0 + k;
+          const bool in = key < len;  // the view's rows past the sequence are not asked for
+          typename Rows::Handle hd{};
+          if (in) hd = rows.handle(key);
+          const bool ok = in && rows.valid(hd);
+          const void* src = ok ? static_cast<const void*>(reinterpret_cast<const char*>(rows.k_at(hd)) + ch * 16) : dummy;
+          cp_async16(dst + unsigned(i * R::kCopyRows * 128), src, ok ? 16 : 0);
+          if constexpr (!kv_rows_always_in_pool<View>) {
+            if (ch == 0) flags[slot * R::kKeys + k] = ok;
+            if (in && !ok) bad_key = key;
+          }
+        }
         if constexpr (!kv_rows_always_in_pool<View>)
-          if (!ok && key < len) bad_key = key;
+          if (bad_key >= 0) record_bad_score_key(kv, launch, b, hk, bad_key);
       }
-      if constexpr (!kv_rows_always_in_pool<View>)
-        if (bad_key >= 0) record_bad_score_key(kv, launch, b, hk, bad_key);
     }
     cp_async_commit();
   }
 };
+
+// One slot of the producer's walk: the cursor's tile (or an empty group once the span is done), then
+// the cursor to its next live tile, and the producer to that tile's head when the segment changes.
+// head_of maps the cursor's segment to its (sequence, KV head).
+template <class Producer, class Cursor, class KeyEnd, class HeadOf>
+__device__ __forceinline__ void ring_produce(Producer& producer, Cursor& cursor, int slot, const KeyEnd& key_end_of,
+                                             const HeadOf& head_of) {
+  const bool live = cursor.live();
+  producer.issue(cursor.key0(), cursor.key_end, live, slot);
+  if (live) {
+    const int seg = cursor.seg;
+    cursor.next(key_end_of);
+    if (cursor.live() && cursor.seg != seg) producer.to_head(head_of(cursor.seg));
+  }
+}
 
 // Logits of the warp's kWarpM x 16 rows (m-tile m: rows row16(m, warp) ..) against the 64 keys of a
 // slot: acc[m][n][0..1] are (row g of the m-tile, keys 8 n + 2 t, + 1), acc[m][n][2..3] the same keys
@@ -278,14 +351,11 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     return sp.last_key(min(row0 + kWindowRingRows, sp.rows()) - 1) + 1;
   };
   auto view_head = [&](int seg) { return seg / row_tiles; };  // the cursor's segment as a (b, hk) for the producer
-  const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
+  WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes};
   RingCursor<> prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
-  auto produce = [&](int slot) {
-    const bool live = prod.live();
-    producer.issue(view_head(prod.seg), prod.key0(), live, slot);
-    if (live) prod.next(key_end_of);
-  };
+  if (prod.live()) producer.to_head(view_head(prod.seg));
+  auto produce = [&](int slot) { ring_produce(producer, prod, slot, key_end_of, view_head); };
 #pragma unroll
   for (int s = 0; s < R::kStages - 1; ++s) produce(s);
 
@@ -293,6 +363,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   std::uint32_t qa[M][D / 16][4];
   ScoreProblem sp{};
   int cur_seg = -1, seg_row0 = 0;
+  int seen_by_all = 0;  // the segment's first row's last key: the keys every row of it sees end there
   float m2[M][2], d[M][2];
   // Every segment in [first, last] of the span gets this CTA's slot written, live tiles or not.
   int next_flush = int(begin / tiles);
@@ -336,6 +407,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       const int bh = cur_seg / row_tiles;
       seg_row0 = cur_seg % row_tiles * kWindowRingRows;
       sp = score_problem(kv, q, launch, bh / hkv);
+      seen_by_all = sp.last_key(seg_row0);  // a division: once a segment, not once a tile
       ring_q_fragments<D>(kv, q, sp, bh / hkv, bh % hkv, seg_row0, qa);
 #pragma unroll
       for (int m = 0; m < M; ++m) m2[m][0] = m2[m][1] = -INFINITY, d[m][0] = d[m][1] = 0.f;
@@ -345,7 +417,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
     const int key0 = cons.key0();
     const std::uint32_t staged = ring_staged_mask<View>(producer.flags + slot * R::kKeys);
     // Every row of the segment sees every key of the tile (the segment's first row sees the fewest).
-    const bool interior = key0 + R::kKeys - 1 <= sp.last_key(seg_row0) && staged == 0xffffu;
+    const bool interior = key0 + R::kKeys - 1 <= seen_by_all && staged == 0xffffu;
 #pragma unroll
     for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -415,6 +487,43 @@ __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaun
   if (lane == 0) launch.scratch.lse_rows[std::int64_t(bh) * launch.plan.row_capacity + row] = st.lse();
 }
 
+// One level of ring_warp_column_sums' reduce-scatter: lanes whose bit 2 kHalf is set keep the upper
+// kHalf of v[0, 2 kHalf), the others the lower, each adding its partner's copy of what it keeps into
+// v[0, kHalf). (A template, so v's indices are constants: a loop over the levels left v in local memory.)
+template <int kHalf>
+__device__ __forceinline__ void ring_column_sums_level(float (&v)[16], int lane) {
+  const bool upper = lane & (2 * kHalf);
+#pragma unroll
+  for (int k = 0; k < kHalf; ++k) {
+    const float send = upper ? v[k] : v[k + kHalf], keep = upper ? v[k + kHalf] : v[k];
+    v[k] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * kHalf);
+  }
+}
+
+// The column sums of all of a warp's rows (the mean over a group's heads) of a tile's weights acc
+// (ring_logits' layout), into col[0 .. 63]. The 8 lanes of quad column t (lane bits 2-4) hold the same
+// 16 columns 8 nn + 2 t + c of different rows: a reduce-scatter over those bits, halving the columns a
+// lane holds at each of its 3 levels (8 + 4 + 2 shuffles), leaves lane (g, t) the sums of columns
+// 8 g + 2 t and + 1. Reducing each of the 16 columns over all 3 bits took 48 shuffles, in a loop whose
+// bound (the heads a sum covers) the compiler did not know: ~290 instructions a tile.
+template <int M>
+__device__ __forceinline__ void ring_warp_column_sums(const float (&acc)[M][8][4], float* col, int lane) {
+  float v[16];  // v[2 nn + c]: column 8 nn + 2 t + c
+#pragma unroll
+  for (int nn = 0; nn < 8; ++nn)
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      float x = acc[0][nn][c] + acc[0][nn][2 + c];
+#pragma unroll
+      for (int m = 1; m < M; ++m) x += acc[m][nn][c] + acc[m][nn][2 + c];
+      v[2 * nn + c] = x;
+    }
+  ring_column_sums_level<8>(v, lane);
+  ring_column_sums_level<4>(v, lane);
+  ring_column_sums_level<2>(v, lane);
+  *reinterpret_cast<float2*>(col + 8 * (lane / 4) + 2 * (lane % 4)) = make_float2(v[0], v[1]);
+}
+
 // Pass 2: the column sums of exp(logit - lse) over the rows of each (sequence, KV head), for the keys of
 // its scored prefix; per query head (kQueryHead, G dividing 8) or the mean of the group's heads.
 template <int D, class View, class QT>
@@ -438,16 +547,14 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   auto col_at = [&](int buf, int w, int head) { return col + ((buf * R::kWarps + w) * heads_out + head) * R::kKeys; };
 
   auto key_end_of = [&](int bh) { return score_problem(kv, q, launch, bh / hkv).prefix; };
-  const WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
+  WindowRingProducer<D, View, QT> producer{kv, launch, ring_dummy_source(q.data), unsigned(__cvta_generic_to_shared(ring_smem)),
                                                  ring_smem + R::kRingBytes + window_ring_col_bytes(D, heads_out)};
   // Backward over the same spans as the log-sum-exp pass (RingCursor): each CTA starts on the tiles
   // whose keys that pass read last.
   RingCursor<true> prod(begin, end, tiles, key_end_of), cons(begin, end, tiles, key_end_of);
-  auto produce = [&](int slot) {
-    const bool live = prod.live();
-    producer.issue(prod.seg, prod.key0(), live, slot);
-    if (live) prod.next(key_end_of);
-  };
+  auto head_of = [](int seg) { return seg; };  // pass 2's segments are the heads
+  if (prod.live()) producer.to_head(prod.seg);
+  auto produce = [&](int slot) { ring_produce(producer, prod, slot, key_end_of, head_of); };
 #pragma unroll
   for (int s = 0; s < R::kStages - 1; ++s) produce(s);
 
@@ -518,16 +625,20 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       }
     // Column sums of the thread's rows, then over the lanes of one query head (or all of them).
     const int buf = it & 1;
+    if (heads_out == 1) {
+      ring_warp_column_sums(acc, col_at(buf, warp, 0), lane);
+    } else {
 #pragma unroll
-    for (int nn = 0; nn < 8; ++nn)
+      for (int nn = 0; nn < 8; ++nn)
 #pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        float v = 0.f;
+        for (int c = 0; c < 2; ++c) {
+          float v = 0.f;
 #pragma unroll
-        for (int m = 0; m < M; ++m) v += acc[m][nn][c] + acc[m][nn][2 + c];
-        for (int off = 4 * heads_out; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (g < heads_out) col_at(buf, warp, g)[8 * nn + 2 * t + c] = v;
-      }
+          for (int m = 0; m < M; ++m) v += acc[m][nn][c] + acc[m][nn][2 + c];
+          for (int off = 4 * heads_out; off < 32; off *= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+          if (g < heads_out) col_at(buf, warp, g)[8 * nn + 2 * t + c] = v;
+        }
+    }
     pend_b = cur_bh / hkv;
     pend_hk = cur_bh % hkv;
     pend_key0 = key0;
@@ -608,24 +719,45 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   const int first_row = max(0, block_key0 - (sp.len - sp.nq)) * group;
   const int tile_begin = first_row / kRows, tile_end = (sp.rows() + kRows - 1) / kRows;
   const float* lse_src = p.lse ? p.lse : launch.scratch.lse_rows;
+  // Where G divides kCopyRows (a multiple of 8; every per-head call, and the mean over 1, 2, 4 or 8
+  // heads), a tile's rows are whole positions and a thread's copies of them share its first row's
+  // head: the thread's sources of tile 0 are fixed here, a tile adds 64 / G positions, a copy
+  // kCopyRows / G (no division per copy or tile). Other groups (the mean over 3 or 6 heads) divide
+  // per copy.
+  const int ch = int(threadIdx.x) % R::kChunks, k_first = int(threadIdx.x) / R::kChunks;
+  const bool stepped = R::kCopyRows % group == 0;
+  const int tile_positions = kRows / group;  // stepped only
+  const QT* q_first = q.row(b, k_first / group, hk * group + k_first % group) + ch * 8;
+  const std::int64_t q_tile = std::int64_t(tile_positions) * q.position_stride;
+  const std::uint64_t q_copy = std::uint64_t(R::kCopyRows / group) * std::uint64_t(q.position_stride) * sizeof(QT);
+  auto lse_at = [&](int row) {
+    return p.lse ? (std::int64_t(b) * q.num_heads + hk * group + row % group) * q.capacity + row / group
+                 : std::int64_t(bh) * launch.plan.row_capacity + row;
+  };
+  const int lse_row = int(threadIdx.x) % kRows;  // the log-sum-exp a thread copies (threads < kRows)
+  const std::int64_t lse_first = lse_at(lse_row);
+  const int lse_tile = p.lse ? tile_positions : kRows;  // stepped only
   auto issue = [&](int tile, int slot) {
     if (tile < tile_end) {
-      const unsigned dst = ring + unsigned(slot * R::kStageBytes);
+      const unsigned dst = ring + unsigned(slot * R::kStageBytes) + R::at(k_first, ch);
+      const int row0 = tile * kRows + k_first;
+      if (stepped) {
+        ring_copy_stepped<R>(dst, q_first + tile * q_tile, q_copy, tile * kRows, sp.rows(), ring_dummy_source(q.data));
+      } else {
 #pragma unroll
-      for (int i = 0; i < R::kCopies; ++i) {
-        const int v = i * R::kThreads + int(threadIdx.x), k = v / R::kChunks, ch = v % R::kChunks, row = tile * kRows + k;
-        const bool ok = row < sp.rows();
-        const void* src = ok ? static_cast<const void*>(q.row(b, row / group, hk * group + row % group) + ch * 8)
-                             : ring_dummy_source(q.data);
-        cp_async16(dst + R::at(k, ch), src, ok ? 16 : 0);
+        for (int i = 0; i < R::kCopies; ++i) {
+          const int row = row0 + i * R::kCopyRows;
+          const bool ok = row < sp.rows();
+          const void* src = ok ? static_cast<const void*>(q.row(b, row / group, hk * group + row % group) + ch * 8)
+                               : ring_dummy_source(q.data);
+          cp_async16(dst + unsigned(i * R::kCopyRows * 128), src, ok ? 16 : 0);
+        }
       }
       if (threadIdx.x < kRows) {
-        const int row = tile * kRows + int(threadIdx.x);
+        const int row = tile * kRows + lse_row;
         const bool ok = row < sp.rows();
-        const std::int64_t at = !ok ? 0
-                                : p.lse ? (std::int64_t(b) * q.num_heads + hk * group + row % group) * q.capacity + row / group
-                                        : std::int64_t(bh) * launch.plan.row_capacity + row;
-        cp_async4(unsigned(__cvta_generic_to_shared(lse_ring + slot * kRows + threadIdx.x)), lse_src + at, ok ? 4 : 0);
+        const std::int64_t at = !ok ? 0 : stepped ? lse_first + std::int64_t(tile) * lse_tile : lse_at(row);
+        cp_async4(unsigned(__cvta_generic_to_shared(lse_ring + slot * kRows + lse_row)), lse_src + at, ok ? 4 : 0);
       }
     }
     cp_async_commit();
