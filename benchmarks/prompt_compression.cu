@@ -58,8 +58,10 @@ struct PagedLayer {
 };
 
 // One compress_prompt call; give_lse: with the window queries' log-sum-exp from the engine's prefill
-// (FlashAttention-style prefill kernels return it), so the window policies score in one pass.
-void compress_prompt_bench(benchmark::State& state, bool give_lse) {
+// (FlashAttention-style prefill kernels return it), so the window policies score in one pass;
+// dependent: with Exec::dependent_launch, as an engine sets it (each kernel a programmatic dependent of
+// the one before).
+void compress_prompt_bench(benchmark::State& state, bool give_lse, bool dependent = false) {
   const auto policy = static_cast<kvsift::CompressionPolicy>(state.range(0));
   const int batch = int(state.range(1)), len = int(state.range(2)), cp = int(state.range(3));
   const int page = state.range(4) > 0 ? int(state.range(4)) : 0;  // 0: the contiguous BHSD cache
@@ -77,7 +79,8 @@ void compress_prompt_bench(benchmark::State& state, bool give_lse) {
   const kvsift::PromptCompressionShape shape{batch, kKvHeads, kQHeads, len};
   kvsift_bench::DeviceArray<bf16> dk(std::size_t(batch) * kKvHeads * cp * kHeadDim), dv(dk.n);
   kvsift_bench::DeviceArray<std::int32_t> dst_len(batch), new_len(batch), positions(std::size_t(batch) * kKvHeads * cp);
-  const auto& exec = kvsift_bench::gpu();
+  kvsift::cuda::Exec exec = kvsift_bench::gpu();
+  exec.dependent_launch = dependent;
   std::size_t ws_bytes = 0;
   const kvsift::Status sized = kvsift::compress_prompt_workspace_bytes(exec, c, shape, &ws_bytes);
   if (!sized.ok()) {
@@ -117,6 +120,7 @@ void compress_prompt_bench(benchmark::State& state, bool give_lse) {
 
 void BM_CompressPrompt(benchmark::State& state) { compress_prompt_bench(state, false); }
 void BM_CompressPromptWithLse(benchmark::State& state) { compress_prompt_bench(state, true); }
+void BM_CompressPromptDependent(benchmark::State& state) { compress_prompt_bench(state, state.range(5) != 0, true); }
 
 // The first stage alone: window_scores of the W = 32 window queries (kKvHeadMean rows), without and
 // with the engine's log-sum-exp (two passes over K, or one), contiguous or paged (16-token pages).
@@ -207,6 +211,11 @@ BENCHMARK(BM_CompressPrompt)
 BENCHMARK(BM_CompressPromptWithLse)
     ->ArgsProduct({{int(kvsift::CompressionPolicy::kClusterAttn), int(kvsift::CompressionPolicy::kSnapKV)}, {1, 8}, {131072}, {1024}, {0}})
     ->ArgNames({"policy", "batch", "len", "cp", "page"})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_CompressPromptDependent)
+    ->ArgsProduct({{int(kvsift::CompressionPolicy::kClusterAttn), int(kvsift::CompressionPolicy::kSnapKV)}, {1, 8}, {131072}, {1024}, {0}, {0, 1}})
+    ->ArgNames({"policy", "batch", "len", "cp", "page", "lse"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_WindowScores)

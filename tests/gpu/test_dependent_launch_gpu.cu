@@ -1,8 +1,8 @@
-// Exec::dependent_launch: store_kv, decode_attention, topk (every kernel of its plan) and a LycheeDecode
-// layer (attention, the row plan, top-k) launched as programmatic dependents of an engine kernel that
-// lets them be scheduled at once (griddepcontrol.launch_dependents) and writes their inputs only
-// afterwards, after a delay. The ops must wait for it: their results equal the same ops launched
-// plainly, bit for bit. A kernel that read before its wait would see the poisoned inputs (or
+// Exec::dependent_launch: store_kv, decode_attention, topk (every kernel of its plan), a LycheeDecode
+// layer (attention, the row plan, top-k) and compress_prompt (every policy's kernels) launched as
+// programmatic dependents of an engine kernel that lets them be scheduled at once
+// (griddepcontrol.launch_dependents) and writes their inputs only afterwards, after a delay. The ops
+// must wait for it: their results equal the same ops launched plainly, bit for bit. A kernel that read before its wait would see the poisoned inputs (or
 // half-written ones) and differ.
 
 #include <doctest/doctest.h>
@@ -226,7 +226,92 @@ std::vector<std::int32_t> lycheedecode_after_late_writer(bool dependent, const s
   return result;
 }
 
+// compress_prompt over a prompt cache whose K, V and queries (one buffer: K, then V, then the
+// queries) the late kernel writes: the compressed K and V, then the kept positions and new lengths, as bytes.
+std::vector<unsigned char> compress_after_late_writer(bool dependent, kvsift::CompressionPolicy policy, const float* lse,
+                                                      const std::vector<kvsift::bfloat16_t>& kvq, int batch, int heads,
+                                                      int q_heads, int capacity, int d, int q_rows,
+                                                      const std::vector<std::int32_t>& len) {
+  using T = kvsift::bfloat16_t;
+  cudaStream_t stream = nullptr;
+  KVSIFT_TEST_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  kvsift::PromptCompressionConfig c;
+  c.policy = policy;
+  c.capacity = 128;
+  c.window = 16;
+  c.theta = 1e-3f;
+  const kvsift::PromptCompressionShape shape{batch, heads, q_heads, capacity};
+  kvsift::cuda::Exec exec = kvsift::cuda::Exec::for_current_device(stream);
+  exec.dependent_launch = dependent;
+  std::size_t bytes = 0;
+  REQUIRE(kvsift::compress_prompt_workspace_bytes(exec, c, shape, &bytes).ok());
+  DeviceBuffer<unsigned char> ws(bytes);
+  ws.poison();
+  const std::size_t cache = std::size_t(batch) * heads * capacity * d;
+  DeviceBuffer<T> src(kvq), written(kvq.size());
+  written.poison();
+  DeviceBuffer<std::int32_t> dlen(len), dst_len(std::vector<std::int32_t>(std::size_t(batch), c.capacity));
+  DeviceBuffer<T> dk(std::size_t(batch) * heads * c.capacity * d), dv(dk.size());
+  DeviceBuffer<std::int32_t> positions(std::size_t(batch) * heads * c.capacity), new_len{std::size_t(batch)};
+  for (auto* b : {&dk, &dv}) b->poison();
+  positions.poison();
+  new_len.poison();
+  const auto src_view = kvsift::make_bhsd(written.get(), written.get() + cache, batch, heads, capacity, d, dlen.get());
+  const auto dst_view = kvsift::make_bhsd(dk.get(), dv.get(), batch, heads, c.capacity, d, dst_len.get());
+  const auto q = kvsift::make_query_rows<T>(written.get() + 2 * cache, q_rows, q_heads, d);
+  launch_late_copy(src.get(), written.get(), std::int64_t(kvq.size()), stream);
+  REQUIRE(kvsift::compress_prompt(exec, c, shape, src_view, q, lse, dst_view,
+                                  kvsift::CompactOutputs{new_len.get(), positions.get(), c.capacity},
+                                  kvsift::Workspace{ws.get(), bytes})
+              .ok());
+  KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
+  std::vector<unsigned char> result;
+  auto append = [&](const auto& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+    result.insert(result.end(), p, p + v.size() * sizeof(v[0]));
+  };
+  append(dk.download());
+  append(dv.download());
+  append(positions.download());
+  append(new_len.download());
+  KVSIFT_TEST_CUDA(cudaStreamDestroy(stream));
+  return result;
+}
+
 }  // namespace
+
+TEST_CASE("Exec::dependent_launch: compress_prompt (scores, clustering or pooling, top-k, compaction) waits for the kernel before it") {
+  std::mt19937 rng(9);
+  const int batch = 2, heads = 4, q_heads = 16, capacity = 700, d = 128, window = 16;
+  const std::vector<std::int32_t> len{capacity, 513};
+  const std::size_t cache = std::size_t(batch) * heads * capacity * d;
+  using P = kvsift::CompressionPolicy;
+  for (const P policy : {P::kClusterAttn, P::kSnapKV, P::kStreamingLLM, P::kH2OPrefill})
+    for (const bool give_lse : {false, true}) {
+      if (give_lse && policy != P::kClusterAttn) continue;
+      INFO(kvsift::to_string(policy), give_lse ? ", with the log-sum-exp" : "");
+      const int q_rows = policy == P::kH2OPrefill ? capacity : window;
+      const auto kvq = random_rows<kvsift::bfloat16_t>(rng, 2 * cache + std::size_t(q_rows) * q_heads * d);
+      // Any finite log-sum-exps do for the comparison (both runs read the same ones).
+      std::vector<float> lse_host(std::size_t(batch) * q_heads * window, 6.f);
+      DeviceBuffer<float> lse(lse_host);
+      const float* l = give_lse ? lse.get() : nullptr;
+      const auto plain = compress_after_late_writer(false, policy, l, kvq, batch, heads, q_heads, capacity, d, q_rows, len);
+      const auto dependent = compress_after_late_writer(true, policy, l, kvq, batch, heads, q_heads, capacity, d, q_rows, len);
+      // The plain run compressed the written cache: each sequence keeps Cp = 128 tokens, and slot 0 of
+      // head 0 holds K of the position it names.
+      std::int32_t new_len[2], pos0 = 0;
+      std::memcpy(new_len, plain.data() + plain.size() - sizeof(new_len), sizeof(new_len));
+      REQUIRE(new_len[0] == 128);
+      REQUIRE(new_len[1] == 128);
+      const std::size_t kv_bytes = std::size_t(batch) * heads * 128 * d * sizeof(kvsift::bfloat16_t);
+      std::memcpy(&pos0, plain.data() + 2 * kv_bytes, sizeof(pos0));
+      REQUIRE(pos0 >= 0);
+      REQUIRE(pos0 < capacity);
+      REQUIRE(std::memcmp(plain.data(), &kvq[std::size_t(pos0) * d], d * sizeof(kvsift::bfloat16_t)) == 0);
+      CHECK(dependent == plain);
+    }
+}
 
 TEST_CASE("Exec::dependent_launch: store_kv waits for the kernel before it (the same bytes as a plain launch)") {
   if (cc_major() < 9) MESSAGE("no PDL before compute capability 9.0: both launches are plain");

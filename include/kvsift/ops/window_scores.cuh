@@ -70,14 +70,15 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
   const int heads_out = launch.params.heads == ScoreHeads::kQueryHead ? q.num_heads / kv.num_kv_heads : 1;
   // Kernel limits only grow, under a lock (core/smem_limit.cuh: several host threads).
   const char* what = "window_scores: cudaFuncSetAttribute";
+  // Exec::dependent_launch: each ring kernel waits for the kernel before it (wait_for_primary_grid).
+  const bool pdl = exec.dependent_launch && exec.device.cc_major >= 9;
   if (!launch.params.lse) {
     auto* partials = lse_partials_ring_kernel<D, View, QT>;
     const std::size_t smem = kWindowRingAlign + R::kRingBytes + R::kFlagBytes;
     KVSIFT_TRY(raise_dynamic_smem_limit(partials, smem, /*max_carveout=*/true, what));
-    partials<<<launch.plan.ring_grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
-    KVSIFT_CHECK_LAUNCH();
-    lse_merge_ring_kernel<<<dim3((launch.plan.row_capacity + 7) / 8, bh), 256, 0, exec.stream>>>(kv, q, launch);
-    KVSIFT_CHECK_LAUNCH();
+    KVSIFT_CUDA_TRY(launch_with_pdl(pdl, partials, dim3(launch.plan.ring_grid), dim3(R::kThreads), smem, exec.stream, kv, q, launch));
+    KVSIFT_CUDA_TRY(launch_with_pdl(pdl, lse_merge_ring_kernel<View, QT>, dim3((launch.plan.row_capacity + 7) / 8, bh), dim3(256), 0,
+                                    exec.stream, kv, q, launch));
   }
   const std::int64_t keys = std::min<std::int64_t>(launch.plan.cols, launch.plan.max_length);
   if (launch.plan.ring_columns == kRingColumnsQ) {
@@ -85,18 +86,18 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
     auto* sums = column_sums_ring_kernel<D, View, QT>;
     const std::size_t smem = kWindowRingAlign + R::kRingBytes + window_ring_col_bytes(D, heads_out) + R::kFlagBytes;
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
-    sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+    KVSIFT_CUDA_TRY(launch_with_pdl(pdl, sums, dim3(grid), dim3(R::kThreads), smem, exec.stream, kv, q, launch));
   } else if (launch.plan.ring_columns == kRingColumnsK) {
     const dim3 grid(unsigned(bh), unsigned((keys + kWindowRingRows - 1) / kWindowRingRows));
     auto* sums = column_sums_keys_kernel<D, View, QT>;
     const std::size_t smem = kWindowRingAlign + R::kRingBytes + window_ring_lse_bytes(D);
     KVSIFT_TRY(raise_dynamic_smem_limit(sums, smem, /*max_carveout=*/true, what));
-    sums<<<grid, R::kThreads, smem, exec.stream>>>(kv, q, launch);
+    KVSIFT_CUDA_TRY(launch_with_pdl(pdl, sums, dim3(grid), dim3(R::kThreads), smem, exec.stream, kv, q, launch));
   } else {
     const dim3 grid(unsigned((keys + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock), unsigned(bh));
-    column_sums_mma_kernel<D><<<grid, kMmaThreads, 0, exec.stream>>>(kv, q, launch);
+    column_sums_mma_kernel<D><<<grid, kMmaThreads, 0, exec.stream>>>(kv, q, launch);  // no wait: never a dependent
+    KVSIFT_CHECK_LAUNCH();
   }
-  KVSIFT_CHECK_LAUNCH();
   return Status();
 }
 
@@ -159,8 +160,9 @@ Status scored_prefix_lengths(const Exec& exec, const View& kv, int window, int h
   const int rows = kv.batch * heads_per_sequence;
   if (rows == 0) return Status();
   const detail::ScoredPrefixLengthsLaunch launch{window, heads_per_sequence, cols, row_lengths};
-  detail::scored_prefix_lengths_kernel<<<(rows + 255) / 256, 256, 0, exec.stream>>>(kv, launch);
-  KVSIFT_CHECK_LAUNCH();
+  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9,
+                                          detail::scored_prefix_lengths_kernel<View>, dim3((rows + 255) / 256), dim3(256), 0,
+                                          exec.stream, kv, launch));
   return Status();
 }
 

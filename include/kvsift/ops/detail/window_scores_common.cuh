@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
@@ -146,6 +147,8 @@ static_assert(sizeof(ScoredPrefixLengthsLaunch) <= 128, "see WindowScoresLaunch"
 
 template <class View>
 __global__ void scored_prefix_lengths_kernel(View kv, ScoredPrefixLengthsLaunch launch) {
+  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
+  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
   const int heads = launch.heads_per_sequence;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < kv.batch * heads) launch.row_lengths[r] = scored_prefix(kv.length(r / heads), launch.window, launch.cols);

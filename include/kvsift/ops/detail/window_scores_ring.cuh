@@ -48,6 +48,7 @@
 
 #include <cstdint>
 
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/online_softmax.hpp"
 #include "kvsift/ops/detail/kv_rows.cuh"
@@ -320,6 +321,8 @@ __device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
+  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   extern __shared__ __align__(128) unsigned char ring_smem_raw[];
@@ -458,6 +461,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 // then across the lanes in a fixed order; write the log-sum-exp. A warp per row.
 template <class View, class QT>
 __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
+  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
@@ -529,6 +534,8 @@ __device__ __forceinline__ void ring_warp_column_sums(const float (&acc)[M][8][4
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     column_sums_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
+  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   extern __shared__ __align__(128) unsigned char ring_smem_raw[];
@@ -665,6 +672,8 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     column_sums_keys_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
+  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
+  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   constexpr int kRows = R::kKeys;  // streamed rows per tile
