@@ -226,8 +226,8 @@ std::vector<std::int32_t> lycheedecode_after_late_writer(bool dependent, const s
   return result;
 }
 
-// compress_prompt over a prompt cache whose K, V and queries (one buffer: K, then V, then the
-// queries) the late kernel writes: the compressed K and V, then the kept positions and new lengths, as bytes.
+// compress_prompt over a prompt cache whose K, V and queries (one buffer: K, then V, then each
+// sequence's q_rows queries) the late kernel writes: the compressed K and V, then the kept positions and new lengths, as bytes.
 std::vector<unsigned char> compress_after_late_writer(bool dependent, kvsift::CompressionPolicy policy, const float* lse,
                                                       const std::vector<kvsift::bfloat16_t>& kvq, int batch, int heads,
                                                       int q_heads, int capacity, int d, int q_rows,
@@ -291,7 +291,7 @@ TEST_CASE("Exec::dependent_launch: compress_prompt (scores, clustering or poolin
       if (give_lse && policy != P::kClusterAttn) continue;
       INFO(kvsift::to_string(policy), give_lse ? ", with the log-sum-exp" : "");
       const int q_rows = policy == P::kH2OPrefill ? capacity : window;
-      const auto kvq = random_rows<kvsift::bfloat16_t>(rng, 2 * cache + std::size_t(q_rows) * q_heads * d);
+      const auto kvq = random_rows<kvsift::bfloat16_t>(rng, 2 * cache + std::size_t(batch) * q_rows * q_heads * d);
       // Any finite log-sum-exps do for the comparison (both runs read the same ones).
       std::vector<float> lse_host(std::size_t(batch) * q_heads * window, 6.f);
       DeviceBuffer<float> lse(lse_host);
