@@ -95,7 +95,7 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
     KVSIFT_CUDA_TRY(launch_with_pdl(pdl, sums, dim3(grid), dim3(R::kThreads), smem, exec.stream, kv, q, launch));
   } else {
     const dim3 grid(unsigned((keys + kMmaKeysPerBlock - 1) / kMmaKeysPerBlock), unsigned(bh));
-    column_sums_mma_kernel<D><<<grid, kMmaThreads, 0, exec.stream>>>(kv, q, launch);  // no wait: never a dependent
+    column_sums_mma_kernel<D><<<grid, kMmaThreads, 0, exec.stream>>>(kv, q, launch);  // plain: it has no wait
     KVSIFT_CHECK_LAUNCH();
   }
   return Status();
