@@ -38,7 +38,9 @@ inline constexpr int kLseKeyChunk = 2048;  // keys per block of the general path
 // The ring path: rows per segment (a CTA's resident rows), keys (or streamed rows) per ring tile, and
 // CTAs per SM it is sized for (head_dim 64 and 128: 4 warps of 32 rows, 3 CTAs by registers; 256: 8
 // warps of 16 rows, one CTA by registers and shared memory). window_partials_per_row assumes no
-// head_dim takes more than 64's.
+// head_dim takes more than 64's. Head_dim 128 as 8 warps of 16 rows (113-128 registers, 2 CTAs: 16
+// warps an SM instead of 12) was slower: the column sums 122 -> 136 us, ClusterAttn B=8 +12% (H100,
+// docs/performance.md, twenty-fifth session); each tile's fixed work is paid by twice the warps.
 inline constexpr int kWindowRingRows = 128;
 inline constexpr int kWindowRingKeys = 64;
 KVSIFT_HD constexpr int window_ring_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 1; }
