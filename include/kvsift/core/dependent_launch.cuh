@@ -43,6 +43,13 @@ __device__ __forceinline__ void wait_for_primary_grid() {
 #endif
 }
 
+/// First thing in a kernel that is both: wait for the kernel before it (everything it reads may be
+/// that kernel's output), then let the kernel after it be scheduled (which waits for this one).
+__device__ __forceinline__ void dependent_kernel_start() {
+  wait_for_primary_grid();
+  allow_dependent_grids();
+}
+
 /// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when
 /// `pdl` (the device must have PDL: compute capability 9.0 or later); the launch's error.
 template <class... Params, class... Args>

@@ -39,14 +39,16 @@ struct Exec {
   /// block-table entry outside the pool, an index entry outside the sequence; core/data_error.hpp). The
   /// engine zeroes it and reads it when it likes; nullptr records nothing (the bad item is still ignored).
   DataError* data_error = nullptr;
-  /// Opt-in: store_kv and decode_attention launch their first kernel as a programmatic dependent of
-  /// the kernel before it on `stream` (PDL, compute capability 9.0 and later; core/dependent_launch.cuh).
+  /// Opt-in: the ops launch their kernels as programmatic dependents of the kernel before them on
+  /// `stream` (PDL, compute capability 9.0 and later; core/dependent_launch.cuh, docs/integration.md).
   /// The kernel is then scheduled while that one drains, as soon as it allows it
   /// (`griddepcontrol.launch_dependents`; at its end otherwise), and waits in every block for its
   /// completion and its writes before touching memory: the launch gap between an engine's kernels and
   /// kvsift's leaves the decode step. Results are the same bits either way. Off by default, so a
   /// launch order nothing asked for is never assumed.
   bool dependent_launch = false;
+  /// Whether launches carry the PDL attribute: dependent_launch, on a device that has PDL.
+  bool launches_dependent() const { return dependent_launch && device.cc_major >= 9; }
 
   /// The current device's facts and `stream`. Without a usable device the facts stay zero, and every op
   /// whose plan needs them returns a Status saying so (an Exec is made once, outside the hot path).

@@ -44,8 +44,8 @@ inline Status cluster_flags(const Exec& exec, StridedView2D<const float> scores,
       std::min<std::int64_t>(scores.cols, prefix_split ? params.num_block : (scores.cols + budget_block - 1) / budget_block);
   const std::int64_t per_cta = !prefix_split && budget_block < 32 ? 256 : 8;
   const dim3 centres_grid(unsigned((max_blocks + per_cta - 1) / per_cta), unsigned(scores.rows));
-  // Exec::dependent_launch: both kernels wait for the kernel before them (wait_for_primary_grid).
-  const bool pdl = exec.dependent_launch && exec.device.cc_major >= 9;
+  // Exec::dependent_launch: both kernels wait for the kernel before them (dependent_kernel_start).
+  const bool pdl = exec.launches_dependent();
   KVSIFT_CUDA_TRY(detail::launch_with_pdl(pdl, detail::cluster_centres_kernel<>, centres_grid, dim3(256), 0, exec.stream, launch));
   KVSIFT_CUDA_TRY(
       detail::launch_with_pdl(pdl, detail::cluster_flags_kernel<>, grid, dim3(detail::kClusterFlagThreads), 0, exec.stream, launch));

@@ -29,7 +29,7 @@ Status compact_kv(const Exec& exec, const Src& src, ConstIndexSet kept, int wind
   KVSIFT_REQUIRE(rows <= 65535, kUnsupported, "dst.batch * dst.num_kv_heads = ", rows, " must be <= 65535");
   const dim3 grid((slots + detail::kCompactSlotsPerBlock - 1) / detail::kCompactSlotsPerBlock, rows);
   const detail::CompactKvLaunch launch{kept, window, out, exec.data_error};
-  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9, detail::compact_kv_kernel<Src, Dst>,
+  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.launches_dependent(), detail::compact_kv_kernel<Src, Dst>,
                                           grid, dim3(detail::kCompactThreads), 0, exec.stream, src, dst, launch));
   return Status();
 }

@@ -90,7 +90,7 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
   const int score_blocks = p.scores && p.score_block_size > 1 ? plan.chunk / p.score_block_size : 0;
   // The split kernel (a programmatic dependent of the kernel before it with Exec::dependent_launch),
   // then (when some head splits) the merge kernel as its programmatic dependent.
-  const bool pdl = exec.dependent_launch && exec.device.cc_major >= 9;
+  const bool pdl = exec.launches_dependent();
   auto merge = [&](auto head_dim, auto row_tile) -> Status {
     if (!plan.splits_any()) return Status();
     constexpr int D = decltype(head_dim)::value, R = decltype(row_tile)::value;

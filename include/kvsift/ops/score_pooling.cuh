@@ -23,7 +23,7 @@ inline Status pool_scores(const Exec& exec, StridedView2D<const float> in, const
   if (in.rows == 0 || in.cols == 0) return Status();
   KVSIFT_REQUIRE(in.rows <= 65535, kUnsupported, "scores.rows = ", in.rows, " must be <= 65535");
   const dim3 grid(unsigned((in.cols + 255) / 256), unsigned(in.rows));
-  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9, detail::pool_scores_kernel<>, grid,
+  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.launches_dependent(), detail::pool_scores_kernel<>, grid,
                                           dim3(256), 0, exec.stream, detail::PoolScoresLaunch{in, row_lengths, params, out}));
   return Status();
 }

@@ -28,7 +28,7 @@ Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Wor
   const std::int64_t pairs = std::int64_t(p.n) * kv.num_kv_heads;
   const std::int64_t blocks = (pairs + detail::kStoreKvWarpsPerBlock - 1) / detail::kStoreKvWarpsPerBlock;
   KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * num_kv_heads = ", pairs, " is too many rows for one launch");
-  return from_cuda(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9, detail::store_kv_kernel<View, T>,
+  return from_cuda(detail::launch_with_pdl(exec.launches_dependent(), detail::store_kv_kernel<View, T>,
                                            dim3(unsigned(blocks)), dim3(detail::kStoreKvThreads), 0, exec.stream, kv,
                                            detail::StoreKvLaunch<T>{p, kv_capacity(kv), exec.data_error}),
                    "store_kv: the launch");

@@ -129,7 +129,7 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
   }
   // Exec::dependent_launch: scheduled while the kernel before it drains; every kernel waits for it
   // (wait_for_primary_grid) before its first read.
-  if (exec.dependent_launch && exec.device.cc_major >= 9) {
+  if (exec.launches_dependent()) {
     attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attrs[num_attrs].val.programmaticStreamSerializationAllowed = 1;
     ++num_attrs;

@@ -70,8 +70,8 @@ Status launch_window_score_ring(const cuda::Exec& exec, const View& kv, const Qu
   const int heads_out = launch.params.heads == ScoreHeads::kQueryHead ? q.num_heads / kv.num_kv_heads : 1;
   // Kernel limits only grow, under a lock (core/smem_limit.cuh: several host threads).
   const char* what = "window_scores: cudaFuncSetAttribute";
-  // Exec::dependent_launch: each ring kernel waits for the kernel before it (wait_for_primary_grid).
-  const bool pdl = exec.dependent_launch && exec.device.cc_major >= 9;
+  // Exec::dependent_launch: each ring kernel waits for the kernel before it (dependent_kernel_start).
+  const bool pdl = exec.launches_dependent();
   if (!launch.params.lse) {
     auto* partials = lse_partials_ring_kernel<D, View, QT>;
     const std::size_t smem = kWindowRingAlign + R::kRingBytes + R::kFlagBytes;
@@ -160,7 +160,7 @@ Status scored_prefix_lengths(const Exec& exec, const View& kv, int window, int h
   const int rows = kv.batch * heads_per_sequence;
   if (rows == 0) return Status();
   const detail::ScoredPrefixLengthsLaunch launch{window, heads_per_sequence, cols, row_lengths};
-  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9,
+  KVSIFT_CUDA_TRY(detail::launch_with_pdl(exec.launches_dependent(),
                                           detail::scored_prefix_lengths_kernel<View>, dim3((rows + 255) / 256), dim3(256), 0,
                                           exec.stream, kv, launch));
   return Status();

@@ -39,7 +39,7 @@ Status plan_selection_rows(const Exec& exec, const View& kv, const SelectionRows
   KVSIFT_TRY(detail::validate_selection_rows(kv, args));
   const int rows = kv.batch * kv.num_kv_heads;
   if (rows == 0) return Status();
-  return from_cuda(detail::launch_with_pdl(exec.dependent_launch && exec.device.cc_major >= 9,
+  return from_cuda(detail::launch_with_pdl(exec.launches_dependent(),
                                            detail::plan_selection_rows_kernel<View>, dim3(detail::handoff_blocks(rows)),
                                            dim3(detail::kHandoffThreads), 0, exec.stream, kv, args, rows),
                    "plan_selection_rows: launch");

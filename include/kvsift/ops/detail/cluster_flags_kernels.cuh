@@ -51,8 +51,7 @@ inline constexpr int kCentreLoads = 16;  // loads a lane keeps in flight in clus
 
 template <class Unused = void>
 __global__ void cluster_centres_kernel(ClusterFlagsLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const StridedView2D<const float>& scores = launch.scores;
   const std::int64_t r = blockIdx.y;
   const int n = clamp_row_length(launch.row_lengths, r, scores.cols);
@@ -122,8 +121,7 @@ __device__ __forceinline__ unsigned cluster_run_bits(std::int64_t lo, std::int64
 // reaches. A template, so the header-only definition is inline across translation units.
 template <class Unused = void>
 __global__ void cluster_flags_kernel(ClusterFlagsLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const std::int64_t cols = launch.scores.cols;
   const ClusterParams& p = launch.params;
   const std::int64_t r = blockIdx.y;

@@ -30,8 +30,7 @@ static_assert(sizeof(CompactKvLaunch) <= 128, "kernel parameter structs stay wit
 
 template <class Src, class Dst>
 __global__ void compact_kv_kernel(Src src, Dst dst, CompactKvLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const ConstIndexSet& kept = launch.kept;
   const CompactOutputs& out = launch.out;
   const int window = launch.window;

@@ -224,8 +224,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     return reinterpret_cast<float*>(smem_raw + slot * L::kSlotBytes + 2 * L::kKBytes + L::kIdsBytes);
   };
 
-  wait_for_primary_grid();  // Exec::dependent_launch: q and the new K/V rows are the previous kernels' output
-  allow_dependent_grids();  // the merge kernel may be scheduled now (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch: q and the new K/V rows are earlier kernels' output; the merge waits
   const DecodeWork w = locate_work(a);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, j = lane & 3;
   const KvRows<View> rows(a.kv, w.b, w.h);

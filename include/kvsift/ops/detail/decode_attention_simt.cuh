@@ -17,8 +17,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
   extern __shared__ __align__(16) unsigned char smem_raw[];
   auto& sm = *reinterpret_cast<SplitSmem<D, R>*>(smem_raw);
 
-  wait_for_primary_grid();  // Exec::dependent_launch: q and the new K/V rows are the previous kernels' output
-  allow_dependent_grids();  // the merge kernel may be scheduled now (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch: q and the new K/V rows are earlier kernels' output; the merge waits
   const DecodeWork w = locate_work(a);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const KvRows<View> rows(a.kv, w.b, w.h);

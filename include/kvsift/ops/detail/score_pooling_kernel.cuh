@@ -24,8 +24,7 @@ static_assert(sizeof(PoolScoresLaunch) <= 128, "kernel parameter structs stay wi
 // A template, so the header-only definition is inline across translation units.
 template <class Unused = void>
 __global__ void pool_scores_kernel(PoolScoresLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const std::int64_t r = blockIdx.y;
   const int j = blockIdx.x * blockDim.x + threadIdx.x;
   const int n = clamp_row_length(launch.row_lengths, r, launch.in.cols);

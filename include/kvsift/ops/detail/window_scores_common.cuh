@@ -147,8 +147,7 @@ static_assert(sizeof(ScoredPrefixLengthsLaunch) <= 128, "see WindowScoresLaunch"
 
 template <class View>
 __global__ void scored_prefix_lengths_kernel(View kv, ScoredPrefixLengthsLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const int heads = launch.heads_per_sequence;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r < kv.batch * heads) launch.row_lengths[r] = scored_prefix(kv.length(r / heads), launch.window, launch.cols);

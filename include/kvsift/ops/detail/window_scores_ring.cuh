@@ -321,8 +321,7 @@ __device__ __forceinline__ void ring_q_fragments(const View& kv, const QueryRows
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     lse_partials_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   extern __shared__ __align__(128) unsigned char ring_smem_raw[];
@@ -461,8 +460,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 // then across the lanes in a fixed order; write the log-sum-exp. A warp per row.
 template <class View, class QT>
 __global__ void lse_merge_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   const int bh = blockIdx.y, b = bh / kv.num_kv_heads;
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
   const ScoreProblem sp = score_problem(kv, q, launch, b);
@@ -534,8 +532,7 @@ __device__ __forceinline__ void ring_warp_column_sums(const float (&acc)[M][8][4
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     column_sums_ring_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   extern __shared__ __align__(128) unsigned char ring_smem_raw[];
@@ -672,8 +669,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
 template <int D, class View, class QT>
 __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasPerSm)
     column_sums_keys_kernel(View kv, QueryRows<QT> q, WindowScoresLaunch launch) {
-  wait_for_primary_grid();  // Exec::dependent_launch: what it reads is earlier kernels' output
-  allow_dependent_grids();  // the next kernel may be scheduled (it waits for this grid)
+  dependent_kernel_start();  // Exec::dependent_launch
   using R = WindowRing<D>;
   constexpr int M = R::kWarpM;
   constexpr int kRows = R::kKeys;  // streamed rows per tile
