@@ -41,6 +41,11 @@ inline constexpr int kLseKeyChunk = 2048;  // keys per block of the general path
 // head_dim takes more than 64's. Head_dim 128 as 8 warps of 16 rows (113-128 registers, 2 CTAs: 16
 // warps an SM instead of 12) was slower: the column sums 122 -> 136 us, ClusterAttn B=8 +12% (H100,
 // docs/performance.md, twenty-fifth session); each tile's fixed work is paid by twice the warps.
+// The column sums with two tiles in flight (the next tile's wgmma under this one's exponentials, two
+// accumulator sets: ~250 registers, 2 CTAs) were slower still: 122 -> 150 us (ncu), the engine-LSE
+// window scores 128 -> 143 us, and 137 with the same 2 CTAs and no overlap (H100, twenty-sixth
+// session). A warp's tile is a chain of fixed-latency waits (MUFU, shuffles, the barrier) that the
+// third CTA's warps hide and an overlapped wgmma does not.
 inline constexpr int kWindowRingRows = 128;
 inline constexpr int kWindowRingKeys = 64;
 KVSIFT_HD constexpr int window_ring_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 3 : 1; }
@@ -131,68 +136,83 @@ KVSIFT_HD inline int window_ring_tiles(std::int64_t keys) { return int((keys + k
 // spans, and a CTA that starts where its pass-1 span ended finds some of those tiles' keys, the last
 // ones pass 1 read, still in L2. Measured on an H100 (2026-12-05): paged rows 2-3% faster than the
 // forward walk, contiguous ones within 1%.
+// On entering a segment the cursor works out the last tile it walks there (`bound`: forward the end,
+// backward the first), so a step is a compare and an add, and live() one compare. Testing the span's
+// ends and the key bound on every step took ~60 instructions a tile in the column sums (ncu source
+// counters, H100, 2026-12-05), 10% of its stall samples.
 template <bool kBackward = false>
 struct RingCursor {
   int seg = 0, tile = 0, key_end = 0;
   int stop_seg = 0, stop_tile = 0;  // the span's end (exclusive) forward, its begin (inclusive) backward
   int tiles = 1;
+  int bound = 0;  // the segment's walk: forward tiles [tile, bound), backward [bound, tile]
 
   template <class KeyEnd>
   KVSIFT_HD RingCursor(std::int64_t begin, std::int64_t end, int tiles_, const KeyEnd& key_end_of) : tiles(tiles_) {
     if constexpr (kBackward) {
       stop_seg = int(begin / tiles_);
       stop_tile = int(begin % tiles_);
-      seg = stop_seg;
-      tile = stop_tile - 1;  // an empty span: not live
-      if (end > begin) {
-        seg = int((end - 1) / tiles_);
-        tile = int((end - 1) % tiles_);
-      }
+      if (end > begin) enter(int((end - 1) / tiles_), int((end - 1) % tiles_), key_end_of);
+      else enter(stop_seg, stop_tile - 1, key_end_of);  // an empty span: not live
     } else {
-      seg = int(begin / tiles_);
-      tile = int(begin % tiles_);
       stop_seg = int(end / tiles_);
       stop_tile = int(end % tiles_);
+      enter(int(begin / tiles_), int(begin % tiles_), key_end_of);
     }
-    if (live()) key_end = key_end_of(seg);
-    seek(key_end_of);
   }
   KVSIFT_HD bool live() const {
-    if constexpr (kBackward) return seg > stop_seg || (seg == stop_seg && tile >= stop_tile);
-    else return seg < stop_seg || (seg == stop_seg && tile < stop_tile);
+    if constexpr (kBackward) return tile >= bound;
+    else return tile < bound;
   }
   KVSIFT_HD int key0() const { return tile * kWindowRingKeys; }
-  // To the nearest live tile at or after the current one, in the walk's direction.
-  template <class KeyEnd>
-  KVSIFT_HD void seek(const KeyEnd& key_end_of) {
-    while (live() && tile * kWindowRingKeys >= key_end) {
-      if constexpr (kBackward) {
-        const int last_live = (key_end + kWindowRingKeys - 1) / kWindowRingKeys - 1;  // -1: none
-        if (last_live >= 0) tile = last_live;
-        else to_segment(seg - 1, tiles - 1, key_end_of);
-      } else {
-        to_segment(seg + 1, 0, key_end_of);
-      }
-    }
-  }
   template <class KeyEnd>
   KVSIFT_HD void next(const KeyEnd& key_end_of) {
     if constexpr (kBackward) {
-      if (tile == 0) to_segment(seg - 1, tiles - 1, key_end_of);
-      else --tile;
+      if (--tile < bound) enter(seg - 1, tiles - 1, key_end_of);
     } else {
-      if (tile + 1 == tiles) to_segment(seg + 1, 0, key_end_of);
-      else ++tile;
+      if (++tile >= bound) enter(seg + 1, 0, key_end_of);
     }
-    seek(key_end_of);
   }
 
  private:
+  // To the first live tile at or past (s, t) in the walk's direction; not live once the span is done
+  // (no key_end asked there).
   template <class KeyEnd>
-  KVSIFT_HD void to_segment(int s, int t, const KeyEnd& key_end_of) {
-    seg = s;
-    tile = t;
-    if (live()) key_end = key_end_of(seg);
+  KVSIFT_HD void enter(int s, int t, const KeyEnd& key_end_of) {
+    for (;;) {
+      seg = s;
+      tile = t;
+      if constexpr (kBackward) {
+        const int span_lo = s == stop_seg ? stop_tile : 0;  // the span's first tile of s
+        if (s < stop_seg || t < span_lo) {
+          bound = t + 1;
+          return;
+        }
+        key_end = key_end_of(s);
+        const int last_live = window_ring_tiles(key_end) - 1;
+        if (last_live >= span_lo) {
+          tile = t < last_live ? t : last_live;
+          bound = span_lo;
+          return;
+        }
+        s -= 1;
+        t = tiles - 1;
+      } else {
+        const int span_hi = s < stop_seg ? tiles : s == stop_seg ? stop_tile : 0;  // past the span's last tile of s
+        if (t >= span_hi) {
+          bound = t;
+          return;
+        }
+        key_end = key_end_of(s);
+        const int live_hi = window_ring_tiles(key_end) < span_hi ? window_ring_tiles(key_end) : span_hi;
+        if (t < live_hi) {
+          bound = live_hi;
+          return;
+        }
+        s += 1;
+        t = 0;
+      }
+    }
   }
 };
 

@@ -181,23 +181,32 @@ struct WindowRingProducer {
   unsigned ring;      // shared-memory address of slot 0
   unsigned char* flags;
   int b = 0, hk = 0, len = 0;  // the head to_head set (and its length, for views not affine)
+  // Affine views: this thread's first copy's source at key 0 of the head, and the bytes from one key's
+  // row to the next (set by to_head; forming them from (b, hk) every tile took ~25 instructions).
+  const char* k_src = nullptr;
+  std::int64_t k_row_bytes = 0;
 
   __device__ void to_head(int bh) {
     b = bh / kv.num_kv_heads;
     hk = bh - b * kv.num_kv_heads;
-    if constexpr (!Rows::kAffine) len = kv.length(b);
+    if constexpr (Rows::kAffine) {
+      const Rows rows(kv, b, hk);
+      const char* k0 = reinterpret_cast<const char*>(rows.k(0));
+      k_row_bytes = reinterpret_cast<const char*>(rows.k(1)) - k0;
+      k_src = k0 + k_row_bytes * (int(threadIdx.x) / R::kChunks) + int(threadIdx.x) % R::kChunks * 16;
+    } else {
+      len = kv.length(b);
+    }
   }
 
   __device__ void issue(int key0, int key_end, bool live, int slot) {
     if (live) {
       const int ch = int(threadIdx.x) % R::kChunks, k_first = int(threadIdx.x) / R::kChunks;
       const unsigned dst = ring + unsigned(slot * R::kStageBytes) + R::at(k_first, ch);
-      const Rows rows(kv, b, hk);
       if constexpr (Rows::kAffine) {
-        const std::uint64_t step =
-            std::uint64_t(reinterpret_cast<const char*>(rows.k(R::kCopyRows)) - reinterpret_cast<const char*>(rows.k(0)));
-        ring_copy_stepped<R>(dst, reinterpret_cast<const char*>(rows.k(key0 + k_first)) + ch * 16, step, key0, key_end, dummy);
+        ring_copy_stepped<R>(dst, k_src + k_row_bytes * key0, std::uint64_t(k_row_bytes * R::kCopyRows), key0, key_end, dummy);
       } else {
+        const Rows rows(kv, b, hk);
         int bad_key = -1;
 #pragma unroll
         for (int i = 0; i < R::kCopies; ++i) {
@@ -258,9 +267,10 @@ __device__ __forceinline__ void ring_logits(unsigned slot, const std::uint32_t (
   __syncwarp();  // .sync.aligned: the warp converged (every caller is CTA-uniform here)
   fence_accumulators();
   wgmma_fence();
+  const std::uint64_t desc0 = wgmma_desc_k128(slot);
 #pragma unroll
   for (int s = 0; s < D / 16; ++s) {
-    const std::uint64_t desc = wgmma_desc_k128(slot + unsigned((s / 4) * R::kGroupBytes + (s % 4) * 32));
+    const std::uint64_t desc = wgmma_desc_advance(desc0, unsigned((s / 4) * R::kGroupBytes + (s % 4) * 32));
 #pragma unroll
     for (int m = 0; m < R::kWarpM; ++m)
       wgmma_m64n64k16_rs<is_bf16_storage<QT>::value>(reinterpret_cast<float(&)[32]>(acc[m]), qa[m][s], desc, s > 0);
@@ -566,17 +576,26 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
   ScoreProblem sp{};
   int cur_bh = -1;
   float lse2[M][2];  // this thread's rows' log-sum-exp in base 2; +inf for rows past the scored ones
-  // The tile whose warp sums wait in col[buf] for the next barrier: its head, first key, prefix.
-  int pend_b = -1, pend_hk = 0, pend_key0 = 0, pend_prefix = 0, pend_buf = 0;
+  // The head's first score row (per query head: the group's rows follow row_stride apart), set on
+  // entering it: forming it from (b, hk) every tile took a division and 64-bit multiplies, ~50
+  // instructions a tile. The mean divides by G, or multiplies by 1 / G where G is a power of two
+  // (the same result, exactly).
+  float* cur_out = nullptr;
+  const float inv_group = 1.f / float(group);
+  const bool group_pow2 = (group & (group - 1)) == 0;
+  // The tile whose warp sums wait in col[buf] for the next barrier: its head's first score row, first
+  // key, prefix.
+  float* pend_out = nullptr;
+  int pend_key0 = 0, pend_prefix = 0, pend_buf = 0;
   auto write_pending = [&] {
-    if (pend_b < 0) return;
+    if (pend_out == nullptr) return;
     for (int e = threadIdx.x; e < heads_out * R::kKeys; e += R::kThreads) {
       const int head = e / R::kKeys, k = e % R::kKeys, key = pend_key0 + k;
       if (key >= pend_prefix) continue;
       float total = 0.f;
       for (int w = 0; w < R::kWarps; ++w) total += col_at(pend_buf, w, head)[k];
-      if (per_head) launch.scores(std::int64_t(pend_b) * q.num_heads + pend_hk * group + head, key) = total;
-      else launch.scores(std::int64_t(pend_b) * hkv + pend_hk, key) = total / float(group);
+      if (per_head) pend_out[head * launch.scores.row_stride + key] = total;
+      else pend_out[key] = group_pow2 ? total * inv_group : total / float(group);
     }
   };
 
@@ -591,6 +610,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
       cur_bh = cons.seg;
       const int b = cur_bh / hkv, hk = cur_bh % hkv;
       sp = score_problem(kv, q, launch, b);
+      cur_out = launch.scores.row(per_head ? std::int64_t(b) * q.num_heads + hk * group : std::int64_t(b) * hkv + hk);
       ring_q_fragments<D>(kv, q, sp, b, hk, 0, qa);
 #pragma unroll
       for (int m = 0; m < M; ++m)
@@ -643,8 +663,7 @@ __global__ void __launch_bounds__(WindowRing<D>::kThreads, WindowRing<D>::kCtasP
           if (g < heads_out) col_at(buf, warp, g)[8 * nn + 2 * t + c] = v;
         }
     }
-    pend_b = cur_bh / hkv;
-    pend_hk = cur_bh % hkv;
+    pend_out = cur_out;
     pend_key0 = key0;
     pend_prefix = sp.prefix;
     pend_buf = buf;
