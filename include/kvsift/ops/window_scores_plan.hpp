@@ -204,7 +204,8 @@ struct RingCursor {
           return;
         }
         key_end = key_end_of(s);
-        const int live_hi = window_ring_tiles(key_end) < span_hi ? window_ring_tiles(key_end) : span_hi;
+        const int live_tiles = window_ring_tiles(key_end);
+        const int live_hi = live_tiles < span_hi ? live_tiles : span_hi;
         if (t < live_hi) {
           bound = live_hi;
           return;
