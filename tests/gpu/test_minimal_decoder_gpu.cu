@@ -326,14 +326,16 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
 
 
 // The backend's GEMV and launch settings the tests go through: the default first, then the norms
-// in launches of their own and plain launches, for each GEMV kernel. The scalar GEMVs (pipelined,
-// blocked) sum in one order, the tensor-core GEMV in another: results are equal bit for bit within a
-// summation family, and close to the host's product in both.
+// in launches of their own and plain launches, for each GEMV kernel, and the pipelined GEMV's tiles
+// claimed everywhere and in fixed shares everywhere (the default claims them beside the side stream). The scalar GEMVs (pipelined, blocked) sum in one order, the tensor-core GEMV in
+// another: results are equal bit for bit within a summation family (whichever block takes a tile),
+// and close to the host's product in both.
 struct LaunchConfig {
   md::CudaBackend::GemvKernel gemv;
   bool pdl;
   bool fuse_norms;
   const char* name;
+  md::CudaBackend::TileSchedule tiles = md::CudaBackend::TileSchedule::kBeside;
 };
 const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused"},
@@ -346,7 +348,13 @@ const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kBlocked, false, true, "blocked GEMV, plain launches"},
     {md::CudaBackend::GemvKernel::kTensorCore, true, true, "mma GEMV, PDL, norms fused"},
     {md::CudaBackend::GemvKernel::kTensorCore, true, false, "mma GEMV, PDL, norms apart"},
-    {md::CudaBackend::GemvKernel::kTensorCore, false, true, "mma GEMV, plain launches"}};
+    {md::CudaBackend::GemvKernel::kTensorCore, false, true, "mma GEMV, plain launches"},
+    {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused, tiles claimed",
+     md::CudaBackend::TileSchedule::kAlways},
+    {md::CudaBackend::GemvKernel::kPipelined, false, true, "pipelined GEMV, plain launches, tiles claimed",
+     md::CudaBackend::TileSchedule::kAlways},
+    {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused, fixed tile shares",
+     md::CudaBackend::TileSchedule::kNever}};
 // Under a sanitizer (tests/support/tool_scale.hpp) each configuration with PDL, replayed from the graph
 // only: the plain references run the kernels without PDL, and a graph replays the same kernels a
 // direct launch runs (a tool checks each kernel's accesses, not the bits' agreement).
@@ -368,6 +376,7 @@ void apply(md::CudaBackend& gpu, const LaunchConfig& lc) {
   gpu.set_programmatic_launch(lc.pdl);
   gpu.set_shape_routing(false);
   gpu.set_norm_fusion(lc.fuse_norms);
+  gpu.set_tile_schedule(lc.tiles);
 }
 
 }  // namespace

@@ -77,6 +77,11 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   fuse_norms_ = env_switch("MINIMAL_DECODER_NORM_FUSION", true);
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   side_stream_on_ = env_switch("MINIMAL_DECODER_SIDE_STREAM", true);
+  const char* schedule = std::getenv("MINIMAL_DECODER_GEMV_SCHEDULE");
+  if (schedule && std::strcmp(schedule, "static") == 0) tile_schedule_ = TileSchedule::kNever;
+  else if (schedule && std::strcmp(schedule, "dynamic") == 0) tile_schedule_ = TileSchedule::kAlways;
+  else if (schedule && *schedule && std::strcmp(schedule, "beside") != 0)
+    throw DecoderError(std::string("MINIMAL_DECODER_GEMV_SCHEDULE=") + schedule + ": expected beside, dynamic or static");
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
   else if (gemv && std::strcmp(gemv, "pipelined") == 0) gemv_kernel_ = GemvKernel::kPipelined;
@@ -87,7 +92,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The name carries the switches, so --profile's table says which side it measured.
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
           (pdl_ ? "on" : "off") +
-          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + ")";
+          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + ", tiles " +
+          tile_schedule_name(tile_schedule_) + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -117,6 +123,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // A fixed cuBLAS workspace: without it cuBLAS may allocate on first use of a kernel, which a
   // captured graph cannot do.
   cublas_ws_ = DeviceBuffer<unsigned char>(kCublasWorkspaceBytes);
+  gemv_schedules_ = DeviceBuffer<int>(2 * kGemvSchedules);
   cublas_check(cublasSetWorkspace(h, cublas_ws_.data(), cublas_ws_.size()), "cublasSetWorkspace");
 }
 
@@ -124,12 +131,14 @@ void CudaBackend::fork_side() const {
   if (!side_stream_on_) return;
   cuda_check(cudaEventRecord(forked_.get(), stream()), "cudaEventRecord (fork)");
   cuda_check(cudaStreamWaitEvent(side_stream_.get(), forked_.get(), 0), "cudaStreamWaitEvent (fork)");
+  side_forked_ = true;
 }
 
 void CudaBackend::join_side() const {
   if (!side_stream_on_) return;
   cuda_check(cudaEventRecord(joined_.get(), side_stream_.get()), "cudaEventRecord (join)");
   cuda_check(cudaStreamWaitEvent(stream(), joined_.get(), 0), "cudaStreamWaitEvent (join)");
+  side_forked_ = false;
 }
 
 CudaBackend::Matrix CudaBackend::make_matrix(const std::vector<float>& w, int rows, int cols) const {
@@ -253,7 +262,8 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
     norm.eps = eps;
     const cudaError_t err = kernel == GemvKernel::kTensorCore
                                 ? kernels::launch_gemv_bf16_mma(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm)
-                                : kernels::launch_gemv_bf16_pipelined(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm);
+                                : kernels::launch_gemv_bf16_pipelined(scheduled(gemv_targets(outputs)), dim, x, n, stream(), nullptr,
+                                                                      pdl_, norm);
     cuda_check(err, "gemv_bf16 (RMSNorm fused)");
     return;
   }
@@ -262,12 +272,20 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
   linear_shared_input(normed, n, outputs);
 }
 
+kernels::GemvTargets CudaBackend::scheduled(kernels::GemvTargets targets) const {
+  const bool claimed = tile_schedule_ == TileSchedule::kAlways || (tile_schedule_ == TileSchedule::kBeside && side_forked_);
+  if (claimed) targets.schedule = gemv_schedules_.data() + 2 * (gemv_schedule_next_++ % unsigned(kGemvSchedules));
+  return targets;
+}
+
 void CudaBackend::gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up,
                        const char* what) const {
   switch (gemv_kernel_for(gemv_kernel_, n, cols)) {
     case GemvKernel::kByShape:  // never: gemv_kernel_for resolves it
     case GemvKernel::kTensorCore: cuda_check(kernels::launch_gemv_bf16_mma(targets, cols, x, n, stream(), up, pdl_), what); return;
-    case GemvKernel::kPipelined: cuda_check(kernels::launch_gemv_bf16_pipelined(targets, cols, x, n, stream(), up, pdl_), what); return;
+    case GemvKernel::kPipelined:
+      cuda_check(kernels::launch_gemv_bf16_pipelined(scheduled(targets), cols, x, n, stream(), up, pdl_), what);
+      return;
     case GemvKernel::kBlocked: cuda_check(kernels::launch_gemv_bf16(targets, cols, x, n, stream(), up, 0, pdl_), what); return;
   }
 }

@@ -157,6 +157,17 @@ class CudaBackend {
   // kernel, then the GEMV. Changes timing only, never a result.
   void set_norm_fusion(bool on) { fuse_norms_ = on; }
   bool norm_fusion() const { return fuse_norms_; }
+  // How the pipelined GEMV's blocks share its tiles (cuda_gemv_pipelined.cuh): claimed as they go, so
+  // a block that a side-stream kernel delays takes fewer, or a fixed share per block, which costs no
+  // claims. kBeside (the default) claims while the side stream is forked (fork_side .. join_side: the
+  // GEMVs beside LycheeDecode's handoff) and takes fixed shares otherwise; kAlways and kNever are the
+  // two alone (MINIMAL_DECODER_GEMV_SCHEDULE=beside|dynamic|static). Changes timing only, never a result.
+  enum class TileSchedule { kBeside, kAlways, kNever };
+  static const char* tile_schedule_name(TileSchedule t) {
+    return t == TileSchedule::kBeside ? "beside" : t == TileSchedule::kAlways ? "dynamic" : "static";
+  }
+  void set_tile_schedule(TileSchedule t) { tile_schedule_ = t; }
+  TileSchedule tile_schedule() const { return tile_schedule_; }
 
   const char* name() const { return name_.c_str(); }
   // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
@@ -329,6 +340,11 @@ class CudaBackend {
     void operator()(cublasHandle_t h) const { cublasDestroy(h); }
   };
 
+  // `targets` with the next of the kGemvSchedules counter pairs when its tiles are claimed. Consecutive
+  // GEMVs overlap under PDL (the next one's blocks start while this one drains), but a GEMV starts
+  // only after the one two launches back has finished, so four pairs in turn are never shared.
+  kernels::GemvTargets scheduled(kernels::GemvTargets targets) const;
+  static constexpr int kGemvSchedules = 4;
   // The decode GEMV chosen by gemv_kernel_ for `targets` (block ranges filled by the launcher).
   void gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up, const char* what) const;
   // kernel<<<grid, block, 0, stream()>>>(args...), with PDL when pdl_; throws on a launch error.
@@ -343,6 +359,10 @@ class CudaBackend {
   bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;
   bool fuse_norms_ = true;
+  TileSchedule tile_schedule_ = TileSchedule::kBeside;
+  mutable bool side_forked_ = false;  // between fork_side and join_side
+  mutable DeviceBuffer<int> gemv_schedules_;  // 2 x kGemvSchedules, zeroed; each launch leaves its pair at 0
+  mutable unsigned gemv_schedule_next_ = 0;
   struct DestroyEvent {
     void operator()(cudaEvent_t e) const { cudaEventDestroy(e); }
   };

@@ -84,6 +84,9 @@ struct GemvTargets {
   int rows[kGemvMaxTargets];
   int first_block[kGemvMaxTargets + 1];
   int count;
+  // The pipelined GEMV's dynamic tile schedule (cuda_gemv_pipelined.cuh): two ints, 0 between launches,
+  // owned by this launch alone while it runs; null: every block takes a fixed share of the tiles.
+  int* schedule = nullptr;
 };
 
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a

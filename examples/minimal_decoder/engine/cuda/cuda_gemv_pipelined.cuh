@@ -173,6 +173,29 @@ __device__ inline GemvTile gemv_tile(const GemvTargets& targets, int tile) {
   return {t, (tile - targets.first_block[t]) * R};
 }
 
+// The dynamic tile schedule (GemvTargets::schedule). A persistent block used to take tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ...: a fixed share, so a block that starts late ends late, and the whole
+// GEMV with it. That is what a kernel beside the GEMV does to it: LycheeDecode's top-k handoff runs on a
+// side stream at the highest priority and takes SMs at a GEMV boundary; the GEMV's blocks there start
+// ~20 us late, and the step waits for their fixed share (the --profile step hid 129 of the handoff's
+// 458 us on the H100). Here a block's first tile is still blockIdx.x; every later one is claimed from a
+// counter (tiles gridDim.x, gridDim.x + 1, ... in claim order), so blocks that start late take fewer.
+// A tile's arithmetic does not depend on the block that computes it, so the bits do not change.
+//
+// The weight pipeline issues S - 1 steps ahead, across tile boundaries, and turns to the next tile
+// when it issues the last step of one (the step S before that tile's first is consumed), so a block
+// claims tiles before it needs them: thread 0 claims tile q of its sequence at the start of tile q - L
+// (the atomic's latency hides behind that tile) and writes it to a ring in shared memory that the
+// barrier ending the tile publishes; L = 1 + ceil(S / P) tiles for P steps a tile. The first claims
+// (tiles 1 .. L - 1) are published by one barrier after the steps of tile 0 that do not yet turn to
+// tile 1 are issued. The second counter counts the blocks that have made their last claim; the last of
+// them puts both back to 0, so the next launch on them (and a graph replay) starts from 0 again.
+constexpr int kGemvClaimRing = 8;  // claimed tiles of a block not yet consumed: more than L
+__device__ inline int gemv_claim_lead(int steps_per_tile, int stages) {
+  const int p = steps_per_tile > 0 ? steps_per_tile : 1;
+  return 1 + (stages + p - 1) / p;
+}
+
 // Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
 // Dynamic shared memory: gemv_pipelined_smem_bytes.
 template <int N, int R, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
@@ -180,8 +203,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
                                                                     const float* __restrict__ x, const float* __restrict__ up,
                                                                     const __grid_constant__ NormInput norm) {
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two, at least 2");
+  static_assert(S + 1 < kGemvClaimRing, "the claim ring holds a block's lead of tiles (at most S + 1)");
   static_assert(!kNorm || (kCacheInput && !kSwiGLU), "the norm is computed once, into the input cache");
   static_assert(kGemvThreads == kThreads, "the norm's partial sums follow the norm kernel's thread layout");
+  static_assert(kGemvThreads > 32 && R * N <= 32, "warp 0 writes a tile's sums, warp 1 counts the block done");
   constexpr int kWarps = kGemvThreads / 32;
   extern __shared__ uint4 gemv_smem[];
   uint4* const ring = gemv_smem;                          // [S][R][kGemvThreads]: a warp's 32 slots are contiguous
@@ -189,17 +214,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   // Two buffers: a tile's partial sums are read after one barrier while the next tile's are
   // written; the tile after that writes this buffer only after the next tile's barrier.
   __shared__ float partial[2][kWarps][R][N];
+  __shared__ int claimed[kGemvClaimRing];  // the dynamic schedule's tiles, by position in this block's sequence
 
   const int tid = int(threadIdx.x);
   const int chunks = cols / 8;
   const int tiles = targets.first_block[targets.count];
   const int per_tile = tid < chunks ? (chunks - 1 - tid) / kGemvThreads + 1 : 0;  // this thread's chunks of a row
-  const int my_tiles = int(blockIdx.x) < tiles ? (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
-  const int steps = per_tile * my_tiles;  // (tile, chunk) pairs of this thread, in consumption order
   const std::uint64_t policy = l2_evict_first_policy();
 
+  // The q-th tile of this block (q < the claims made so far, for the dynamic schedule); tiles or more: none.
+  int* const schedule = targets.schedule;
+  const int lead = gemv_claim_lead(chunks / kGemvThreads, S);
+  const auto tile_of = [&](int q) { return schedule ? claimed[q % kGemvClaimRing] : int(blockIdx.x) + q * int(gridDim.x); };
   // The issue cursor runs S - 1 steps ahead of consumption, across tile boundaries.
-  int issued = 0, issue_j = 0, issue_tile = int(blockIdx.x);
+  int issue_j = 0, issue_q = 0, issue_tile = int(blockIdx.x);  // tile 0 is blockIdx.x in both schedules
   const uint4* issue_rows[R];
   const auto aim = [&](int tile) {
     const GemvTile g = gemv_tile<R>(targets, tile);
@@ -207,23 +235,35 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
     for (int r = 0; r < R; ++r)  // rows past the end re-read the last row and are not written
       issue_rows[r] = reinterpret_cast<const uint4*>(targets.w[g.target] + std::int64_t(min(g.first_row + r, rows - 1)) * cols);
   };
+  int issued = 0;
   const auto issue = [&] {
-    if (issued < steps) {
+    if (per_tile > 0 && issue_tile < tiles) {
       uint4* slot = ring + (issued & (S - 1)) * R * kGemvThreads + tid;
       const int c = tid + issue_j * kGemvThreads;
       for (int r = 0; r < R; ++r) cp_async16(slot + r * kGemvThreads, issue_rows[r] + c, policy);
       ++issued;
       if (++issue_j == per_tile) {
         issue_j = 0;
-        issue_tile += int(gridDim.x);
-        if (issued < steps) aim(issue_tile);
+        issue_tile = tile_of(++issue_q);
+        if (issue_tile < tiles) aim(issue_tile);
       }
     }
     cp_async_commit();  // one group per call, empty or not: group g is step g
   };
 
-  if (steps > 0) aim(issue_tile);
-  for (int p = 0; p < S - 1; ++p) issue();  // weights only: before the dependency wait
+  if (issue_tile < tiles) aim(issue_tile);
+  int pre = 0;  // weights only, before the dependency wait
+  if (schedule) {
+    for (; pre < S - 1 && pre < per_tile - 1; ++pre) issue();  // tile 0's steps that do not turn to tile 1
+    if (tid == 0) {
+      int got[kGemvClaimRing];
+      for (int q = 1; q < lead; ++q) got[q] = atomicAdd(schedule, 1);  // in flight together
+      claimed[0] = int(blockIdx.x);
+      for (int q = 1; q < lead; ++q) claimed[q] = int(gridDim.x) + got[q];
+    }
+    __syncthreads();
+  }
+  for (; pre < S - 1; ++pre) issue();
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
@@ -233,8 +273,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
 
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;
-  for (int k = 0; k < my_tiles; ++k) {
+  for (int k = 0;; ++k) {
+    const int tile = tile_of(k);
+    if (tile >= tiles) break;
     float acc[R][N] = {};
+    // The claim of tile k + lead, awaited only where it is stored, before the barrier below.
+    const int next_claim = schedule && tid == 0 ? atomicAdd(schedule, 1) : 0;
     for (int j = 0; j < per_tile; ++j, ++s) {
       // Refills the slot consumed in the previous iteration: its shared-memory reads were issued
       // before this copy (in-order issue; the asm's memory clobber keeps the compiler from moving
@@ -271,9 +315,22 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0) part[warp][r][i] = v;
       }
+    // The barrier below publishes the claim of tile k + lead. Its slot last held tile k + lead - 8,
+    // which the loop and the issue cursor have both read by now (lead <= S + 1 < 8).
+    if (schedule && tid == 0) claimed[(k + lead) % kGemvClaimRing] = int(gridDim.x) + next_claim;
     __syncthreads();
+    if (schedule && tid == 32 && tile_of(k + 1) >= tiles) {
+      // This block has made its last claim (the loop stops before the next one): it counts itself
+      // done, and the last block done puts the counters back to 0. Warp 1 does it while warp 0 writes
+      // the tile's sums, so the round trips stay off the block's exit.
+      __threadfence();
+      if (atomicAdd(schedule + 1, 1) == int(gridDim.x) - 1) {
+        schedule[0] = 0;
+        schedule[1] = 0;
+      }
+    }
     if (tid < R * N) {
-      const GemvTile g = gemv_tile<R>(targets, int(blockIdx.x) + k * int(gridDim.x));
+      const GemvTile g = gemv_tile<R>(targets, tile);
       const int rows = targets.rows[g.target];
       const int r = tid / N, i = tid % N;
       float sum = 0.f;
@@ -287,9 +344,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
 // Dynamic shared memory of an instantiation: the ring, plus the inputs when cached.
 constexpr std::size_t gemv_pipelined_ring_bytes(int R, int S) { return std::size_t(S) * R * kGemvThreads * sizeof(uint4); }
 inline std::size_t gemv_pipelined_input_bytes(int n, int cols) { return std::size_t(n) * cols * sizeof(__nv_bfloat16); }
-// Its static shared memory: the partial sums, and the norm's warp sums.
+// Its static shared memory: the partial sums, the claim ring, and the norm's warp sums.
 constexpr std::size_t gemv_pipelined_static_smem(int n, bool norm) {
-  return sizeof(float) * 2 * (kGemvThreads / 32) * kPipelinedRows * n + (norm ? kNormStaticSmem : 0);
+  return sizeof(float) * 2 * (kGemvThreads / 32) * kPipelinedRows * n + sizeof(int) * kGemvClaimRing + (norm ? kNormStaticSmem : 0);
 }
 
 // Whether the pipelined GEMV can apply a NormInput at n input rows of `cols` (their bf16 copy fits in
