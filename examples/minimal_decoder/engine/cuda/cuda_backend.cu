@@ -80,8 +80,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   const char* schedule = std::getenv("MINIMAL_DECODER_GEMV_SCHEDULE");
   if (schedule && std::strcmp(schedule, "static") == 0) tile_schedule_ = TileSchedule::kNever;
   else if (schedule && std::strcmp(schedule, "dynamic") == 0) tile_schedule_ = TileSchedule::kAlways;
+  else if (schedule && std::strncmp(schedule, "beside:", 7) == 0 && std::atoi(schedule + 7) > 0) beside_gemvs_ = std::atoi(schedule + 7);
   else if (schedule && *schedule && std::strcmp(schedule, "beside") != 0)
-    throw DecoderError(std::string("MINIMAL_DECODER_GEMV_SCHEDULE=") + schedule + ": expected beside, dynamic or static");
+    throw DecoderError(std::string("MINIMAL_DECODER_GEMV_SCHEDULE=") + schedule + ": expected beside, beside:N, dynamic or static");
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
   else if (gemv && std::strcmp(gemv, "pipelined") == 0) gemv_kernel_ = GemvKernel::kPipelined;
@@ -93,7 +94,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
           (pdl_ ? "on" : "off") +
           ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + ", tiles " +
-          tile_schedule_name(tile_schedule_) + ")";
+          tile_schedule_name(tile_schedule_) + (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -132,6 +133,7 @@ void CudaBackend::fork_side() const {
   cuda_check(cudaEventRecord(forked_.get(), stream()), "cudaEventRecord (fork)");
   cuda_check(cudaStreamWaitEvent(side_stream_.get(), forked_.get(), 0), "cudaStreamWaitEvent (fork)");
   side_forked_ = true;
+  gemvs_since_fork_ = 0;
 }
 
 void CudaBackend::join_side() const {
@@ -273,7 +275,9 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
 }
 
 kernels::GemvTargets CudaBackend::scheduled(kernels::GemvTargets targets) const {
-  const bool claimed = tile_schedule_ == TileSchedule::kAlways || (tile_schedule_ == TileSchedule::kBeside && side_forked_);
+  const bool beside = tile_schedule_ == TileSchedule::kBeside && side_forked_ && (beside_gemvs_ == 0 || gemvs_since_fork_ < beside_gemvs_);
+  if (side_forked_) ++gemvs_since_fork_;
+  const bool claimed = tile_schedule_ == TileSchedule::kAlways || beside;
   if (claimed) targets.schedule = gemv_schedules_.data() + 2 * (gemv_schedule_next_++ % unsigned(kGemvSchedules));
   return targets;
 }

@@ -161,13 +161,16 @@ class CudaBackend {
   // a block that a side-stream kernel delays takes fewer, or a fixed share per block, which costs no
   // claims. kBeside (the default) claims while the side stream is forked (fork_side .. join_side: the
   // GEMVs beside LycheeDecode's handoff) and takes fixed shares otherwise; kAlways and kNever are the
-  // two alone (MINIMAL_DECODER_GEMV_SCHEDULE=beside|dynamic|static). Changes timing only, never a result.
+  // two alone (MINIMAL_DECODER_GEMV_SCHEDULE=beside|dynamic|static). `beside:N` claims only in the first N
+  // pipelined GEMVs after a fork (the handoff is over long before the join: a measurement knob,
+  // set_beside_gemvs). Changes timing only, never a result.
   enum class TileSchedule { kBeside, kAlways, kNever };
   static const char* tile_schedule_name(TileSchedule t) {
     return t == TileSchedule::kBeside ? "beside" : t == TileSchedule::kAlways ? "dynamic" : "static";
   }
   void set_tile_schedule(TileSchedule t) { tile_schedule_ = t; }
   TileSchedule tile_schedule() const { return tile_schedule_; }
+  void set_beside_gemvs(int n) { beside_gemvs_ = n; }  // 0: every GEMV until the join
 
   const char* name() const { return name_.c_str(); }
   // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
@@ -360,7 +363,9 @@ class CudaBackend {
   bool pdl_ = true;
   bool fuse_norms_ = true;
   TileSchedule tile_schedule_ = TileSchedule::kBeside;
+  int beside_gemvs_ = 0;
   mutable bool side_forked_ = false;  // between fork_side and join_side
+  mutable int gemvs_since_fork_ = 0;  // pipelined GEMVs launched since the last fork_side
   mutable DeviceBuffer<int> gemv_schedules_;  // 2 x kGemvSchedules, zeroed; each launch leaves its pair at 0
   mutable unsigned gemv_schedule_next_ = 0;
   struct DestroyEvent {
