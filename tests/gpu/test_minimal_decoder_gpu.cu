@@ -327,9 +327,10 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
 
 // The backend's GEMV and launch settings the tests go through: the default first, then the norms
 // in launches of their own and plain launches, for each GEMV kernel, and the pipelined GEMV's tiles
-// claimed everywhere and in fixed shares everywhere (the default claims them beside the side stream). The scalar GEMVs (pipelined, blocked) sum in one order, the tensor-core GEMV in
-// another: results are equal bit for bit within a summation family (whichever block takes a tile),
-// and close to the host's product in both.
+// claimed everywhere and in fixed shares everywhere (the default claims them beside the side stream).
+// The scalar GEMVs (pipelined, blocked) sum in one order, the tensor-core GEMV in another: results are
+// equal bit for bit within a summation family (whichever block takes a tile), and close to the host's
+// product in both.
 struct LaunchConfig {
   md::CudaBackend::GemvKernel gemv;
   bool pdl;
