@@ -77,6 +77,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   fuse_norms_ = env_switch("MINIMAL_DECODER_NORM_FUSION", true);
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   side_stream_on_ = env_switch("MINIMAL_DECODER_SIDE_STREAM", true);
+  handoff_clusters_ = env_switch("MINIMAL_DECODER_HANDOFF_CLUSTERS", true);
   const char* schedule = std::getenv("MINIMAL_DECODER_GEMV_SCHEDULE");
   if (schedule && std::strcmp(schedule, "static") == 0) tile_schedule_ = TileSchedule::kNever;
   else if (schedule && std::strcmp(schedule, "dynamic") == 0) tile_schedule_ = TileSchedule::kAlways;
@@ -93,7 +94,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The name carries the switches, so --profile's table says which side it measured.
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
           (pdl_ ? "on" : "off") +
-          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + ", tiles " +
+          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " +
           tile_schedule_name(tile_schedule_) + (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");

@@ -185,10 +185,20 @@ class CudaBackend {
   // launches on it, join_side() makes stream() wait for what was queued on it. Both are events, so a
   // captured step records them as graph edges. MINIMAL_DECODER_SIDE_STREAM=0 (or set_side_stream(false))
   // keeps everything on stream(): side_exec() is exec() and the fork and join are nothing.
-  Exec side_exec() const { return side_stream_on_ ? exec_.on(side_stream_.get()) : exec_; }
+  // With handoff clusters off (MINIMAL_DECODER_HANDOFF_CLUSTERS=0, set_handoff_clusters(false)) the
+  // side Exec's facts say "no thread-block clusters", so the handoff's top-k plans one CTA per row
+  // (the stream select) instead of a cluster of up to 16 CTAs: a cluster is placed only when that
+  // many SMs of one GPC have room at once, which the GEMVs' persistent blocks rarely leave, while one
+  // CTA takes the first slot that frees. Same bits (top-k is exact whatever its plan).
+  Exec side_exec() const {
+    Exec e = side_stream_on_ ? exec_.on(side_stream_.get()) : exec_;
+    if (!handoff_clusters_) e.device.clusters = false;
+    return e;
+  }
   void fork_side() const;
   void join_side() const;
   void set_side_stream(bool on) { side_stream_on_ = on; }
+  void set_handoff_clusters(bool on) { handoff_clusters_ = on; }
 
   template <class T>
   Buffer<T> alloc(std::size_t n) const {
@@ -376,6 +386,7 @@ class CudaBackend {
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> stream_;
   std::unique_ptr<std::remove_pointer_t<cudaStream_t>, DestroyStream> side_stream_;
   bool side_stream_on_ = true;
+  bool handoff_clusters_ = true;  // side_exec's facts keep the device's clusters
   EventHandle forked_, joined_;  // fork_side's and join_side's (no timing: ordering only)
   DeviceBuffer<unsigned char> cublas_ws_;
   std::unique_ptr<std::remove_pointer_t<cublasHandle_t>, DestroyCublas> cublas_;
