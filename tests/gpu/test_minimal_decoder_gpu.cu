@@ -80,7 +80,7 @@ std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c
                                            const std::vector<std::vector<std::int32_t>>& prompts, int steps,
                                            int prefill_chunk, std::vector<std::vector<std::int32_t>>& tokens,
                                            bool graph_steps = false, md::KvLayout layout = md::KvLayout::kContiguous,
-                                           bool time_attention = true) {
+                                           bool time_attention = true, md::KvDtype kv_dtype = md::KvDtype::kNative) {
   const md::BackendWeights<Backend> weights(be, c, host_weights);
   md::DecoderLimits lim;
   lim.max_batch = int(prompts.size());
@@ -89,6 +89,7 @@ std::vector<std::vector<float>> run_logits(Backend& be, const md::ModelConfig& c
   lim.prefill_chunk = prefill_chunk;
   lim.kv_layout = layout;
   lim.page_size = 16;
+  lim.kv_dtype = kv_dtype;
   md::Decoder<Backend> decoder(be, c, weights, policy, lim);
   decoder.set_attention_timing(time_attention && !graph_steps);
   decoder.set_graph_steps(graph_steps);
@@ -269,6 +270,27 @@ TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on t
   }
 }
 
+TEST_CASE("minimal decoder: over an fp8 KV cache, every policy on the GPU follows the CPU (contiguous and paged)") {
+  const md::ModelConfig c = small_config();
+  md::HostWeights w = md::random_weights(c, 29);
+  round_matrices_bf16(w);
+  const auto prompts = random_prompts({45, 30}, c.vocab_size, 6);
+  md::HostBackend cpu;
+  md::CudaBackend gpu;
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode})
+    for (md::KvLayout layout : {md::KvLayout::kContiguous, md::KvLayout::kPaged}) {
+      // Budgets above the context: the CPU and the GPU quantize the same rows to the same codes
+      // (kvsift::store_kv), so only the arithmetic after differs.
+      const md::PolicyOptions p = decoder_test::test_policy(kind, 100, 100, 4, 8, 3);
+      INFO("policy ", p.describe(), ", ", std::string(md::kv_layout_name(layout)));
+      std::vector<std::vector<std::int32_t>> tokens;
+      const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens, false, layout, true, md::KvDtype::kFp8);
+      const auto got = run_logits(gpu, c, w, p, prompts, 6, 16, tokens, true, layout, true, md::KvDtype::kFp8);
+      check_close(ref, got, c.vocab_size);
+    }
+}
+
 TEST_CASE("minimal decoder: device-random weights of a named shape decode without NaN") {
   md::ModelConfig c = small_config();
   md::CudaBackend gpu;
@@ -283,29 +305,31 @@ TEST_CASE("minimal decoder: device-random weights of a named shape decode withou
   for (float x : logits) REQUIRE(std::isfinite(x));
 }
 
-TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each policy") {
+TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each policy (native and fp8 caches)") {
   const md::ModelConfig c = small_config();
   md::CudaBackend gpu;
   const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 2);
-  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
-    md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
-    p.compression.window = 8;
-    p.compression.num_block = 16;
-    INFO("policy ", p.describe());
-    md::DecoderLimits lim;
-    lim.max_batch = 2;
-    lim.max_prompt_len = 300;
-    lim.max_new_tokens = 4;
-    md::Decoder<md::CudaBackend> decoder(gpu, c, w, p, lim);
-    decoder.synthetic_prefill({300, 123}, 7);
-    const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
-    CHECK(decoder.cache_lengths()[0] == expect0);
-    for (int s = 0; s < 3; ++s) {
-      const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
-      for (float x : logits) REQUIRE(std::isfinite(x));
+  for (md::KvDtype dtype : {md::KvDtype::kNative, md::KvDtype::kFp8})
+    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
+      md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
+      p.compression.window = 8;
+      p.compression.num_block = 16;
+      INFO("policy ", p.describe(), ", ", std::string(md::kv_dtype_name(dtype)));
+      md::DecoderLimits lim;
+      lim.max_batch = 2;
+      lim.max_prompt_len = 300;
+      lim.max_new_tokens = 4;
+      lim.kv_dtype = dtype;
+      md::Decoder<md::CudaBackend> decoder(gpu, c, w, p, lim);
+      decoder.synthetic_prefill({300, 123}, 7);
+      const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
+      CHECK(decoder.cache_lengths()[0] == expect0);
+      for (int s = 0; s < 3; ++s) {
+        const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
+        for (float x : logits) REQUIRE(std::isfinite(x));
+      }
+      CHECK(decoder.cache_lengths()[0] == expect0 + 3);
     }
-    CHECK(decoder.cache_lengths()[0] == expect0 + 3);
-  }
 }
 
 namespace {

@@ -6,6 +6,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -322,6 +323,115 @@ TEST_CASE("minimal decoder: the paged KV layout gives exactly the contiguous lay
       CHECK(r.prefill_logits == contiguous.prefill_logits);
       CHECK(r.step_logits == contiguous.step_logits);
     }
+  }
+}
+
+// Relative difference of two logit vectors: max |a - b| over max |a|.
+double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double max_abs = 0, max_diff = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    max_abs = std::max(max_abs, double(std::fabs(a[i])));
+    max_diff = std::max(max_diff, double(std::fabs(a[i] - b[i])));
+  }
+  return max_diff / std::max(max_abs, 1e-12);
+}
+
+// The prefill's logits, then those of each decode step fed `tokens[s]` ([step][batch * vocab]).
+std::vector<std::vector<float>> fed_logits(md::HostBackend& be, const md::ModelConfig& c,
+                                           const md::BackendWeights<md::HostBackend>& weights, const md::PolicyOptions& policy,
+                                           const std::vector<std::vector<std::int32_t>>& prompts,
+                                           const std::vector<std::vector<std::int32_t>>& tokens, md::KvDtype dtype,
+                                           md::KvLayout layout) {
+  md::DecoderLimits lim;
+  lim.max_batch = int(prompts.size());
+  for (const auto& p : prompts) lim.max_prompt_len = std::max(lim.max_prompt_len, int(p.size()));
+  lim.max_new_tokens = int(tokens.size()) + 1;
+  lim.prefill_chunk = 16;
+  lim.kv_layout = layout;
+  lim.page_size = 5;
+  lim.kv_dtype = dtype;
+  md::Decoder<md::HostBackend> decoder(be, c, weights, policy, lim);
+  std::vector<std::vector<float>> out{decoder.prefill(prompts)};
+  for (const auto& next : tokens) out.push_back(decoder.decode(next));
+  return out;
+}
+
+TEST_CASE("minimal decoder: an fp8 KV cache decodes every policy close to the native cache, not equal to it") {
+  const md::ModelConfig c = tiny_config();
+  md::HostBackend be;
+  const md::HostWeights hw = md::random_weights(c, 19);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  const auto prompts = random_prompts({61, 34}, c.vocab_size, 8);
+  const auto tokens = random_prompts({2, 2, 2, 2, 2, 2}, c.vocab_size, 9);  // six steps of two sequences
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode})
+    for (int budget : {100, 24}) {
+      // Budget 100 keeps every token (61 + 6 < 100), so fp8 and native differ by the rounding alone;
+      // 24 drops tokens, and a policy that ranks by score may keep other tokens from rounded keys.
+      const md::PolicyOptions policy = decoder_test::test_policy(kind, budget, budget, 2, 4, 3);
+      const auto native = fed_logits(be, c, weights, policy, prompts, tokens, md::KvDtype::kNative, md::KvLayout::kContiguous);
+      for (md::KvLayout layout : {md::KvLayout::kContiguous, md::KvLayout::kPaged}) {
+        INFO("policy ", policy.describe(), ", ", std::string(md::kv_layout_name(layout)));
+        const auto fp8 = fed_logits(be, c, weights, policy, prompts, tokens, md::KvDtype::kFp8, layout);
+        REQUIRE(fp8.size() == native.size());
+        for (std::size_t s = 0; s < fp8.size(); ++s) {
+          INFO("step ", s, " (0: the prefill)");
+          for (float x : fp8[s]) REQUIRE(std::isfinite(x));
+          // E4M3 keeps 3 mantissa bits (each K/V element rounded by at most 2^-4 of itself) and the
+          // queries go through bf16: this model's logits move by ~2% of their scale. Equal logits
+          // would mean the cache was never quantized.
+          if (budget == 100) {
+            CHECK(relative_difference(native[s], fp8[s]) < 0.05);
+            CHECK(relative_difference(native[s], fp8[s]) > 1e-5);
+          }
+        }
+      }
+    }
+}
+
+TEST_CASE("minimal decoder: synthetic prefill fills an fp8 cache with N(0, 1) values, and every policy decodes from it") {
+  md::HostBackend be;
+  // The fill itself: codes of N(0, 64^2) (E4M3 holds them: |code| <= 448, never NaN), values code / 64.
+  std::vector<kvsift::fp8_e4m3_t> codes(200000);
+  be.fill_normal(codes.data(), std::int64_t(codes.size()), 3, 64.f);
+  double sum = 0, sum2 = 0;
+  for (const auto code : codes) {
+    const float v = kvsift::to_float(code);
+    REQUIRE(std::isfinite(v));
+    REQUIRE(std::fabs(v) <= 448.f);
+    sum += v / 64.0;
+    sum2 += (v / 64.0) * (v / 64.0);
+  }
+  const double mean = sum / double(codes.size()), var = sum2 / double(codes.size()) - mean * mean;
+  CHECK(std::fabs(mean) < 0.01);
+  CHECK(var == doctest::Approx(1.0).epsilon(0.02));
+  std::vector<float> scales(7, 0.f);
+  be.fill_value(scales.data(), 5, 0.25f);
+  CHECK(scales == std::vector<float>{0.25f, 0.25f, 0.25f, 0.25f, 0.25f, 0.f, 0.f});
+
+  const md::ModelConfig c = tiny_config();
+  const md::HostWeights hw = md::random_weights(c, 21);
+  const md::BackendWeights<md::HostBackend> weights(be, c, hw);
+  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
+    md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
+    p.compression.window = 8;
+    p.compression.num_block = 16;
+    INFO("policy ", p.describe());
+    md::DecoderLimits lim;
+    lim.max_batch = 2;
+    lim.max_prompt_len = 300;
+    lim.max_new_tokens = 4;
+    lim.kv_dtype = md::KvDtype::kFp8;
+    md::Decoder<md::HostBackend> decoder(be, c, weights, p, lim);
+    decoder.synthetic_prefill({300, 123}, 7);
+    const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
+    CHECK(decoder.cache_lengths()[0] == expect0);
+    for (int s = 0; s < 3; ++s) {
+      const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
+      for (float x : logits) REQUIRE(std::isfinite(x));
+    }
+    CHECK(decoder.cache_lengths()[0] == expect0 + 3);
   }
 }
 

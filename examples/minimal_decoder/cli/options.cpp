@@ -97,7 +97,7 @@ void add_options(CLI::App& app, Options& o, Parsed& p) {
       ->check(CLI::IsMember({"contiguous", "paged"}))->capture_default_str()->group(g);
   app.add_option("--kv-dtype", p.kv_dtype, "KV cache element type: native (the backend's: float on the CPU, bf16 on "
                  "the GPU; bf16 is accepted as its name) or fp8 (E4M3 with a float scale per token and KV head, "
-                 "written by kvsift::store_kv; CPU backend until the GPU decode kernel reads fp8)")
+                 "written by kvsift::store_kv; --synthetic-prefill fills it with N(0, 1) values)")
       ->check(CLI::IsMember({"native", "bf16", "fp8"}))->capture_default_str()->group(g);
   app.add_option("--page-size", gen.page_size, "tokens per page of the paged layout")
       ->check(at_least(1))->capture_default_str()->group(g);

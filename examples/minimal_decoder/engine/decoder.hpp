@@ -281,9 +281,11 @@ class Decoder {
   }
 
   // --synthetic-prefill, for speed benchmarks with random weights: the caches are filled with random
-  // K/V (N(0, 1)) as if lengths[b] prompt tokens had been prefilled, without running the model; a
-  // compressing policy then compresses them, scoring with random window queries. The decode steps
-  // that follow cost what they cost after a real prefill. Returns all-zero logits [B, vocab].
+  // K/V (N(0, 1); in an fp8 cache, codes of N(0, kSyntheticFp8Spread^2) with every scale
+  // 1 / kSyntheticFp8Spread) as if lengths[b] prompt tokens had been prefilled, without running the
+  // model; a compressing policy then compresses them, scoring with random window queries. The decode
+  // steps that follow cost what they cost after a real prefill. Returns all-zero logits [B, vocab].
+  static constexpr float kSyntheticFp8Spread = 64.f;
   std::vector<float> synthetic_prefill(const std::vector<int>& lengths, std::uint64_t seed) {
     const int B = int(lengths.size());
     if (B < 1 || B > lim_.max_batch)
@@ -297,12 +299,21 @@ class Decoder {
     prompts_ = nullptr;
     prompt_len_ = lengths;
     const bool compress = policy_.compresses_prompt();
-    if (lim_.kv_dtype == KvDtype::kFp8) throw DecoderError("--synthetic-prefill fills native caches only (not --kv-dtype fp8)");
     std::vector<LayerCache> prompt_caches = allocate_prefill_buffers();
     std::uint64_t stream = seed;
     for (LayerCache& cache : compress ? prompt_caches : decode_caches_) {
-      be_.fill_normal(cache.k_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
-      be_.fill_normal(cache.v_storage(), std::int64_t(cache.storage_elements()), ++stream, 1.f);
+      const std::int64_t n = std::int64_t(cache.storage_elements());
+      if (cache.is_fp8()) {
+        // N(0, 1) values as store_kv would keep them: codes drawn wide enough to use E4M3's range
+        // (the rare draw past its 448, 7 sigma, saturates), each row's scale 1/64.
+        be_.fill_normal(cache.k_codes(), n, ++stream, kSyntheticFp8Spread);
+        be_.fill_normal(cache.v_codes(), n, ++stream, kSyntheticFp8Spread);
+        be_.fill_value(cache.k_scales(), std::int64_t(cache.scale_elements()), 1.f / kSyntheticFp8Spread);
+        be_.fill_value(cache.v_scales(), std::int64_t(cache.scale_elements()), 1.f / kSyntheticFp8Spread);
+      } else {
+        be_.fill_normal(cache.k_storage(), n, ++stream, 1.f);
+        be_.fill_normal(cache.v_storage(), n, ++stream, 1.f);
+      }
     }
     for (auto& q : window_q_) be_.fill_normal(q.data(), std::int64_t(q.size()), ++stream, 1.f);
     history_.assign(std::size_t(B), {});

@@ -165,13 +165,16 @@ struct HostBackend {
       }
   }
 
-  // out[i] = N(0, scale^2) draws from `seed` (--synthetic-prefill's random K/V and window queries).
+  // out[i] = N(0, scale^2) draws from `seed`, rounded to T (--synthetic-prefill's random K/V, fp8
+  // codes included, and window queries).
   template <class T>
   void fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> dist(0.f, scale);
-    for (std::int64_t i = 0; i < n; ++i) out[i] = T(dist(rng));
+    for (std::int64_t i = 0; i < n; ++i) out[i] = kvsift::from_float<T>(dist(rng));
   }
+  // out[i] = value (--synthetic-prefill's fp8 scales).
+  void fill_value(float* out, std::int64_t n, float value) const { std::fill_n(out, n, value); }
 };
 
 }  // namespace minimal_decoder

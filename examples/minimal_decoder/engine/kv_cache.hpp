@@ -94,6 +94,12 @@ class LayerKvCache {
   KV* k_storage() { return k_.data(); }
   KV* v_storage() { return v_.data(); }
   std::size_t storage_elements() const { return elements_; }
+  // An fp8 cache's codes (storage_elements() each) and their per-token scales (scale_elements() each).
+  Fp8* k_codes() { return k8_.data(); }
+  Fp8* v_codes() { return v8_.data(); }
+  float* k_scales() { return k_scales_.data(); }
+  float* v_scales() { return v_scales_.data(); }
+  std::size_t scale_elements() const { return elements_ / std::size_t(shape_.head_dim); }
 
   // f(view) with the layout's kvsift view of sequences [0, batch), lengths[batch] in backend memory.
   // kvsift views carry mutable pointers; through a const cache they are only ever read.

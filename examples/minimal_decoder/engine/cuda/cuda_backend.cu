@@ -168,6 +168,12 @@ void CudaBackend::fill_normal(T* out, std::int64_t n, std::uint64_t seed, float 
 template void CudaBackend::fill_normal<float>(float*, std::int64_t, std::uint64_t, float) const;
 template void CudaBackend::fill_normal<kvsift::bfloat16_t>(kvsift::bfloat16_t*, std::int64_t, std::uint64_t, float) const;
 template void CudaBackend::fill_normal<__nv_bfloat16>(__nv_bfloat16*, std::int64_t, std::uint64_t, float) const;
+template void CudaBackend::fill_normal<kvsift::fp8_e4m3_t>(kvsift::fp8_e4m3_t*, std::int64_t, std::uint64_t, float) const;
+
+void CudaBackend::fill_value(float* out, std::int64_t n, float value) const {
+  if (n == 0) return;
+  launch("fill_value", kernels::fill_value, kernels::blocks_for(n), kernels::kThreads, out, n, value);
+}
 
 void CudaBackend::embed(const std::int32_t* tokens, int n, const Matrix& table, float* out) const {
   if (n == 0) return;

@@ -232,9 +232,12 @@ class CudaBackend {
   // tensor-parallel rank's slice of it: the same values as the slice of the whole): random weights
   // of shapes (llama3-8b) whose host generation would take minutes and 32 GB.
   Matrix random_matrix(const TensorBlock& block, float scale, std::uint64_t seed) const;
-  // out[i] = N(0, scale^2) (T: float, kvsift::bfloat16_t or __nv_bfloat16; cuda_backend.cu).
+  // out[i] = N(0, scale^2) (T: float, kvsift::bfloat16_t, __nv_bfloat16 or kvsift::fp8_e4m3_t;
+  // cuda_backend.cu).
   template <class T>
   void fill_normal(T* out, std::int64_t n, std::uint64_t seed, float scale) const;
+  // out[i] = value.
+  void fill_value(float* out, std::int64_t n, float value) const;
   void synchronize() const { cuda_check(cudaStreamSynchronize(stream()), "cudaStreamSynchronize"); }
 
   // A decode step recorded once into a CUDA graph and replayed from then on: one launch per step
@@ -327,8 +330,8 @@ class CudaBackend {
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
   void rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) const;
   // Every KV type the decoder offers can be attended on this backend (fp8 through decode attention's
-  // fp16 tensor-core path). Decoder's constructor and with_query_rows ask; ClusterAttn's scoring over
-  // an fp8 cache is still refused by cuda::window_scores with a named error.
+  // fp16 tensor-core path; a compressing policy's window scores over fp8 take cuda::window_scores'
+  // CUDA-core kernels). Decoder's constructor and with_query_rows ask.
   template <class KT>
   static constexpr bool attends_kv() {
     return true;

@@ -236,6 +236,14 @@ __global__ void fill_normal(Out* out, std::int64_t n, std::uint64_t seed, float 
     out[i] = kvsift::dtype_traits<Out>::from_float(hashed_normal(seed, std::uint64_t(i)) * scale);
 }
 
+// out[i] = value (--synthetic-prefill's fp8 scales).
+__global__ void fill_value(float* out, std::int64_t n, float value) {
+  wait_for_previous_kernel();  // PDL (cuda_pdl.cuh): before the first dependent read or any write
+  allow_next_kernel_launch();
+  for (std::int64_t i = blockIdx.x * std::int64_t(blockDim.x) + threadIdx.x; i < n; i += std::int64_t(gridDim.x) * blockDim.x)
+    out[i] = value;
+}
+
 // out[i] = the draw of the full tensor's element block.global_index(i): a tensor-parallel rank's
 // slice of a random weight, the same values as that slice of the whole tensor (random_device_layout.hpp).
 template <class Out>
