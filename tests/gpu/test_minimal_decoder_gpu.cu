@@ -19,6 +19,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -32,6 +33,7 @@
 #include "engine/cuda/cuda_gemv.cuh"
 #include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
+#include "support/synthetic_prefill_check.hpp"
 #include "support/tool_scale.hpp"
 
 namespace md = minimal_decoder;
@@ -251,42 +253,29 @@ TEST_CASE("minimal decoder: a checkpoint written by the test (Qwen3 q/k norm, he
   fs::remove_all(dir);
 }
 
-TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on the CPU (budgets above the context)") {
+TEST_CASE("minimal decoder: every policy on the GPU follows the same policy on the CPU (budgets above the context; native and fp8 caches)") {
   const md::ModelConfig c = small_config();
   md::HostWeights w = md::random_weights(c, 23);
   round_matrices_bf16(w);
   const auto prompts = random_prompts({45, 30}, c.vocab_size, 4);
   md::HostBackend cpu;
   md::CudaBackend gpu;
-  for (md::PolicyKind kind : {md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV, md::PolicyKind::kStreamingLLM,
-                              md::PolicyKind::kLycheeDecode}) {
-    // Budgets > 45 + 7: compression keeps every token; LycheeDecode's steps 2 and 5 re-run densely.
-    const md::PolicyOptions p = decoder_test::test_policy(kind, 100, 100, 4, 8, 3);
-    INFO("policy ", p.describe());
-    std::vector<std::vector<std::int32_t>> tokens;
-    const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens);
-    const auto got = run_logits(gpu, c, w, p, prompts, 6, 16, tokens);
-    check_close(ref, got, c.vocab_size);
-  }
-}
-
-TEST_CASE("minimal decoder: over an fp8 KV cache, every policy on the GPU follows the CPU (contiguous and paged)") {
-  const md::ModelConfig c = small_config();
-  md::HostWeights w = md::random_weights(c, 29);
-  round_matrices_bf16(w);
-  const auto prompts = random_prompts({45, 30}, c.vocab_size, 6);
-  md::HostBackend cpu;
-  md::CudaBackend gpu;
-  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
-                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode})
-    for (md::KvLayout layout : {md::KvLayout::kContiguous, md::KvLayout::kPaged}) {
-      // Budgets above the context: the CPU and the GPU quantize the same rows to the same codes
-      // (kvsift::store_kv), so only the arithmetic after differs.
+  // An fp8 cache holds the same codes on both (kvsift::store_kv writes the host's bytes), so only the
+  // arithmetic after the store differs; dense on a native cache is the first test case's.
+  const std::pair<md::KvDtype, md::KvLayout> caches[] = {{md::KvDtype::kNative, md::KvLayout::kContiguous},
+                                                         {md::KvDtype::kFp8, md::KvLayout::kContiguous},
+                                                         {md::KvDtype::kFp8, md::KvLayout::kPaged}};
+  for (const auto& cache : caches)
+    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                                md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode}) {
+      if (kind == md::PolicyKind::kDense && cache.first == md::KvDtype::kNative) continue;
+      // Budgets > 45 + 7: compression keeps every token; LycheeDecode's steps 2 and 5 re-run densely.
       const md::PolicyOptions p = decoder_test::test_policy(kind, 100, 100, 4, 8, 3);
-      INFO("policy ", p.describe(), ", ", std::string(md::kv_layout_name(layout)));
+      INFO("policy ", p.describe(), ", ", std::string(md::kv_dtype_name(cache.first)), ", ",
+           std::string(md::kv_layout_name(cache.second)));
       std::vector<std::vector<std::int32_t>> tokens;
-      const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens, false, layout, true, md::KvDtype::kFp8);
-      const auto got = run_logits(gpu, c, w, p, prompts, 6, 16, tokens, true, layout, true, md::KvDtype::kFp8);
+      const auto ref = run_logits(cpu, c, w, p, prompts, 6, 16, tokens, false, cache.second, true, cache.first);
+      const auto got = run_logits(gpu, c, w, p, prompts, 6, 16, tokens, false, cache.second, true, cache.first);
       check_close(ref, got, c.vocab_size);
     }
 }
@@ -309,27 +298,7 @@ TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each
   const md::ModelConfig c = small_config();
   md::CudaBackend gpu;
   const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 2);
-  for (md::KvDtype dtype : {md::KvDtype::kNative, md::KvDtype::kFp8})
-    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
-      md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
-      p.compression.window = 8;
-      p.compression.num_block = 16;
-      INFO("policy ", p.describe(), ", ", std::string(md::kv_dtype_name(dtype)));
-      md::DecoderLimits lim;
-      lim.max_batch = 2;
-      lim.max_prompt_len = 300;
-      lim.max_new_tokens = 4;
-      lim.kv_dtype = dtype;
-      md::Decoder<md::CudaBackend> decoder(gpu, c, w, p, lim);
-      decoder.synthetic_prefill({300, 123}, 7);
-      const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
-      CHECK(decoder.cache_lengths()[0] == expect0);
-      for (int s = 0; s < 3; ++s) {
-        const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
-        for (float x : logits) REQUIRE(std::isfinite(x));
-      }
-      CHECK(decoder.cache_lengths()[0] == expect0 + 3);
-    }
+  for (md::KvDtype dtype : {md::KvDtype::kNative, md::KvDtype::kFp8}) decoder_test::check_synthetic_prefill(gpu, c, w, dtype);
 }
 
 namespace {

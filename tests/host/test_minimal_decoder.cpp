@@ -24,6 +24,7 @@
 #include "engine/checkpoint.hpp"
 #include "engine/host_engine.hpp"
 #include "support/decoder_test_helpers.hpp"
+#include "support/synthetic_prefill_check.hpp"
 #include "tools/step_profile_report.hpp"
 
 namespace md = minimal_decoder;
@@ -413,26 +414,7 @@ TEST_CASE("minimal decoder: synthetic prefill fills an fp8 cache with N(0, 1) va
   const md::ModelConfig c = tiny_config();
   const md::HostWeights hw = md::random_weights(c, 21);
   const md::BackendWeights<md::HostBackend> weights(be, c, hw);
-  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kLycheeDecode}) {
-    md::PolicyOptions p = decoder_test::test_policy(kind, 48, 32, 4, 8, 2);
-    p.compression.window = 8;
-    p.compression.num_block = 16;
-    INFO("policy ", p.describe());
-    md::DecoderLimits lim;
-    lim.max_batch = 2;
-    lim.max_prompt_len = 300;
-    lim.max_new_tokens = 4;
-    lim.kv_dtype = md::KvDtype::kFp8;
-    md::Decoder<md::HostBackend> decoder(be, c, weights, p, lim);
-    decoder.synthetic_prefill({300, 123}, 7);
-    const int expect0 = kind == md::PolicyKind::kClusterAttn ? 48 : 300;
-    CHECK(decoder.cache_lengths()[0] == expect0);
-    for (int s = 0; s < 3; ++s) {
-      const std::vector<float> logits = decoder.decode({std::int32_t(s), std::int32_t(s + 1)});
-      for (float x : logits) REQUIRE(std::isfinite(x));
-    }
-    CHECK(decoder.cache_lengths()[0] == expect0 + 3);
-  }
+  decoder_test::check_synthetic_prefill(be, c, weights, md::KvDtype::kFp8);
 }
 
 TEST_CASE("minimal decoder: small budgets compress the cache and --check measures the difference") {
