@@ -94,8 +94,9 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   // The name carries the switches, so --profile's table says which side it measured.
   name_ = std::string("GPU ") + prop.name + " (cuBLAS bf16, kvsift CUDA; GEMV " + gemv_kernel_name(gemv_kernel_) + ", PDL " +
           (pdl_ ? "on" : "off") +
-          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") + (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " +
-          tile_schedule_name(tile_schedule_) + (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ")";
+          ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") +
+          (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " + tile_schedule_name(tile_schedule_) +
+          (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
