@@ -301,6 +301,37 @@ TEST_CASE("minimal decoder: synthetic prefill on the GPU, then decode under each
   for (md::KvDtype dtype : {md::KvDtype::kNative, md::KvDtype::kFp8}) decoder_test::check_synthetic_prefill(gpu, c, w, dtype);
 }
 
+// MINIMAL_DECODER_HANDOFF_CLUSTERS=0 (CudaBackend::set_handoff_clusters): the handoff's top-k over rows
+// of 20K positions takes the register select in a thread-block cluster by default and a one-CTA plan
+// without; top-k is exact, so the tables, and with them the logits, are the same bits.
+TEST_CASE("minimal decoder: LycheeDecode's handoff planned without thread-block clusters gives the same logits") {
+  md::ModelConfig c = small_config();
+  c.max_positions = 32768;
+  md::CudaBackend gpu;
+  const md::BackendWeights<md::CudaBackend> w = md::random_device_weights(gpu, c, 3);
+  // Layer 0 retrieval, layer 1 sparse (the default roles): layer 1 reads layer 0's handoff.
+  const md::PolicyOptions p = decoder_test::test_policy(md::PolicyKind::kLycheeDecode, 0, 1024, 16, 64);
+  md::DecoderLimits lim;
+  lim.max_batch = 2;
+  lim.max_prompt_len = 20000;
+  lim.max_new_tokens = 4;
+  std::vector<std::vector<float>> logits[2];
+  for (int clusters = 0; clusters < 2; ++clusters) {
+    gpu.set_handoff_clusters(clusters == 1);
+    md::Decoder<md::CudaBackend> decoder(gpu, c, w, p, lim);
+    decoder.set_attention_timing(false);  // the handoff runs on the side stream, through side_exec()
+    decoder.set_graph_steps(true);
+    decoder.synthetic_prefill({20000, 17000}, 5);
+    for (int s = 0; s < 3; ++s) logits[clusters].push_back(decoder.decode({std::int32_t(s), std::int32_t(s + 1)}));
+  }
+  gpu.set_handoff_clusters(true);
+  for (std::size_t s = 0; s < logits[0].size(); ++s) {
+    INFO("step ", s);
+    for (float x : logits[0][s]) REQUIRE(std::isfinite(x));
+    CHECK(logits[0][s] == logits[1][s]);
+  }
+}
+
 namespace {
 
 // y[i, r] = sum_c W[r, c] bf16(x[i, c]) in double, and the sum of the terms' magnitudes (the error scale).
