@@ -327,6 +327,8 @@ TEST_CASE("minimal decoder: the paged KV layout gives exactly the contiguous lay
   }
 }
 
+namespace {
+
 // Relative difference of two logit vectors: max |a - b| over max |a|.
 double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
@@ -357,6 +359,8 @@ std::vector<std::vector<float>> fed_logits(md::HostBackend& be, const md::ModelC
   for (const auto& next : tokens) out.push_back(decoder.decode(next));
   return out;
 }
+
+}  // namespace
 
 TEST_CASE("minimal decoder: an fp8 KV cache decodes every policy close to the native cache, not equal to it") {
   const md::ModelConfig c = tiny_config();
