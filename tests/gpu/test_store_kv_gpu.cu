@@ -4,7 +4,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
@@ -105,4 +109,106 @@ TEST_CASE("store_kv on the device: nothing to store launches nothing; errors bef
   CHECK(kvsift::cuda::store_kv(exec, kv, p).message() == "kv.k is null");
   kv.batch = 0;
   CHECK(kvsift::cuda::store_kv(exec, kv, p).ok());
+}
+
+// RoPE on the way in (StoreKvRotary) on the device against the host reference: V, V's scales and the
+// unrotated dims byte for byte; the rotated K dims, K's per-token scales and Q within one rounding of
+// their type (the two sides' double cos/sin may differ by an ulp of a double). Every layout, fp8 and
+// 16/32-bit caches, rotary_dim 64 and the whole head, Q rows of more heads than K.
+namespace {
+
+template <class X>
+double rounding() {
+  if constexpr (std::is_same_v<X, float>) return 1.0 / (1 << 23);
+  else if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / 1024;
+  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 1.0 / 128;
+  else return 1.0 / 8;  // fp8 E4M3
+}
+
+template <class KT, class T>
+void check_rotary_case(std::mt19937_64& rng, StoreLayout layout, int head_dim, int rotary_dim) {
+  const StoreCase c = kvsift_test::random_store_case(rng, layout, ScaleGranularity::kPerToken, head_dim);
+  const auto r = kvsift_test::random_rotary_case(rng, c, rotary_dim);
+  const auto kin = kvsift_test::random_store_rows<T>(rng, c, false);
+  const auto vin = kvsift_test::random_store_rows<T>(rng, c, false);
+  std::vector<T> hq(std::size_t(c.n) * r.q_heads * c.head_dim);
+  for (auto& x : hq) x = kvsift::from_float<T>(float(std::uniform_real_distribution<double>(-3.0, 3.0)(rng)));
+  auto hk = poisoned<KT>(c.cache_elements()), hv = poisoned<KT>(c.cache_elements());
+  auto hks = poisoned<float>(c.scale_count()), hvs = poisoned<float>(c.scale_count());
+  DeviceBuffer<KT> dk(hk), dv(hv);
+  DeviceBuffer<float> dks(hks), dvs(hvs), dinv(r.inv_freq);
+  DeviceBuffer<T> dkin(kin), dvin(vin), dq(hq);
+  DeviceBuffer<std::int32_t> dseq(c.seq), dpos(c.pos), dlen(c.lengths), dtable(c.table), dposition(r.position);
+  std::vector<std::int32_t> lengths(c.lengths);
+  auto hp = kvsift::make_store_kv_params(kin.data(), vin.data(), c.n, c.heads, c.head_dim, c.seq.data(), c.pos.data());
+  hp = kvsift::with_rotary(hp, r.inv_freq.data(), r.position.data(), rotary_dim, hq.data(), r.q_heads, c.head_dim);
+  auto dp = kvsift::make_store_kv_params(dkin.get(), dvin.get(), c.n, c.heads, c.head_dim, dseq.get(), dpos.get());
+  dp = kvsift::with_rotary(dp, dinv.get(), dposition.get(), rotary_dim, dq.get(), r.q_heads, c.head_dim);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
+  kvsift::Status hs, ds;
+  if (c.paged()) {
+    hs = kvsift::host::store_kv(kvsift::host::Exec{},
+                                kvsift_test::store_paged_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), c.table.data(), lengths.data()), hp);
+    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_paged_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dtable.get(), dlen.get()), dp);
+  } else {
+    hs = kvsift::host::store_kv(kvsift::host::Exec{},
+                                kvsift_test::store_contiguous_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), lengths.data()), hp);
+    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_contiguous_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dlen.get()), dp);
+  }
+  REQUIRE_MESSAGE(hs.ok(), hs.to_string());
+  REQUIRE_MESSAGE(ds.ok(), ds.to_string());
+  kvsift_test::sync_and_check();
+  require_same_bytes(dv.download(), hv, "V");
+  require_same_bytes(dvs.download(), hvs, "V scales");
+  const auto gk = dk.download();
+  const auto gks = dks.download();
+  for (std::size_t s = 0; s < gks.size(); ++s) {  // poison where nothing was written, else one rounding of float apart
+    if (std::memcmp(&gks[s], &hks[s], sizeof(float)) == 0) continue;
+    REQUIRE_MESSAGE(std::fabs(gks[s] - hks[s]) <= 4e-7 * std::fabs(hks[s]), "K scale " << s);
+  }
+  // K elements: the same bytes, or one rounding apart (scaled by their row's scale for fp8; rows' scales
+  // agree to a float rounding, checked above).
+  for (std::size_t e = 0; e < gk.size(); ++e) {
+    if (std::memcmp(&gk[e], &hk[e], sizeof(KT)) == 0) continue;
+    const double g = kvsift::to_float(gk[e]), h = kvsift::to_float(hk[e]);
+    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * rounding<KT>() * std::max(std::fabs(h), 1e-3), "K element " << e << ": " << g << " vs " << h);
+  }
+  const auto gq = dq.download();
+  for (std::size_t e = 0; e < gq.size(); ++e) {
+    if (std::memcmp(&gq[e], &hq[e], sizeof(T)) == 0) continue;
+    const double g = kvsift::to_float(gq[e]), h = kvsift::to_float(hq[e]);
+    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * rounding<T>() * std::fabs(h) + 1e-6, "Q element " << e << ": " << g << " vs " << h);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("store_kv with RoPE on the device: K rotated and stored, Q rotated in place, as the host does") {
+  auto rng = kvsift_test::make_rng(1412);
+  for (auto layout : {StoreLayout::kBHSD, StoreLayout::kBSHD, StoreLayout::kPagedNHD, StoreLayout::kPagedHND})
+    for (int head_dim : {64, 128, 256})
+      for (int rotary_dim : {64, head_dim})
+        for (int trial = 0; trial < 3; ++trial) {
+          CAPTURE(head_dim);
+          CAPTURE(rotary_dim);
+          check_rotary_case<float, float>(rng, layout, head_dim, rotary_dim);
+          check_rotary_case<kvsift::bfloat16_t, float>(rng, layout, head_dim, rotary_dim);
+          check_rotary_case<kvsift::bfloat16_t, kvsift::bfloat16_t>(rng, layout, head_dim, rotary_dim);
+          check_rotary_case<kvsift::fp8_e4m3_t, kvsift::half_t>(rng, layout, head_dim, rotary_dim);
+        }
+}
+
+TEST_CASE("store_kv with RoPE on the device: the GPU's limits are named errors") {
+  float* fnone = nullptr;
+  std::vector<float> dummy(1);
+  DeviceBuffer<float> buf(dummy);
+  std::int32_t* ints = reinterpret_cast<std::int32_t*>(buf.get());  // never read: the calls fail before a launch
+  auto kv = kvsift::make_bshd<float>(buf.get(), buf.get(), 1, 1, 4, 96, ints);
+  auto p = kvsift::make_store_kv_params<float>(buf.get(), buf.get(), 1, 1, 96, ints, ints);
+  p = kvsift::with_rotary(p, buf.get(), ints, 96, fnone, 0, 96);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
+  CHECK(kvsift::cuda::store_kv(exec, kv, p).message() == "store_kv with rotary: rotary_dim = 96 must be a multiple of 64 on the GPU");
+  auto kv300 = kvsift::make_bshd<float>(buf.get(), buf.get(), 1, 1, 4, 320, ints);
+  p.rotary.rotary_dim = 320;
+  CHECK(kvsift::cuda::store_kv(exec, kv300, p).message() == "store_kv with rotary: head_dim = 320 must be <= 256 on the GPU");
 }

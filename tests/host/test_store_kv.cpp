@@ -7,6 +7,7 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/kvsift.hpp"
@@ -186,4 +187,138 @@ TEST_CASE("store_kv names its errors") {
   CHECK(kvsift::host::store_kv(exec, kv, bad).ok());
   std::size_t* null_bytes = nullptr;
   CHECK(kvsift::store_kv_workspace_bytes(exec, kv, p, null_bytes).code() == kvsift::StatusCode::kNullPointer);
+}
+
+// RoPE on the way in (StoreKvRotary) against the rotation computed in double from the contract's float
+// angle: K stored rotated (then narrowed, its fp8 scale from the rotated row), dims past rotary_dim and
+// V as without RoPE, Q rotated in place for every row (rows outside the view too), Q's other dims kept.
+namespace {
+
+// |got - want| within a few roundings of float at the pair's magnitude, plus the narrowing to the
+// stored type (half an ulp relative, and for fp8 half its smallest subnormal step times the scale).
+bool close(double got, double want, double mag, double narrow_rel, double narrow_abs = 0.0) {
+  return std::fabs(got - want) <= 4.0 * FLT_EPSILON * mag + narrow_rel * std::fabs(want) + narrow_abs + 1e-30;
+}
+template <class X>
+constexpr double narrowing() {
+  if constexpr (std::is_same_v<X, float>) return 0.0;
+  else if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / 2048;
+  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 1.0 / 256;
+  else return 1.0 / 16;  // fp8 E4M3
+}
+
+template <class KT, class T>
+void check_rotary(std::mt19937_64& rng, StoreLayout layout, int head_dim, int rotary_dim) {
+  const StoreCase c = kvsift_test::random_store_case(rng, layout, ScaleGranularity::kPerToken, head_dim);
+  const auto r = kvsift_test::random_rotary_case(rng, c, rotary_dim);
+  const auto kin = kvsift_test::random_store_rows<T>(rng, c, false);
+  const auto vin = kvsift_test::random_store_rows<T>(rng, c, false);
+  std::vector<T> q(std::size_t(c.n) * r.q_heads * c.head_dim);
+  for (auto& x : q) x = kvsift::from_float<T>(float(std::uniform_real_distribution<double>(-3.0, 3.0)(rng)));
+  const auto q0 = q;
+  std::vector<KT> k(c.cache_elements()), v(c.cache_elements());
+  std::vector<float> ks(c.scale_count(), -7.f), vs(c.scale_count(), -7.f);
+  auto p = kvsift::make_store_kv_params(kin.data(), vin.data(), c.n, c.heads, c.head_dim, c.seq.data(), c.pos.data());
+  p = kvsift::with_rotary(p, r.inv_freq.data(), r.position.data(), rotary_dim, q.data(), r.q_heads, c.head_dim);
+  // The same store without RoPE: V, K's unrotated dims and every scale but K's must match it.
+  std::vector<KT> k_plain(k.size()), v_plain(v.size());
+  std::vector<float> ks_plain(ks), vs_plain(vs);
+  const auto p_plain = kvsift::make_store_kv_params(kin.data(), vin.data(), c.n, c.heads, c.head_dim, c.seq.data(), c.pos.data());
+  std::vector<std::int32_t> lengths(c.lengths);
+  auto view = [&](KT* kk, KT* vv, float* kss, float* vss) {
+    return kvsift_test::store_contiguous_view(c, kk, vv, kss, vss, lengths.data());
+  };
+  REQUIRE(layout != StoreLayout::kPagedNHD);  // contiguous layouts here; the GPU test takes pages
+  REQUIRE(kvsift::host::store_kv(kvsift::host::Exec{}, view(k.data(), v.data(), ks.data(), vs.data()), p).ok());
+  REQUIRE(kvsift::host::store_kv(kvsift::host::Exec{}, view(k_plain.data(), v_plain.data(), ks_plain.data(), vs_plain.data()),
+                                 p_plain).ok());
+  const int half = rotary_dim / 2;
+  // The contract's angle, then double arithmetic.
+  auto cos_sin = [&](int i, int j, double* cs, double* sn) {
+    const float a = float(r.position[std::size_t(i)]) * r.inv_freq[std::size_t(j)];
+    *cs = std::cos(double(a));
+    *sn = std::sin(double(a));
+  };
+  const auto kvv = view(k.data(), v.data(), ks.data(), vs.data());
+  for (int i = 0; i < c.n; ++i) {
+    for (int h = 0; h < r.q_heads; ++h) {
+      const std::size_t at = (std::size_t(i) * r.q_heads + h) * c.head_dim;
+      for (int j = 0; j < half; ++j) {
+        double cs, sn;
+        cos_sin(i, j, &cs, &sn);
+        const double x1 = kvsift::to_float(q0[at + j]), x2 = kvsift::to_float(q0[at + j + half]);
+        const double mag = std::fabs(x1) + std::fabs(x2);
+        REQUIRE(close(kvsift::to_float(q[at + j]), x1 * cs - x2 * sn, mag, narrowing<T>()));
+        REQUIRE(close(kvsift::to_float(q[at + j + half]), x2 * cs + x1 * sn, mag, narrowing<T>()));
+      }
+      for (int e = rotary_dim; e < c.head_dim; ++e) REQUIRE(std::memcmp(&q[at + e], &q0[at + e], sizeof(T)) == 0);
+    }
+    const int b = c.seq[std::size_t(i)], t = c.pos[std::size_t(i)];
+    if (b < 0 || b >= c.batch || t < 0 || t >= c.capacity) continue;
+    for (int h = 0; h < c.heads; ++h) {
+      const T* src = kin.data() + (std::size_t(i) * c.heads + h) * c.head_dim;
+      const KT* got = kvv.k_row(b, h, t);
+      double scale = 1.0;
+      if constexpr (kvsift::is_fp8_dtype<KT>::value) scale = ks[std::size_t(kvv.scale_offset(b, h, t))];
+      for (int j = 0; j < half; ++j) {
+        double cs, sn;
+        cos_sin(i, j, &cs, &sn);
+        const double x1 = kvsift::to_float(src[j]), x2 = kvsift::to_float(src[j + half]);
+        const double mag = std::fabs(x1) + std::fabs(x2);
+        const double sub = kvsift::is_fp8_dtype<KT>::value ? scale / 1024 : 0.0;  // E4M3's smallest step 2^-9, halved
+        REQUIRE(close(kvsift::to_float(got[j]) * scale, x1 * cs - x2 * sn, mag, narrowing<KT>(), sub));
+        REQUIRE(close(kvsift::to_float(got[j + half]) * scale, x2 * cs + x1 * sn, mag, narrowing<KT>(), sub));
+      }
+      if (!kvsift::is_fp8_dtype<KT>::value) {  // an fp8 row's scale depends on its rotated dims
+        const std::size_t off = std::size_t(got - k.data());
+        for (int e = rotary_dim; e < c.head_dim; ++e) REQUIRE(std::memcmp(&k[off + e], &k_plain[off + e], sizeof(KT)) == 0);
+      }
+    }
+  }
+  REQUIRE(std::memcmp(v.data(), v_plain.data(), v.size() * sizeof(KT)) == 0);
+  CHECK(vs == vs_plain);
+}
+
+}  // namespace
+
+TEST_CASE("store_kv with RoPE: K stored rotated, Q rotated in place, V and the other dims as without it") {
+  auto rng = kvsift_test::make_rng(1402);
+  for (auto layout : {StoreLayout::kBHSD, StoreLayout::kBSHD})
+    for (int head_dim : {64, 128, 256})
+      for (int rotary_dim : {64, head_dim})
+        for (int trial = 0; trial < 3; ++trial) {
+          CAPTURE(head_dim);
+          CAPTURE(rotary_dim);
+          check_rotary<float, float>(rng, layout, head_dim, rotary_dim);
+          check_rotary<kvsift::bfloat16_t, float>(rng, layout, head_dim, rotary_dim);
+          check_rotary<kvsift::bfloat16_t, kvsift::bfloat16_t>(rng, layout, head_dim, rotary_dim);
+          check_rotary<kvsift::fp8_e4m3_t, kvsift::half_t>(rng, layout, head_dim, rotary_dim);
+        }
+}
+
+TEST_CASE("store_kv with RoPE names its errors") {
+  std::vector<float> k(64), v(64), rows(64), q(64), inv(8, 1.f);
+  std::vector<std::int32_t> seq = {0}, pos = {0}, len = {0}, position = {5};
+  auto kv = kvsift::make_bshd(k.data(), v.data(), 1, 1, 4, 16, len.data());
+  const auto p0 = kvsift::make_store_kv_params(rows.data(), rows.data(), 1, 1, 16, seq.data(), pos.data());
+  const kvsift::host::Exec exec{};
+  auto p = kvsift::with_rotary(p0, inv.data(), position.data(), 16, q.data(), 4, 16);
+  REQUIRE(kvsift::host::store_kv(exec, kv, p).ok());
+  auto bad = p;
+  bad.rotary.position = nullptr;
+  CHECK(kvsift::host::store_kv(exec, kv, bad).message() == "rotary.position is null");
+  bad = p;
+  bad.rotary.rotary_dim = 7;
+  CHECK(kvsift::host::store_kv(exec, kv, bad).message() == "rotary.rotary_dim = 7 must be even and in [2, head_dim = 16]");
+  bad.rotary.rotary_dim = 18;
+  CHECK(kvsift::host::store_kv(exec, kv, bad).code() == kvsift::StatusCode::kInvalidArgument);
+  bad = p;
+  bad.rotary.num_q_heads = 0;
+  CHECK(kvsift::host::store_kv(exec, kv, bad).message() == "rotary.num_q_heads = 0 must be >= 1 with rotary.q");
+  bad = p;
+  bad.rotary.q_row_stride = 63;
+  CHECK(kvsift::host::store_kv(exec, kv, bad).message() == "rotary.q_row_stride = 63 must be >= num_q_heads * head_dim = 64");
+  bad = p;
+  bad.rotary.q = nullptr;  // K only
+  CHECK(kvsift::host::store_kv(exec, kv, bad).ok());
 }

@@ -31,7 +31,8 @@ struct StoreCase {
   }
 };
 
-inline StoreCase random_store_case(std::mt19937_64& rng, StoreLayout layout, kvsift::ScaleGranularity g) {
+// head_dim 0: drawn from the list below.
+inline StoreCase random_store_case(std::mt19937_64& rng, StoreLayout layout, kvsift::ScaleGranularity g, int head_dim = 0) {
   StoreCase c;
   c.layout = layout;
   c.granularity = g;
@@ -41,7 +42,7 @@ inline StoreCase random_store_case(std::mt19937_64& rng, StoreLayout layout, kvs
   // 300: rows longer than a warp's register segment (core/warp_rows.cuh), stored in two, the second
   // with idle lanes.
   const int dims[] = {16, 64, 128, 256, 48, 300};
-  c.head_dim = dims[uniform_int(rng, 0, 5)];
+  c.head_dim = head_dim > 0 ? head_dim : dims[uniform_int(rng, 0, 5)];
   c.page_size = 1 << uniform_int(rng, 0, 5);
   c.n = uniform_int(rng, 1, 12);
   c.lengths.assign(std::size_t(c.batch), 0);
@@ -106,6 +107,23 @@ kvsift::PagedKV<KT> store_paged_view(const StoreCase& c, KT* k, KT* v, float* ks
   kv.scales = c.granularity == kvsift::ScaleGranularity::kPerHead ? kvsift::make_per_head_scales(ks, vs)
                                                                   : kvsift::make_per_token_scales_for(kv, ks, vs);
   return kv;
+}
+
+// RoPE inputs for a store case (StoreKvRotary): Llama-style inverse frequencies theta^(-2j/r) (theta
+// 500000, in double, rounded), rotary positions up to 128K unrelated to the slots, and Q rows
+// [n, q_heads, head_dim] of the rows' magnitudes.
+struct RotaryCase {
+  int rotary_dim = 0, q_heads = 0;
+  std::vector<float> inv_freq;
+  std::vector<std::int32_t> position;
+};
+inline RotaryCase random_rotary_case(std::mt19937_64& rng, const StoreCase& c, int rotary_dim) {
+  RotaryCase r;
+  r.rotary_dim = rotary_dim;
+  r.q_heads = c.heads * uniform_int(rng, 1, 4);
+  for (int j = 0; j < rotary_dim / 2; ++j) r.inv_freq.push_back(float(std::pow(500000.0, -2.0 * j / rotary_dim)));
+  for (int i = 0; i < c.n; ++i) r.position.push_back(uniform_int(rng, 0, 131071));
+  return r;
 }
 
 }  // namespace kvsift_test

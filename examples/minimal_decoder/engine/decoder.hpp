@@ -45,6 +45,7 @@
 #include "engine/kv_cache.hpp"
 #include "engine/model_config.hpp"
 #include "engine/policy.hpp"
+#include "engine/rope_frequencies.hpp"
 
 namespace minimal_decoder {
 
@@ -195,6 +196,11 @@ class Decoder {
     slots_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     window_rows_ = be_.template alloc<std::int32_t>(std::size_t(rows));
     lengths_ = be_.template alloc<std::int32_t>(std::size_t(B));
+    // RoPE's inverse frequencies, for kvsift::store_kv's rotary (layer_forward).
+    rope_inv_freq_ = be_.template alloc<float>(std::size_t(std::max(1, c_.head_dim / 2)));
+    std::vector<float> inv_freq(std::size_t(c_.head_dim / 2));
+    for (int j = 0; j < c_.head_dim / 2; ++j) inv_freq[std::size_t(j)] = rope_inv_freq(j, c_.head_dim, c_.rope_theta);
+    be_.upload(rope_inv_freq_.data(), inv_freq.data(), inv_freq.size());
     if (lim_.kv_dtype == KvDtype::kFp8) {
       q16_ = be_.template alloc<kvsift::bfloat16_t>(std::size_t(rows * c_.q_dim()));
       out16_ = be_.template alloc<kvsift::bfloat16_t>(std::size_t(rows * c_.q_dim()));
@@ -897,15 +903,21 @@ class Decoder {
       be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
       be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
     }
-    be_.rope(q_.data(), c_.num_q_heads, k_.data(), c_.num_kv_heads, positions_.data(), n, D, c_.rope_theta);
-    if (query_tap_) query_tap_(l, q_.data(), n);
+    // RoPE by kvsift's store_kv where its GPU kernel takes the head (whole heads of 64, 128 or 256 dims;
+    // the same rule on both backends, so they run the same arithmetic), else rope() first.
+    const bool rope_in_store = be_.rope_in_store() && D % 64 == 0 && D <= 256;
+    if (!rope_in_store) be_.rope(q_.data(), c_.num_q_heads, k_.data(), c_.num_kv_heads, positions_.data(), n, D, c_.rope_theta);
     // kvsift: store_kv appends the rows (token i at slot slots_[i] of sequence seq_[i]), rounding to
-    // the cache's type; into an fp8 cache it quantizes each row and writes its per-token scale.
+    // the cache's type; into an fp8 cache it quantizes each row and writes its per-token scale. With the
+    // rotary it first turns each K row by RoPE at positions_[i] (the original position, also after
+    // compression) and Q in place: one launch for the rotation and the append.
     cache.with_view(lim_.max_batch, lengths_.data(), [&](const auto& kv) {
-      const auto rows = kvsift::make_store_kv_params(static_cast<const float*>(k_.data()), static_cast<const float*>(v_.data()),
-                                                     n, c_.num_kv_heads, c_.head_dim, seq_.data(), slots_.data());
+      auto rows = kvsift::make_store_kv_params(static_cast<const float*>(k_.data()), static_cast<const float*>(v_.data()), n,
+                                               c_.num_kv_heads, c_.head_dim, seq_.data(), slots_.data());
+      if (rope_in_store) rows = kvsift::with_rotary(rows, rope_inv_freq_.data(), positions_.data(), D, q_.data(), c_.num_q_heads, D);
       check(store_kv(be_.exec(), kv, rows), "store_kv");
     });
+    if (query_tap_) query_tap_(l, q_.data(), n);
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
     all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
@@ -1024,6 +1036,7 @@ class Decoder {
   // x_: the residual stream between layers; x_mid_: inside a layer, between its two norms (each norm
   // writes the updated residual to the other buffer, so its GEMV can read the old one meanwhile).
   Buffer<float> x_, x_mid_, h_, q_, k_, v_, attn_, gate_, up_, logits_;
+  Buffer<float> rope_inv_freq_;  // [head_dim / 2]
   Buffer<std::int32_t> tokens_, positions_, seq_, slots_, window_rows_, lengths_;
   Buffer<unsigned char> attn_ws_;
   Buffer<kvsift::bfloat16_t> q16_, out16_;  // --kv-dtype fp8: the query and output rows in bf16

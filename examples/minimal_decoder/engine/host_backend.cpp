@@ -3,6 +3,8 @@
 
 #include "engine/host_backend.hpp"
 
+#include "engine/rope_frequencies.hpp"
+
 #include <chrono>
 #include <cmath>
 
@@ -12,8 +14,7 @@ namespace {
 // Rotation angle of RoPE pair i at `position`, computed as Hugging Face does (float32 inverse
 // frequency and product), so a checkpoint sees the positions it was trained with.
 float rope_angle(int position, int pair, int head_dim, float theta) {
-  const float inv_freq = 1.f / std::pow(theta, float(2 * pair) / float(head_dim));
-  return float(position) * inv_freq;
+  return float(position) * rope_inv_freq(pair, head_dim, theta);
 }
 
 }  // namespace

@@ -143,6 +143,10 @@ struct HostBackend {
   // kvsift's host attention reads every KV dtype, fp8 included.
   template <class KT>
   static constexpr bool attends_kv() { return true; }
+  // Whether the decoder hands RoPE to kvsift::store_kv (one call for the rotation and the append) or
+  // runs rope() before it (the same arithmetic and bits on the CPU; decoder.hpp, layer_forward).
+  void set_rope_in_store(bool on) { rope_in_store_ = on; }
+  bool rope_in_store() const { return rope_in_store_; }
   static constexpr const char* kFp8AttentionMissing = "";
   // y = bf16(x) and back: the query and output rows of attention over an fp8 cache.
   void narrow_to_bf16(const float* x, std::int64_t n, kvsift::bfloat16_t* y) const {
@@ -175,6 +179,8 @@ struct HostBackend {
   }
   // out[i] = value (--synthetic-prefill's fp8 scales).
   void fill_value(float* out, std::int64_t n, float value) const { std::fill_n(out, n, value); }
+
+  bool rope_in_store_ = true;
 };
 
 }  // namespace minimal_decoder

@@ -17,17 +17,28 @@ namespace kvsift {
 namespace cuda {
 
 /// Same contract as host::store_kv, bytes identical; pointers are device pointers (seq and pos too, so
-/// a captured graph replays for any positions). Asynchronous on exec.stream; needs no workspace.
-/// The grid depends on n and num_kv_heads only.
+/// a captured graph replays for any positions; the rotary's rows agree with the host's to within one
+/// rounding of the stored type). Asynchronous on exec.stream; needs no workspace. The grid depends on
+/// n, num_kv_heads and rotary.num_q_heads only. With rotary: head_dim <= 256 and rotary_dim a multiple
+/// of 64 (kUnsupported otherwise).
 template <class View, class T>
 Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
   static_assert(detail::check_writable_scales<View>());
   KVSIFT_TRY(detail::validate_store_kv(kv, p));
   if (p.n == 0 || kv.batch == 0) return Status();
-  const std::int64_t pairs = std::int64_t(p.n) * kv.num_kv_heads;
+  const bool rotate = p.rotary.inv_freq != nullptr;
+  if (rotate) {
+    // A warp rotates a head in its registers: the row in one segment, each pair (j, j + r/2) in one lane.
+    KVSIFT_REQUIRE(kv.head_dim <= detail::kWarpRowElems, kUnsupported, "store_kv with rotary: head_dim = ", kv.head_dim,
+                   " must be <= ", detail::kWarpRowElems, " on the GPU");
+    KVSIFT_REQUIRE(p.rotary.rotary_dim % 64 == 0, kUnsupported, "store_kv with rotary: rotary_dim = ", p.rotary.rotary_dim,
+                   " must be a multiple of 64 on the GPU");
+  }
+  // One warp per (row, KV head), then, with rotary Q, one per (row, Q head).
+  const std::int64_t pairs = std::int64_t(p.n) * (kv.num_kv_heads + (rotate && p.rotary.q ? p.rotary.num_q_heads : 0));
   const std::int64_t blocks = (pairs + detail::kStoreKvWarpsPerBlock - 1) / detail::kStoreKvWarpsPerBlock;
-  KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * num_kv_heads = ", pairs, " is too many rows for one launch");
+  KVSIFT_REQUIRE(blocks <= INT32_MAX, kUnsupported, "n * heads = ", pairs, " is too many rows for one launch");
   return from_cuda(detail::launch_with_pdl(exec.launches_dependent(), detail::store_kv_kernel<View, T>,
                                            dim3(unsigned(blocks)), dim3(detail::kStoreKvThreads), 0, exec.stream, kv,
                                            detail::StoreKvLaunch<T>{p, kv_capacity(kv), exec.data_error}),

@@ -78,6 +78,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   shape_routing_ = env_switch("MINIMAL_DECODER_ROUTING", true);
   side_stream_on_ = env_switch("MINIMAL_DECODER_SIDE_STREAM", true);
   handoff_clusters_ = env_switch("MINIMAL_DECODER_HANDOFF_CLUSTERS", true);
+  rope_in_store_ = env_switch("MINIMAL_DECODER_ROPE_STORE", true);
   const char* schedule = std::getenv("MINIMAL_DECODER_GEMV_SCHEDULE");
   if (schedule && std::strcmp(schedule, "static") == 0) tile_schedule_ = TileSchedule::kNever;
   else if (schedule && std::strcmp(schedule, "dynamic") == 0) tile_schedule_ = TileSchedule::kAlways;
@@ -96,7 +97,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
           (pdl_ ? "on" : "off") +
           ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") +
           (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " + tile_schedule_name(tile_schedule_) +
-          (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ")";
+          (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ", RoPE " +
+          (rope_in_store_ ? "in store_kv" : "apart") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);

@@ -171,6 +171,11 @@ class CudaBackend {
   void set_tile_schedule(TileSchedule t) { tile_schedule_ = t; }
   TileSchedule tile_schedule() const { return tile_schedule_; }
   void set_beside_gemvs(int n) { beside_gemvs_ = n; }  // 0: every GEMV until the join
+  // Whether the decoder hands RoPE to kvsift::store_kv (the rotation and the append in one launch) or
+  // launches rope() before it (MINIMAL_DECODER_ROPE_STORE=0; decoder.hpp, layer_forward). The two differ
+  // in the last bit: rope() lets the compiler fuse its multiply-adds and takes its own frequencies.
+  void set_rope_in_store(bool on) { rope_in_store_ = on; }
+  bool rope_in_store() const { return rope_in_store_; }
 
   const char* name() const { return name_.c_str(); }
   // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
@@ -377,6 +382,7 @@ class CudaBackend {
   bool fuse_norms_ = true;
   TileSchedule tile_schedule_ = TileSchedule::kBeside;
   int beside_gemvs_ = 0;
+  bool rope_in_store_ = true;
   mutable bool side_forked_ = false;  // between fork_side and join_side
   mutable int gemvs_since_fork_ = 0;  // pipelined GEMVs launched since the last fork_side
   mutable DeviceBuffer<int> gemv_schedules_;  // 2 x kGemvSchedules, zeroed; each launch leaves its pair at 0

@@ -26,24 +26,69 @@ struct StoreKvLaunch {
 };
 static_assert(sizeof(StoreKvLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
-// One warp per (row i, KV head h). The first kWarpRowElems elements of the K and V rows are loaded
-// into registers before anything else (core/warp_rows.cuh): their loads overlap the seq/pos and
-// block-table lookups, and no store sits in front of them. The per-token amax is a warp max of per-lane
-// maxima, which is order-independent, so the scale equals the host's bit for bit.
+// RoPE on a head in a warp's registers (StoreKvRotary): slot j of a lane holds dim lane + 32 j, so the
+// pair (j, j + r/2) of dims below r/2 sits in slots j and j + r/64 of the same lane (r a multiple of 64).
+__device__ __forceinline__ void rotate_row_segment(WarpRowSegment<float>& x, const float* inv_freq, std::int32_t position,
+                                                   int rotary_dim, int lane) {
+  const int half_slots = rotary_dim / 64;
+#pragma unroll
+  for (int j = 0; j < kWarpRowSlots / 2; ++j)
+    if (j < half_slots) {
+      float c, s;
+      rotary_cos_sin(position, inv_freq[lane + 32 * j], &c, &s);
+#pragma unroll
+      for (int m = 1; m <= kWarpRowSlots / 2; m *= 2)  // the partner slot j + half_slots, unrolled
+        if (m == half_slots) rotate_pair(x.x[j], x.x[j + m], c, s);
+    }
+}
+
+// A Q head rotated in place (StoreKvRotary::q): one warp, the row loaded whole before it is written.
+template <class T>
+__device__ void rotate_q_head(const StoreKvRotary<T>& r, int i, int h, int d, int lane) {
+  T* row = r.q + i * r.q_row_stride + std::int64_t(h) * d;
+  WarpRowSegment<T> seg;
+  seg.load(row, 0, d, lane);
+  WarpRowSegment<float> x;
+#pragma unroll
+  for (int j = 0; j < kWarpRowSlots; ++j) x.x[j] = to_float(seg.x[j]);
+  rotate_row_segment(x, r.inv_freq, r.position[i], r.rotary_dim, lane);
+  x.store(row, 0, r.rotary_dim, lane, [](float v) { return from_float<std::remove_const_t<T>>(v); });
+}
+
+// One warp per (row i, KV head h), then (with rotary Q) one per (row i, Q head). The first
+// kWarpRowElems elements of the K and V rows are loaded into registers before anything else
+// (core/warp_rows.cuh): their loads overlap the seq/pos and block-table lookups, and no store sits in
+// front of them. The per-token amax is a warp max of per-lane maxima, which is order-independent, so
+// the scale equals the host's bit for bit (for a rotated K row: the host's amax of its own rotation).
 template <class View, class T>
 __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   using KT = std::remove_const_t<typename View::value_type>;
   const StoreKvParams<T>& p = launch.p;
   wait_for_primary_grid();  // Exec::dependent_launch: the rows to store are the previous kernel's output
   const std::int64_t pair = std::int64_t(blockIdx.x) * kStoreKvWarpsPerBlock + threadIdx.x / 32;
-  if (pair >= std::int64_t(p.n) * kv.num_kv_heads) return;  // whole warps leave together
-  const int i = int(pair / kv.num_kv_heads), h = int(pair % kv.num_kv_heads);
+  const std::int64_t kv_pairs = std::int64_t(p.n) * kv.num_kv_heads;
+  const bool rotate = p.rotary.inv_freq != nullptr;
   const int lane = threadIdx.x % 32;
   const int d = kv.head_dim;
+  if (pair >= kv_pairs) {  // whole warps leave together
+    if (rotate && p.rotary.q && pair < kv_pairs + std::int64_t(p.n) * p.rotary.num_q_heads) {
+      const std::int64_t qp = pair - kv_pairs;
+      rotate_q_head(p.rotary, int(qp / p.rotary.num_q_heads), int(qp % p.rotary.num_q_heads), d, lane);
+    }
+    return;
+  }
+  const int i = int(pair / kv.num_kv_heads), h = int(pair % kv.num_kv_heads);
   const T* src[2] = {p.k + i * p.row_stride + h * p.head_stride, p.v + i * p.row_stride + h * p.head_stride};
   WarpRowSegment<T> seg[2];
   seg[0].load(src[0], 0, d, lane);
   seg[1].load(src[1], 0, d, lane);
+  // The K row as float, rotated (rotate only; the row is one segment, cuda::store_kv checks).
+  WarpRowSegment<float> kr;
+  if (rotate) {
+#pragma unroll
+    for (int j = 0; j < kWarpRowSlots; ++j) kr.x[j] = to_float(seg[0].x[j]);
+    rotate_row_segment(kr, p.rotary.inv_freq, p.rotary.position[i], p.rotary.rotary_dim, lane);
+  }
   const int b = p.seq[i], t = p.pos[i];
   if (!store_row_in_range(b, t, kv.batch, launch.capacity)) return;
   // A page outside the pool: nothing is written (a write there would land in someone else's memory).
@@ -67,7 +112,7 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
         if (d <= kWarpRowElems) {  // the row is in the registers
 #pragma unroll
           for (int j = 0; j < kWarpRowSlots; ++j)
-            if (lane + 32 * j < d) amax = fold_amax(amax, to_float(seg[kvi].x[j]));
+            if (lane + 32 * j < d) amax = fold_amax(amax, rotate && kvi == 0 ? kr.x[j] : to_float(seg[kvi].x[j]));
         } else {
           for (int e = lane; e < d; e += 32) amax = fold_amax(amax, to_float(src[kvi][e]));
         }
@@ -85,7 +130,8 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
 #pragma unroll
     for (int kvi = 0; kvi < 2; ++kvi) {
       const float s = scale[kvi];
-      seg[kvi].store(dst[kvi], base, d, lane, [s](T x) { return quantize_element<KT>(to_float(x), s); });
+      if (rotate && kvi == 0) kr.store(dst[0], base, d, lane, [s](float x) { return quantize_element<KT>(x, s); });
+      else seg[kvi].store(dst[kvi], base, d, lane, [s](T x) { return quantize_element<KT>(to_float(x), s); });
     }
   }
   if constexpr (is_fp8_dtype<KT>::value)
