@@ -36,6 +36,30 @@ void require_same_bytes(const std::vector<X>& got, const std::vector<X>& want, c
     REQUIRE_MESSAGE(std::memcmp(&got[i], &want[i], sizeof(X)) == 0, what << " element " << i);
 }
 
+// The same store on the host (hp into host memory) and on the device (dp into device memory), in the
+// case's layout; both must succeed.
+template <class KT, class T>
+void store_on_both(const StoreCase& c, std::vector<KT>& hk, std::vector<KT>& hv, std::vector<float>& hks, std::vector<float>& hvs,
+                   DeviceBuffer<KT>& dk, DeviceBuffer<KT>& dv, DeviceBuffer<float>& dks, DeviceBuffer<float>& dvs,
+                   const kvsift::StoreKvParams<T>& hp, const kvsift::StoreKvParams<T>& dp) {
+  DeviceBuffer<std::int32_t> dlen(c.lengths), dtable(c.table);
+  std::vector<std::int32_t> lengths(c.lengths);
+  const auto exec = kvsift::cuda::Exec::for_current_device();
+  kvsift::Status hs, ds;
+  if (c.paged()) {
+    hs = kvsift::host::store_kv(kvsift::host::Exec{},
+                                kvsift_test::store_paged_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), c.table.data(), lengths.data()), hp);
+    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_paged_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dtable.get(), dlen.get()), dp);
+  } else {
+    hs = kvsift::host::store_kv(kvsift::host::Exec{},
+                                kvsift_test::store_contiguous_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), lengths.data()), hp);
+    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_contiguous_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dlen.get()), dp);
+  }
+  REQUIRE_MESSAGE(hs.ok(), hs.to_string());
+  REQUIRE_MESSAGE(ds.ok(), ds.to_string());
+  kvsift_test::sync_and_check();
+}
+
 template <class KT, class T>
 void check_case(std::mt19937_64& rng, StoreLayout layout, ScaleGranularity g, bool specials) {
   const StoreCase c = kvsift_test::random_store_case(rng, layout, g);
@@ -52,24 +76,10 @@ void check_case(std::mt19937_64& rng, StoreLayout layout, ScaleGranularity g, bo
   DeviceBuffer<KT> dk(hk), dv(hv);
   DeviceBuffer<float> dks(hks), dvs(hvs);
   DeviceBuffer<T> dkin(kin), dvin(vin);
-  DeviceBuffer<std::int32_t> dseq(c.seq), dpos(c.pos), dlen(c.lengths), dtable(c.table);
-  std::vector<std::int32_t> lengths(c.lengths);
+  DeviceBuffer<std::int32_t> dseq(c.seq), dpos(c.pos);
   const auto hp = kvsift::make_store_kv_params(kin.data(), vin.data(), c.n, c.heads, c.head_dim, c.seq.data(), c.pos.data());
   const auto dp = kvsift::make_store_kv_params(dkin.get(), dvin.get(), c.n, c.heads, c.head_dim, dseq.get(), dpos.get());
-  const auto exec = kvsift::cuda::Exec::for_current_device();
-  kvsift::Status hs, ds;
-  if (c.paged()) {
-    hs = kvsift::host::store_kv(kvsift::host::Exec{},
-                                kvsift_test::store_paged_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), c.table.data(), lengths.data()), hp);
-    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_paged_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dtable.get(), dlen.get()), dp);
-  } else {
-    hs = kvsift::host::store_kv(kvsift::host::Exec{},
-                                kvsift_test::store_contiguous_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), lengths.data()), hp);
-    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_contiguous_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dlen.get()), dp);
-  }
-  REQUIRE_MESSAGE(hs.ok(), hs.to_string());
-  REQUIRE_MESSAGE(ds.ok(), ds.to_string());
-  kvsift_test::sync_and_check();
+  store_on_both(c, hk, hv, hks, hvs, dk, dv, dks, dvs, hp, dp);
   require_same_bytes(dk.download(), hk, "K");
   require_same_bytes(dv.download(), hv, "V");
   require_same_bytes(dks.download(), hks, "K scales");
@@ -138,26 +148,12 @@ void check_rotary_case(std::mt19937_64& rng, StoreLayout layout, int head_dim, i
   DeviceBuffer<KT> dk(hk), dv(hv);
   DeviceBuffer<float> dks(hks), dvs(hvs), dinv(r.inv_freq);
   DeviceBuffer<T> dkin(kin), dvin(vin), dq(hq);
-  DeviceBuffer<std::int32_t> dseq(c.seq), dpos(c.pos), dlen(c.lengths), dtable(c.table), dposition(r.position);
-  std::vector<std::int32_t> lengths(c.lengths);
+  DeviceBuffer<std::int32_t> dseq(c.seq), dpos(c.pos), dposition(r.position);
   auto hp = kvsift::make_store_kv_params(kin.data(), vin.data(), c.n, c.heads, c.head_dim, c.seq.data(), c.pos.data());
   hp = kvsift::with_rotary(hp, r.inv_freq.data(), r.position.data(), rotary_dim, hq.data(), r.q_heads, c.head_dim);
   auto dp = kvsift::make_store_kv_params(dkin.get(), dvin.get(), c.n, c.heads, c.head_dim, dseq.get(), dpos.get());
   dp = kvsift::with_rotary(dp, dinv.get(), dposition.get(), rotary_dim, dq.get(), r.q_heads, c.head_dim);
-  const auto exec = kvsift::cuda::Exec::for_current_device();
-  kvsift::Status hs, ds;
-  if (c.paged()) {
-    hs = kvsift::host::store_kv(kvsift::host::Exec{},
-                                kvsift_test::store_paged_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), c.table.data(), lengths.data()), hp);
-    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_paged_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dtable.get(), dlen.get()), dp);
-  } else {
-    hs = kvsift::host::store_kv(kvsift::host::Exec{},
-                                kvsift_test::store_contiguous_view(c, hk.data(), hv.data(), hks.data(), hvs.data(), lengths.data()), hp);
-    ds = kvsift::cuda::store_kv(exec, kvsift_test::store_contiguous_view(c, dk.get(), dv.get(), dks.get(), dvs.get(), dlen.get()), dp);
-  }
-  REQUIRE_MESSAGE(hs.ok(), hs.to_string());
-  REQUIRE_MESSAGE(ds.ok(), ds.to_string());
-  kvsift_test::sync_and_check();
+  store_on_both(c, hk, hv, hks, hvs, dk, dv, dks, dvs, hp, dp);
   require_same_bytes(dv.download(), hv, "V");
   require_same_bytes(dvs.download(), hvs, "V scales");
   const auto gk = dk.download();
