@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kvsift/kvsift.cuh"
@@ -124,7 +125,8 @@ TEST_CASE("store_kv on the device: nothing to store launches nothing; errors bef
 // RoPE on the way in (StoreKvRotary) on the device against the host reference: V, V's scales and the
 // unrotated dims byte for byte; the rotated K dims, K's per-token scales and Q within one rounding of
 // their type (the two sides' double cos/sin may differ by an ulp of a double). Every layout, fp8 and
-// 16/32-bit caches, rotary_dim 64 and the whole head, Q rows of more heads than K.
+// 16/32-bit caches, whole and partial rotaries (pairs within a lane, r a multiple of 64, and across
+// lanes), heads of 16 to 256 dims, Q rows of more heads than K.
 namespace {
 
 template <class X>
@@ -182,29 +184,27 @@ void check_rotary_case(std::mt19937_64& rng, StoreLayout layout, int head_dim, i
 TEST_CASE("store_kv with RoPE on the device: K rotated and stored, Q rotated in place, as the host does") {
   auto rng = kvsift_test::make_rng(1412);
   for (auto layout : {StoreLayout::kBHSD, StoreLayout::kBSHD, StoreLayout::kPagedNHD, StoreLayout::kPagedHND})
-    for (int head_dim : {64, 128, 256})
-      for (int rotary_dim : {64, head_dim})
-        for (int trial = 0; trial < 3; ++trial) {
-          CAPTURE(head_dim);
-          CAPTURE(rotary_dim);
-          check_rotary_case<float, float>(rng, layout, head_dim, rotary_dim);
-          check_rotary_case<kvsift::bfloat16_t, float>(rng, layout, head_dim, rotary_dim);
-          check_rotary_case<kvsift::bfloat16_t, kvsift::bfloat16_t>(rng, layout, head_dim, rotary_dim);
-          check_rotary_case<kvsift::fp8_e4m3_t, kvsift::half_t>(rng, layout, head_dim, rotary_dim);
-        }
+    for (const std::pair<int, int>& dims : {std::pair{64, 64}, {64, 2}, {80, 80}, {96, 96}, {96, 32}, {128, 128}, {128, 32},
+                                            {128, 64}, {128, 100}, {256, 256}, {256, 64}, {256, 150}, {48, 16}, {16, 16}})
+      for (int trial = 0; trial < 2; ++trial) {
+        const int head_dim = dims.first, rotary_dim = dims.second;  // partial where rotary_dim < head_dim
+        CAPTURE(head_dim);
+        CAPTURE(rotary_dim);
+        check_rotary_case<float, float>(rng, layout, head_dim, rotary_dim);
+        check_rotary_case<kvsift::bfloat16_t, float>(rng, layout, head_dim, rotary_dim);
+        check_rotary_case<kvsift::bfloat16_t, kvsift::bfloat16_t>(rng, layout, head_dim, rotary_dim);
+        check_rotary_case<kvsift::fp8_e4m3_t, kvsift::half_t>(rng, layout, head_dim, rotary_dim);
+      }
 }
 
-TEST_CASE("store_kv with RoPE on the device: the GPU's limits are named errors") {
+TEST_CASE("store_kv with RoPE on the device: the GPU's limit is a named error") {
   float* fnone = nullptr;
   std::vector<float> dummy(1);
   DeviceBuffer<float> buf(dummy);
-  std::int32_t* ints = reinterpret_cast<std::int32_t*>(buf.get());  // never read: the calls fail before a launch
-  auto kv = kvsift::make_bshd<float>(buf.get(), buf.get(), 1, 1, 4, 96, ints);
-  auto p = kvsift::make_store_kv_params<float>(buf.get(), buf.get(), 1, 1, 96, ints, ints);
-  p = kvsift::with_rotary(p, buf.get(), ints, 96, fnone, 0, 96);
+  std::int32_t* ints = reinterpret_cast<std::int32_t*>(buf.get());  // never read: the call fails before a launch
+  auto kv320 = kvsift::make_bshd<float>(buf.get(), buf.get(), 1, 1, 4, 320, ints);
+  auto p = kvsift::make_store_kv_params<float>(buf.get(), buf.get(), 1, 1, 320, ints, ints);
+  p = kvsift::with_rotary(p, buf.get(), ints, 320, fnone, 0, 320);
   const auto exec = kvsift::cuda::Exec::for_current_device();
-  CHECK(kvsift::cuda::store_kv(exec, kv, p).message() == "store_kv with rotary: rotary_dim = 96 must be a multiple of 64 on the GPU");
-  auto kv300 = kvsift::make_bshd<float>(buf.get(), buf.get(), 1, 1, 4, 320, ints);
-  p.rotary.rotary_dim = 320;
-  CHECK(kvsift::cuda::store_kv(exec, kv300, p).message() == "store_kv with rotary: head_dim = 320 must be <= 256 on the GPU");
+  CHECK(kvsift::cuda::store_kv(exec, kv320, p).message() == "store_kv with rotary: head_dim = 320 must be <= 256 on the GPU");
 }

@@ -903,9 +903,10 @@ class Decoder {
       be_.rms_norm(q_.data(), std::int64_t(n) * c_.num_q_heads, D, lw.q_norm.data(), c_.rms_norm_eps, q_.data());
       be_.rms_norm(k_.data(), std::int64_t(n) * c_.num_kv_heads, D, lw.k_norm.data(), c_.rms_norm_eps, k_.data());
     }
-    // RoPE by kvsift's store_kv where its GPU kernel takes the head (whole heads of 64, 128 or 256 dims;
-    // the same rule on both backends, so they run the same arithmetic), else rope() first.
-    const bool rope_in_store = be_.rope_in_store() && D % 64 == 0 && D <= 256;
+    // RoPE by kvsift's store_kv where its GPU kernel takes the head (head_dim <= 256, which every
+    // head_dim the decoder serves is; the same rule on both backends, so they run the same
+    // arithmetic), else rope() first.
+    const bool rope_in_store = be_.rope_in_store() && D <= 256;
     if (!rope_in_store) be_.rope(q_.data(), c_.num_q_heads, k_.data(), c_.num_kv_heads, positions_.data(), n, D, c_.rope_theta);
     // kvsift: store_kv appends the rows (token i at slot slots_[i] of sequence seq_[i]), rounding to
     // the cache's type; into an fp8 cache it quantizes each row and writes its per-token scale. With the

@@ -19,8 +19,7 @@ namespace cuda {
 /// Same contract as host::store_kv, bytes identical; pointers are device pointers (seq and pos too, so
 /// a captured graph replays for any positions; the rotary's rows agree with the host's to within one
 /// rounding of the stored type). Asynchronous on exec.stream; needs no workspace. The grid depends on
-/// n, num_kv_heads and rotary.num_q_heads only. With rotary: head_dim <= 256 and rotary_dim a multiple
-/// of 64 (kUnsupported otherwise).
+/// n, num_kv_heads and rotary.num_q_heads only. With rotary: head_dim <= 256 (kUnsupported otherwise).
 template <class View, class T>
 Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Workspace /*workspace: none needed*/ = {}) {
   static_assert(check_kv_view<View>());
@@ -29,11 +28,9 @@ Status store_kv(const Exec& exec, const View& kv, const StoreKvParams<T>& p, Wor
   if (p.n == 0 || kv.batch == 0) return Status();
   const bool rotate = p.rotary.inv_freq != nullptr;
   if (rotate) {
-    // A warp rotates a head in its registers: the row in one segment, each pair (j, j + r/2) in one lane.
+    // A warp rotates a head in its registers: the row in one segment.
     KVSIFT_REQUIRE(kv.head_dim <= detail::kWarpRowElems, kUnsupported, "store_kv with rotary: head_dim = ", kv.head_dim,
                    " must be <= ", detail::kWarpRowElems, " on the GPU");
-    KVSIFT_REQUIRE(p.rotary.rotary_dim % 64 == 0, kUnsupported, "store_kv with rotary: rotary_dim = ", p.rotary.rotary_dim,
-                   " must be a multiple of 64 on the GPU");
   }
   // One warp per (row, KV head), then, with rotary Q, one per (row, Q head).
   const std::int64_t pairs = std::int64_t(p.n) * (kv.num_kv_heads + (rotate && p.rotary.q ? p.rotary.num_q_heads : 0));

@@ -68,7 +68,7 @@ template <class T>
 struct StoreKvRotary {
   const float* inv_freq = nullptr;         ///< [rotary_dim / 2] inverse frequencies; null: no rotation
   const std::int32_t* position = nullptr;  ///< [n] rotary position of each row
-  int rotary_dim = 0;                      ///< dims rotated per head: even, in [2, head_dim]; 64, 128 or 256 on the GPU
+  int rotary_dim = 0;                      ///< dims rotated per head: even, in [2, head_dim]
   T* q = nullptr;                          ///< optional Q rows rotated in place: head h of row i at q + i * q_row_stride + h * head_dim
   int num_q_heads = 0;                     ///< heads of each Q row (with q)
   std::int64_t q_row_stride = 0;           ///< elements between consecutive Q rows, >= num_q_heads * head_dim (with q)

@@ -26,20 +26,50 @@ struct StoreKvLaunch {
 };
 static_assert(sizeof(StoreKvLaunch<float>) <= 128, "kernel parameter structs stay within 128 bytes");
 
-// RoPE on a head in a warp's registers (StoreKvRotary): slot j of a lane holds dim lane + 32 j, so the
-// pair (j, j + r/2) of dims below r/2 sits in slots j and j + r/64 of the same lane (r a multiple of 64).
+// RoPE on a head in a warp's registers (StoreKvRotary; the head in one segment: slot j of a lane
+// holds dim lane + 32 j). Dim e < r pairs with p = e + r/2 below r/2 and with p = e - r/2 above it,
+// which sits in slot p / 32 of lane p % 32. A shuffle moves one slot index for the whole warp, so every
+// slot is shuffled from the partner's lane and each lane keeps the one its partner sits in (for r a
+// multiple of 64 the partner is in the lane itself). Each lane then turns its own dims with the angle
+// of pair e mod r/2, by rotate_pair's arithmetic: the two lanes of a pair form the products the host's
+// one rotate_pair call forms, each rounded alone.
 __device__ __forceinline__ void rotate_row_segment(WarpRowSegment<float>& x, const float* inv_freq, std::int32_t position,
                                                    int rotary_dim, int lane) {
-  const int half_slots = rotary_dim / 64;
+  const int half = rotary_dim / 2;
+  float partner[kWarpRowSlots];
 #pragma unroll
-  for (int j = 0; j < kWarpRowSlots / 2; ++j)
-    if (j < half_slots) {
-      float c, s;
-      rotary_cos_sin(position, inv_freq[lane + 32 * j], &c, &s);
+  for (int j = 0; j < kWarpRowSlots; ++j) {
+    const int e = lane + 32 * j;
+    const int p = e < half ? e + half : e - half;  // meaningful for e < rotary_dim only
+    float v = 0.f;
 #pragma unroll
-      for (int m = 1; m <= kWarpRowSlots / 2; m *= 2)  // the partner slot j + half_slots, unrolled
-        if (m == half_slots) rotate_pair(x.x[j], x.x[j + m], c, s);
+    for (int slot = 0; slot < kWarpRowSlots; ++slot) {
+      const float t = __shfl_sync(0xffffffffu, x.x[slot], p & 31);
+      if (slot == p >> 5) v = t;
     }
+    partner[j] = v;
+  }
+#pragma unroll
+  for (int j = 0; j < kWarpRowSlots; ++j) {
+    const int e = lane + 32 * j;
+    if (e < rotary_dim) {
+      const bool low = e < half;
+      float c, s;
+      rotary_cos_sin(position, inv_freq[low ? e : e - half], &c, &s);
+      const float own = __fmul_rn(x.x[j], c), other = __fmul_rn(partner[j], s);
+      x.x[j] = low ? __fsub_rn(own, other) : __fadd_rn(own, other);
+    }
+  }
+}
+
+// Elements [0, d) of a row (d <= kWarpRowElems) as floats in a warp's registers, 0 past d (the
+// rotation's shuffles read every slot).
+template <class T>
+__device__ __forceinline__ WarpRowSegment<float> widen_row(const WarpRowSegment<T>& seg, int d, int lane) {
+  WarpRowSegment<float> x;
+#pragma unroll
+  for (int j = 0; j < kWarpRowSlots; ++j) x.x[j] = lane + 32 * j < d ? to_float(seg.x[j]) : 0.f;
+  return x;
 }
 
 // A Q head rotated in place (StoreKvRotary::q): one warp, the row loaded whole before it is written.
@@ -48,9 +78,7 @@ __device__ void rotate_q_head(const StoreKvRotary<T>& r, int i, int h, int d, in
   T* row = r.q + i * r.q_row_stride + std::int64_t(h) * d;
   WarpRowSegment<T> seg;
   seg.load(row, 0, d, lane);
-  WarpRowSegment<float> x;
-#pragma unroll
-  for (int j = 0; j < kWarpRowSlots; ++j) x.x[j] = to_float(seg.x[j]);
+  WarpRowSegment<float> x = widen_row(seg, d, lane);
   rotate_row_segment(x, r.inv_freq, r.position[i], r.rotary_dim, lane);
   x.store(row, 0, r.rotary_dim, lane, [](float v) { return from_float<std::remove_const_t<T>>(v); });
 }
@@ -85,8 +113,7 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   // The K row as float, rotated (rotate only; the row is one segment, cuda::store_kv checks).
   WarpRowSegment<float> kr;
   if (rotate) {
-#pragma unroll
-    for (int j = 0; j < kWarpRowSlots; ++j) kr.x[j] = to_float(seg[0].x[j]);
+    kr = widen_row(seg[0], d, lane);
     rotate_row_segment(kr, p.rotary.inv_freq, p.rotary.position[i], p.rotary.rotary_dim, lane);
   }
   const int b = p.seq[i], t = p.pos[i];
