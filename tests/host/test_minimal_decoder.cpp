@@ -539,50 +539,55 @@ TEST_CASE("minimal decoder: argument errors are one clear line") {
 
 TEST_CASE("minimal decoder: prefill_from (one shared dense prefill) gives the logits of the policy's own prefill") {
   // The passkey evaluation prefills once and starts every policy from it; this must not change a bit.
+  // An fp8 cache copies its per-token scales with the codes, head by head ([batch, heads, capacity]).
   const md::ModelConfig c = tiny_config();
   md::HostBackend be;
   const md::HostWeights hw = md::random_weights(c, 13);
   const md::BackendWeights<md::HostBackend> weights(be, c, hw);
   const std::vector<std::vector<std::int32_t>> prompts = random_prompts({90, 70}, c.vocab_size, 9);
-  md::DecoderLimits limits;
-  limits.max_batch = 2;
-  limits.max_prompt_len = 90;
-  limits.max_new_tokens = 4;
-  limits.prefill_chunk = 32;
-  md::DecoderLimits source_limits = limits;
-  source_limits.keep_window_queries = 8;
-  md::Decoder<md::HostBackend> source(be, c, weights, md::PolicyOptions(), source_limits);
-  source.prefill(prompts);
-  for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
-                              md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode}) {
-    md::PolicyOptions p;
-    p.kind = kind;
-    p.compression.capacity = 40;
-    p.compression.window = kind == md::PolicyKind::kSnapKV ? 6 : 8;  // a window below the kept one works too
-    p.compression.theta = 0.05f;
-    p.compression.num_block = 8;
-    p.lycheedecode.budget = 24;
-    p.lycheedecode.sink = 2;
-    p.lycheedecode.recent = 4;
-    CAPTURE(p.describe());
-    md::Decoder<md::HostBackend> own(be, c, weights, p, limits), shared(be, c, weights, p, limits);
-    own.prefill(prompts);
-    shared.prefill_from(source);
-    CHECK(own.cache_lengths() == shared.cache_lengths());
-    std::vector<std::int32_t> next = {5, 7};
-    for (int step = 0; step < 4; ++step) {
-      const std::vector<float> a = own.decode(next), b = shared.decode(next);
-      CHECK(a == b);
-      next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+  for (md::KvDtype kv_dtype : {md::KvDtype::kNative, md::KvDtype::kFp8}) {
+    CAPTURE(md::kv_dtype_name(kv_dtype));
+    md::DecoderLimits limits;
+    limits.max_batch = 2;
+    limits.max_prompt_len = 90;
+    limits.max_new_tokens = 4;
+    limits.prefill_chunk = 32;
+    limits.kv_dtype = kv_dtype;
+    md::DecoderLimits source_limits = limits;
+    source_limits.keep_window_queries = 8;
+    md::Decoder<md::HostBackend> source(be, c, weights, md::PolicyOptions(), source_limits);
+    source.prefill(prompts);
+    for (md::PolicyKind kind : {md::PolicyKind::kDense, md::PolicyKind::kClusterAttn, md::PolicyKind::kSnapKV,
+                                md::PolicyKind::kStreamingLLM, md::PolicyKind::kLycheeDecode}) {
+      md::PolicyOptions p;
+      p.kind = kind;
+      p.compression.capacity = 40;
+      p.compression.window = kind == md::PolicyKind::kSnapKV ? 6 : 8;  // a window below the kept one works too
+      p.compression.theta = 0.05f;
+      p.compression.num_block = 8;
+      p.lycheedecode.budget = 24;
+      p.lycheedecode.sink = 2;
+      p.lycheedecode.recent = 4;
+      CAPTURE(p.describe());
+      md::Decoder<md::HostBackend> own(be, c, weights, p, limits), shared(be, c, weights, p, limits);
+      own.prefill(prompts);
+      shared.prefill_from(source);
+      CHECK(own.cache_lengths() == shared.cache_lengths());
+      std::vector<std::int32_t> next = {5, 7};
+      for (int step = 0; step < 4; ++step) {
+        const std::vector<float> a = own.decode(next), b = shared.decode(next);
+        CHECK(a == b);
+        next = {md::argmax(a.data(), c.vocab_size), md::argmax(a.data() + c.vocab_size, c.vocab_size)};
+      }
     }
+    // A compressing policy needs the source's window queries.
+    md::PolicyOptions snap;
+    snap.kind = md::PolicyKind::kSnapKV;
+    snap.compression.capacity = 40;
+    snap.compression.window = 16;
+    md::Decoder<md::HostBackend> wide(be, c, weights, snap, limits);
+    CHECK_ERROR_CONTAINS(wide.prefill_from(source), "the source kept 8 window queries, this policy needs 16");
   }
-  // A compressing policy needs the source's window queries.
-  md::PolicyOptions snap;
-  snap.kind = md::PolicyKind::kSnapKV;
-  snap.compression.capacity = 40;
-  snap.compression.window = 16;
-  md::Decoder<md::HostBackend> wide(be, c, weights, snap, limits);
-  CHECK_ERROR_CONTAINS(wide.prefill_from(source), "the source kept 8 window queries, this policy needs 16");
 }
 
 TEST_CASE("minimal decoder: --profile times every part of a decode step, and the shares sum to 1") {

@@ -813,14 +813,14 @@ class Decoder {
           be_.upload(to.k_row(b, h, 0), tmp.data(), n);
           be_.download(tmp.data(), from.v_row(b, h, 0), n);
           be_.upload(to.v_row(b, h, 0), tmp.data(), n);
-        }
-        if constexpr (kvsift::is_fp8_dtype<T>::value) {
-          // [batch, capacity, heads] scales: tokens [0, L) of sequence b are L * H consecutive floats.
-          std::vector<float> tmp(std::size_t(L) * H);
-          be_.download(tmp.data(), from.scales.k + from.scale_offset(b, 0, 0), tmp.size());
-          be_.upload(to.scales.k + to.scale_offset(b, 0, 0), tmp.data(), tmp.size());
-          be_.download(tmp.data(), from.scales.v + from.scale_offset(b, 0, 0), tmp.size());
-          be_.upload(to.scales.v + to.scale_offset(b, 0, 0), tmp.data(), tmp.size());
+          if constexpr (kvsift::is_fp8_dtype<T>::value) {
+            // [batch, heads, capacity] scales (kv_cache.hpp): tokens [0, L) of head h are L consecutive floats.
+            std::vector<float> s(static_cast<std::size_t>(L));
+            be_.download(s.data(), from.scales.k + from.scale_offset(b, h, 0), s.size());
+            be_.upload(to.scales.k + to.scale_offset(b, h, 0), s.data(), s.size());
+            be_.download(s.data(), from.scales.v + from.scale_offset(b, h, 0), s.size());
+            be_.upload(to.scales.v + to.scale_offset(b, h, 0), s.data(), s.size());
+          }
         }
       }
     }

@@ -16,8 +16,9 @@
 // KV dtype: the backend's own (float on the CPU, bf16 on the GPU), or fp8 E4M3 with one float scale per
 // (token, KV head) for K and for V (--kv-dtype fp8): kvsift::store_kv quantizes each appended row with
 // the scale amax / 448 and writes the scale next to it, and every kvsift op reads code * scale. The
-// scales are laid out as kvsift::make_per_token_scales_for expects: [batch, capacity, heads] for the
-// contiguous layout, one float per (page, slot, head) in the page layout for the paged one.
+// scales follow the rows: [batch, heads, capacity] for the contiguous layout
+// (kvsift::make_per_token_scales_head_major), one float per (page, slot, head) in the page layout for
+// the paged one (kvsift::make_per_token_scales_for).
 //
 // The page table here is fixed when the cache is made: page p of sequence b is physical page
 // p * max_batch + b, so no sequence's pages are adjacent and every access goes through the table.
@@ -149,10 +150,13 @@ class LayerKvCache {
     T* v = storage<T>(false) + first * per_sequence;
     auto kv = kvsift::make_bhsd(k, v, batch, shape_.num_kv_heads, shape_.capacity, shape_.head_dim, lengths);
     if constexpr (std::is_same_v<T, Fp8>) {
-      // [batch, capacity, heads] scales; a one-sequence view starts at its sequence's scales.
+      // [batch, heads, capacity] scales, like the rows: a head's consecutive tokens have consecutive
+      // scales, which the GPU decode reads 16 bytes at a time instead of one 32-byte sector per token
+      // ([batch, capacity, heads] strides a head's scales by heads * 4 bytes). A one-sequence view
+      // starts at its sequence's scales.
       const std::int64_t scales_per_sequence = std::int64_t(shape_.capacity) * shape_.num_kv_heads;
-      kv.scales = kvsift::make_per_token_scales_for(kv, const_cast<float*>(k_scales_.data()) + first * scales_per_sequence,
-                                                    const_cast<float*>(v_scales_.data()) + first * scales_per_sequence);
+      kv.scales = kvsift::make_per_token_scales_head_major(kv, const_cast<float*>(k_scales_.data()) + first * scales_per_sequence,
+                                                           const_cast<float*>(v_scales_.data()) + first * scales_per_sequence);
     }
     return kv;
   }
