@@ -80,9 +80,16 @@ class LayerKvCache {
     if (s.dtype == KvDtype::kFp8) {
       k8_ = be.template alloc<Fp8>(elements_);
       v8_ = be.template alloc<Fp8>(elements_);
-      // One K and one V scale per row of head_dim elements: the same count as rows in the storage.
-      k_scales_ = be.template alloc<float>(elements_ / std::size_t(s.head_dim));
-      v_scales_ = be.template alloc<float>(elements_ / std::size_t(s.head_dim));
+      // One K and one V scale per row of head_dim elements. A contiguous cache's head of scales starts
+      // on 16 bytes (its capacity rounded up to 4 floats), so the GPU decode copies them 4 at a time
+      // whatever the capacity.
+      scale_elements_ = elements_ / std::size_t(s.head_dim);
+      if (s.layout == KvLayout::kContiguous) {
+        scale_capacity_ = (s.capacity + 3) / 4 * 4;
+        scale_elements_ = std::size_t(s.max_batch) * s.num_kv_heads * std::size_t(scale_capacity_);
+      }
+      k_scales_ = be.template alloc<float>(scale_elements_);
+      v_scales_ = be.template alloc<float>(scale_elements_);
     } else {
       k_ = be.template alloc<KV>(elements_);
       v_ = be.template alloc<KV>(elements_);
@@ -100,7 +107,7 @@ class LayerKvCache {
   Fp8* v_codes() { return v8_.data(); }
   float* k_scales() { return k_scales_.data(); }
   float* v_scales() { return v_scales_.data(); }
-  std::size_t scale_elements() const { return elements_ / std::size_t(shape_.head_dim); }
+  std::size_t scale_elements() const { return scale_elements_; }
 
   // f(view) with the layout's kvsift view of sequences [0, batch), lengths[batch] in backend memory.
   // kvsift views carry mutable pointers; through a const cache they are only ever read.
@@ -154,9 +161,11 @@ class LayerKvCache {
       // scales, which the GPU decode reads 16 bytes at a time instead of one 32-byte sector per token
       // ([batch, capacity, heads] strides a head's scales by heads * 4 bytes). A one-sequence view
       // starts at its sequence's scales.
-      const std::int64_t scales_per_sequence = std::int64_t(shape_.capacity) * shape_.num_kv_heads;
+      const std::int64_t scales_per_sequence = std::int64_t(scale_capacity_) * shape_.num_kv_heads;
       kv.scales = kvsift::make_per_token_scales_head_major(kv, const_cast<float*>(k_scales_.data()) + first * scales_per_sequence,
                                                            const_cast<float*>(v_scales_.data()) + first * scales_per_sequence);
+      kv.scales.head_stride = scale_capacity_;
+      kv.scales.batch_stride = std::int32_t(scales_per_sequence);
     }
     return kv;
   }
@@ -176,6 +185,8 @@ class LayerKvCache {
   KvCacheShape shape_;
   int pages_per_sequence_ = 0;
   std::size_t elements_ = 0;
+  int scale_capacity_ = 0;          // fp8 contiguous: scales per (sequence, head), capacity rounded up to 4
+  std::size_t scale_elements_ = 0;  // fp8: K (and V) scales allocated
   Buffer<KV> k_, v_;
   Buffer<Fp8> k8_, v8_;               // --kv-dtype fp8: codes
   Buffer<float> k_scales_, v_scales_;  // and their per-token scales
