@@ -129,22 +129,13 @@ TEST_CASE("store_kv on the device: nothing to store launches nothing; errors bef
 // lanes), heads of 16 to 256 dims, Q rows of more heads than K.
 namespace {
 
-template <class X>
-double rounding() {
-  if constexpr (std::is_same_v<X, float>) return 1.0 / (1 << 23);
-  else if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / 1024;
-  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 1.0 / 128;
-  else return 1.0 / 8;  // fp8 E4M3
-}
-
 template <class KT, class T>
 void check_rotary_case(std::mt19937_64& rng, StoreLayout layout, int head_dim, int rotary_dim) {
   const StoreCase c = kvsift_test::random_store_case(rng, layout, ScaleGranularity::kPerToken, head_dim);
   const auto r = kvsift_test::random_rotary_case(rng, c, rotary_dim);
   const auto kin = kvsift_test::random_store_rows<T>(rng, c, false);
   const auto vin = kvsift_test::random_store_rows<T>(rng, c, false);
-  std::vector<T> hq(std::size_t(c.n) * r.q_heads * c.head_dim);
-  for (auto& x : hq) x = kvsift::from_float<T>(float(std::uniform_real_distribution<double>(-3.0, 3.0)(rng)));
+  std::vector<T> hq = kvsift_test::random_query_rows<T>(rng, c, r);
   auto hk = poisoned<KT>(c.cache_elements()), hv = poisoned<KT>(c.cache_elements());
   auto hks = poisoned<float>(c.scale_count()), hvs = poisoned<float>(c.scale_count());
   DeviceBuffer<KT> dk(hk), dv(hv);
@@ -169,13 +160,13 @@ void check_rotary_case(std::mt19937_64& rng, StoreLayout layout, int head_dim, i
   for (std::size_t e = 0; e < gk.size(); ++e) {
     if (std::memcmp(&gk[e], &hk[e], sizeof(KT)) == 0) continue;
     const double g = kvsift::to_float(gk[e]), h = kvsift::to_float(hk[e]);
-    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * rounding<KT>() * std::max(std::fabs(h), 1e-3), "K element " << e << ": " << g << " vs " << h);
+    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * kvsift_test::epsilon_of<KT>() * std::max(std::fabs(h), 1e-3), "K element " << e << ": " << g << " vs " << h);
   }
   const auto gq = dq.download();
   for (std::size_t e = 0; e < gq.size(); ++e) {
     if (std::memcmp(&gq[e], &hq[e], sizeof(T)) == 0) continue;
     const double g = kvsift::to_float(gq[e]), h = kvsift::to_float(hq[e]);
-    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * rounding<T>() * std::fabs(h) + 1e-6, "Q element " << e << ": " << g << " vs " << h);
+    REQUIRE_MESSAGE(std::fabs(g - h) <= 1.01 * kvsift_test::epsilon_of<T>() * std::fabs(h) + 1e-6, "Q element " << e << ": " << g << " vs " << h);
   }
 }
 

@@ -199,12 +199,10 @@ namespace {
 bool close(double got, double want, double mag, double narrow_rel, double narrow_abs = 0.0) {
   return std::fabs(got - want) <= 4.0 * FLT_EPSILON * mag + narrow_rel * std::fabs(want) + narrow_abs + 1e-30;
 }
+// The stored type's rounding, relative (none for float: the reference computes in float).
 template <class X>
 constexpr double narrowing() {
-  if constexpr (std::is_same_v<X, float>) return 0.0;
-  else if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / 2048;
-  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 1.0 / 256;
-  else return 1.0 / 16;  // fp8 E4M3
+  return std::is_same_v<X, float> ? 0.0 : kvsift_test::epsilon_of<X>() / 2;
 }
 
 template <class KT, class T>
@@ -213,8 +211,7 @@ void check_rotary(std::mt19937_64& rng, StoreLayout layout, int head_dim, int ro
   const auto r = kvsift_test::random_rotary_case(rng, c, rotary_dim);
   const auto kin = kvsift_test::random_store_rows<T>(rng, c, false);
   const auto vin = kvsift_test::random_store_rows<T>(rng, c, false);
-  std::vector<T> q(std::size_t(c.n) * r.q_heads * c.head_dim);
-  for (auto& x : q) x = kvsift::from_float<T>(float(std::uniform_real_distribution<double>(-3.0, 3.0)(rng)));
+  std::vector<T> q = kvsift_test::random_query_rows<T>(rng, c, r);
   const auto q0 = q;
   std::vector<KT> k(c.cache_elements()), v(c.cache_elements());
   std::vector<float> ks(c.scale_count(), -7.f), vs(c.scale_count(), -7.f);

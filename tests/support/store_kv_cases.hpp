@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <type_traits>
 #include <vector>
 
 #include "kvsift/kvsift.hpp"
@@ -110,8 +112,8 @@ kvsift::PagedKV<KT> store_paged_view(const StoreCase& c, KT* k, KT* v, float* ks
 }
 
 // RoPE inputs for a store case (StoreKvRotary): Llama-style inverse frequencies theta^(-2j/r) (theta
-// 500000, in double, rounded), rotary positions up to 128K unrelated to the slots, and Q rows
-// [n, q_heads, head_dim] of the rows' magnitudes.
+// 500000, in double, rounded), rotary positions up to 128K unrelated to the slots, and Q rows of
+// more heads than K (random_query_rows).
 struct RotaryCase {
   int rotary_dim = 0, q_heads = 0;
   std::vector<float> inv_freq;
@@ -124,6 +126,23 @@ inline RotaryCase random_rotary_case(std::mt19937_64& rng, const StoreCase& c, i
   for (int j = 0; j < rotary_dim / 2; ++j) r.inv_freq.push_back(float(std::pow(500000.0, -2.0 * j / rotary_dim)));
   for (int i = 0; i < c.n; ++i) r.position.push_back(uniform_int(rng, 0, 131071));
   return r;
+}
+// The Q rows of a rotary case, [n, q_heads, head_dim], uniform in [-3, 3) and rounded to T.
+template <class T>
+std::vector<T> random_query_rows(std::mt19937_64& rng, const StoreCase& c, const RotaryCase& r) {
+  std::vector<T> q(std::size_t(c.n) * r.q_heads * c.head_dim);
+  for (auto& x : q) x = kvsift::from_float<T>(float(std::uniform_real_distribution<double>(-3.0, 3.0)(rng)));
+  return q;
+}
+
+// The spacing of X's values at 1 (machine epsilon): float 2^-23, half 2^-10, bfloat16 2^-7, fp8 E4M3 2^-3.
+// Rounding to X is within half of it, relative.
+template <class X>
+constexpr double epsilon_of() {
+  if constexpr (std::is_same_v<X, float>) return 1.0 / (1 << 23);
+  else if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / 1024;
+  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 1.0 / 128;
+  else return 1.0 / 8;  // fp8 E4M3
 }
 
 }  // namespace kvsift_test
