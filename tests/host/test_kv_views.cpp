@@ -237,7 +237,7 @@ TEST_CASE("ContiguousKV fp8 scales: per head and per token address the documente
   const int B = 2, H = 3, S = 5, D = 16;
   std::vector<fp8_e4m3_t> k(std::size_t(B) * H * S * D), v(k.size());
   std::vector<std::int32_t> len = {5, 2};
-  std::vector<float> ks(std::size_t(B) * S * H), vs(ks.size());
+  std::vector<float> ks(std::size_t(B) * 8 * H), vs(ks.size());  // room for head-major scales padded to 8 tokens
   for (std::size_t i = 0; i < ks.size(); ++i) {
     ks[i] = float(i + 1);
     vs[i] = -float(i + 1);
@@ -262,6 +262,9 @@ TEST_CASE("ContiguousKV fp8 scales: per head and per token address the documente
     check_per_token([&](int b, int h, int t) { return (std::size_t(b) * S + t) * H + h; });
     kv.scales = kvsift::make_per_token_scales_head_major(kv, ks.data(), vs.data());  // [batch, head, token]
     check_per_token([&](int b, int h, int t) { return (std::size_t(b) * H + h) * S + t; });
+    // Each head's scales padded to 8 tokens (ks holds B * H * 8 floats).
+    kv.scales = kvsift::make_per_token_scales_head_major(kv, ks.data(), vs.data(), 8);
+    check_per_token([&](int b, int h, int t) { return (std::size_t(b) * H + h) * 8 + t; });
     kv.scales = kvsift::make_per_head_scales(ks.data(), vs.data());
     REQUIRE(kv.validate().ok());
     CHECK(kv.k_scale(1, 2, 4) == ks[2]);

@@ -163,9 +163,8 @@ class LayerKvCache {
       // starts at its sequence's scales.
       const std::int64_t scales_per_sequence = std::int64_t(scale_capacity_) * shape_.num_kv_heads;
       kv.scales = kvsift::make_per_token_scales_head_major(kv, const_cast<float*>(k_scales_.data()) + first * scales_per_sequence,
-                                                           const_cast<float*>(v_scales_.data()) + first * scales_per_sequence);
-      kv.scales.head_stride = scale_capacity_;
-      kv.scales.batch_stride = std::int32_t(scales_per_sequence);
+                                                           const_cast<float*>(v_scales_.data()) + first * scales_per_sequence,
+                                                           scale_capacity_);
     }
     return kv;
   }

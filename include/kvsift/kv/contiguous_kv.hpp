@@ -127,15 +127,21 @@ KvScales make_per_token_scales_for(const ContiguousKV<T>& kv, float* k, float* v
   return s;
 }
 
-/// Per-token scales laid out [batch, heads, capacity] for `kv` (token_stride 1, head_stride capacity,
-/// batch_stride heads * capacity; as many floats as make_per_token_scales_for). The layout decode
-/// attention streams fastest on the GPU: a stage's 64 scales of one head are 256 consecutive bytes,
-/// copied in 16-byte pieces, where [batch, capacity, heads] costs one 4-byte read per scale.
+/// Per-token scales laid out [batch, heads, head_capacity] for `kv` (token_stride 1, head_stride
+/// head_capacity, batch_stride heads * head_capacity; head_capacity 0 means kv.capacity, which takes as
+/// many floats as make_per_token_scales_for). The layout decode attention streams fastest on the GPU: a
+/// stage's 64 scales of one head are 256 consecutive bytes, copied in 16-byte pieces where a head's
+/// scales start 16-byte aligned, so an engine whose capacity is not a multiple of 4 passes it rounded up
+/// (and allocates batch * heads * head_capacity floats); [batch, capacity, heads] costs one 4-byte read
+/// per scale.
 template <class T>
-KvScales make_per_token_scales_head_major(const ContiguousKV<T>& kv, float* k, float* v) {
+KvScales make_per_token_scales_head_major(const ContiguousKV<T>& kv, float* k, float* v, int head_capacity = 0) {
   KvScales s = make_per_token_scales_for(kv, k, v);  // the same sequences, heads and tokens within one
+  const std::int64_t per_head = head_capacity > 0 ? head_capacity : kv.capacity;
   s.token_stride = 1;
-  s.head_stride = kv.capacity;
+  s.head_stride = static_cast<std::int32_t>(per_head);
+  // Beyond int32 the stride wraps negative, which validate() names.
+  s.batch_stride = static_cast<std::int32_t>(per_head * kv.num_kv_heads);
   return s;
 }
 
