@@ -139,6 +139,8 @@ void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block, Fp8Scales l
 
 void dense_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 1024, 0});  // a short context: the fixed cost of a call
+  b->Args({1, 1040, 1});  // a compressed prompt (1024 kept + 16 new tokens), BHSD as the minimal decoder keeps it
+  b->Args({1, 2048, 0});
   for (int batch : {1, 8})
     for (int s : {32768, 131072}) b->Args({batch, s, 0});
   b->Args({1, 131072, 1});  // BHSD

@@ -142,6 +142,8 @@ inline bool close(double got, double want, double tol) {
 // positions: what the split plan before 9b81d59 dropped. Counted so a run shows the bug class is hit.
 struct Coverage {
   int cases = 0, cases_with_cut_rows = 0, rows = 0, cut_rows = 0;
+  int clustered = 0;        // cases whose splits merged in clusters (DecodePlan::cluster)
+  int clustered_alike = 0;  // of those, cases compared bit for bit with the merge kernel on the same splits
 };
 inline Coverage& coverage() {
   static Coverage c;
@@ -150,7 +152,8 @@ inline Coverage& coverage() {
 inline void report_coverage(const std::string& what) {
   const Coverage& c = coverage();
   MESSAGE(what << ": " << c.cases << " cases, " << c.cases_with_cut_rows << " with index rows the old split plan cut ("
-                << c.cut_rows << " of " << c.rows << " sparse rows)");
+                << c.cut_rows << " of " << c.rows << " sparse rows), " << c.clustered << " merged in clusters (" << c.clustered_alike
+                << " of them bit for bit against the merge kernel on the same splits)");
 }
 
 // Builds the case, runs both backends, compares; `make_view` picks the view type from the cache.
@@ -343,6 +346,17 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   }
   CHECK(bad == 0);
 
+  // Another run of the same call (its outputs downloaded after it): bit-identical to the direct launch.
+  auto same_as_direct = [&](const char* what) {
+    kvsift_test::sync_and_check();
+    const auto again_out = dout.download();
+    const auto again_lse = dlse.download();
+    const auto again_scores = dscores.download();
+    CHECK_MESSAGE(std::memcmp(again_out.data(), out.data(), n_out * sizeof(QT)) == 0, what << ": out differs");
+    CHECK_MESSAGE(std::memcmp(again_lse.data(), lse.data(), n_lse * sizeof(float)) == 0, what << ": lse differs");
+    CHECK_MESSAGE(std::memcmp(again_scores.data(), scores.data(), n_scores * sizeof(float)) == 0, what << ": scores differ");
+  };
+
   // The same call captured in a CUDA graph and replayed (outputs and workspace poisoned again):
   // bit-identical to the direct launch.
   if (c.graph) {
@@ -358,17 +372,35 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
     poison_all();
     KVSIFT_TEST_CUDA(cudaGraphLaunch(gexec, stream));
     KVSIFT_TEST_CUDA(cudaStreamSynchronize(stream));
-    kvsift_test::sync_and_check();
-    const auto gout = dout.download();
-    const auto glse = dlse.download();
-    const auto gscores = dscores.download();
-    CHECK_MESSAGE(std::memcmp(gout.data(), out.data(), n_out * sizeof(QT)) == 0, "graph replay: out differs");
-    CHECK_MESSAGE(std::memcmp(glse.data(), lse.data(), n_lse * sizeof(float)) == 0, "graph replay: lse differs");
-    CHECK_MESSAGE(std::memcmp(gscores.data(), scores.data(), n_scores * sizeof(float)) == 0,
-                  "graph replay: scores differ");
+    same_as_direct("graph replay");
     cudaGraphExecDestroy(gexec);
     cudaGraphDestroy(graph);
     cudaStreamDestroy(stream);
+  }
+
+  // A call whose splits merge in clusters, again without clusters (the merge kernel, the partials in
+  // the workspace): where that plan cuts the heads alike, the same arithmetic in the same order, so
+  // bit-identical. (Where the cluster plan grew the chunks, or gave one role empty splits, the
+  // splits differ and only the reference comparison above applies.)
+  kvsift::detail::DecodePlan plan;
+  REQUIRE(kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan).ok());
+  if (plan.cluster > 1) ++coverage().clustered;
+  auto unclustered = exec;
+  unclustered.device.clusters = false;
+  kvsift::detail::DecodePlan flat;
+  REQUIRE(kvsift::detail::plan_decode_attention(unclustered.device, kv, p, &flat).ok());
+  REQUIRE(flat.cluster == 0);
+  if (plan.cluster > 1 && flat.chunk == plan.chunk && flat.sparse_chunk == plan.sparse_chunk &&
+      flat.ctas_per_tile == plan.ctas_per_tile) {
+    ++coverage().clustered_alike;
+    std::size_t flat_bytes = 0;
+    REQUIRE(kvsift::decode_attention_workspace_bytes(unclustered, kv, p, &flat_bytes).ok());
+    DeviceBuffer<unsigned char> flat_ws(std::max<std::size_t>(flat_bytes, 1));
+    poison_all();
+    flat_ws.poison();
+    const auto fst = kvsift::cuda::decode_attention(unclustered, kv, p, kvsift::Workspace{flat_ws.get(), flat_bytes});
+    REQUIRE_MESSAGE(fst.ok(), fst.to_string());
+    same_as_direct("the merge kernel on the cluster's splits");
   }
 }
 

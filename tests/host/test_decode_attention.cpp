@@ -552,7 +552,7 @@ TEST_CASE("decode_attention plan: one wave, and a merge grid that covers every s
   using kvsift::bfloat16_t;
   namespace d = kvsift::detail;
   std::vector<std::int32_t> idx(64 * 8 * 4096), cnt(64 * 8, 4096);
-  int merging = 0, not_merging = 0;
+  int merging = 0, not_merging = 0, clustered = 0;
   for (int b : {1, 2, 8, 64})
     for (int S : {1000, 32768, 131072})
       for (int hd : {64, 128, 256})
@@ -585,6 +585,16 @@ TEST_CASE("decode_attention plan: one wave, and a merge grid that covers every s
           CHECK(plan.sparse_chunk % d::kDecodeCtaTokens == 0);
           CHECK(plan.retrieval_splits * plan.chunk >= plan.max_len);
           if (mixed) CHECK(plan.sparse_splits * plan.sparse_chunk >= plan.sparse_tokens);
+          if (plan.cluster > 1) {  // small calls: a head's splits merge in their cluster
+            CHECK(plan.cluster <= d::kDecodeMaxClusterSplits);
+            if (plan.num_retrieval > 0) CHECK(plan.retrieval_splits == plan.cluster);
+            if (plan.num_sparse > 0) CHECK(plan.sparse_splits == plan.cluster);
+            CHECK(blocks <= 132);
+            CHECK(plan.merged_heads == 0);
+            CHECK(plan.workspace_bytes() == 0);
+            ++clustered;
+            continue;
+          }
           const bool merge_r = plan.num_retrieval > 0 && plan.retrieval_splits > 1;
           const bool merge_s = plan.num_sparse > 0 && plan.sparse_splits > 1;
           CHECK(plan.merged_heads == (merge_r ? plan.num_retrieval : 0) + (merge_s ? plan.num_sparse : 0));
@@ -607,6 +617,54 @@ TEST_CASE("decode_attention plan: one wave, and a merge grid that covers every s
         }
   CHECK(merging > 0);
   CHECK(not_merging > 0);
+  CHECK(clustered > 0);
+}
+
+TEST_CASE("decode_attention plan: small calls merge their splits in clusters, large ones in the merge kernel") {
+  using kvsift::bfloat16_t;
+  namespace d = kvsift::detail;
+  auto plan_for = [](int batch, int len, bool clusters) {
+    auto kv = kvsift::make_bhsd<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256), reinterpret_cast<bfloat16_t*>(256), batch, 8,
+                                            len, 128, reinterpret_cast<const std::int32_t*>(256));
+    auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
+                                                              reinterpret_cast<bfloat16_t*>(256), 1, 32, 128);
+    H200Facts facts;
+    facts.device.clusters = clusters;
+    d::DecodePlan plan;
+    REQUIRE(d::plan_decode_attention(facts.device, kv, p, &plan).ok());
+    return plan;
+  };
+  // 1024 tokens, 8 KV heads: 16 splits of 64 become 8 of 128 (two stages, the ring's depth).
+  auto p = plan_for(1, 1024, true);
+  CHECK(p.cluster == 8);
+  CHECK(p.chunk == 128);
+  CHECK(p.retrieval_splits == 8);
+  CHECK_FALSE(p.merge_kernel());
+  // 1040 tokens (a compressed prompt plus new ones): 17 splits of 64, or 8 of 192 (one ring more).
+  p = plan_for(1, 1040, true);
+  CHECK(p.cluster == 8);
+  CHECK(p.chunk == 192);
+  // Short enough for 5 splits of 64: they are the cluster.
+  p = plan_for(1, 300, true);
+  CHECK(p.cluster == 5);
+  CHECK(p.chunk == 64);
+  // One split per head: nothing to merge.
+  p = plan_for(1, 64, true);
+  CHECK(p.cluster == 0);
+  CHECK_FALSE(p.splits_any());
+  // Growing 8 splits by more than a ring's depth: the merge kernel.
+  p = plan_for(1, 4096, true);
+  CHECK(p.cluster == 0);
+  CHECK(p.merge_kernel());
+  // More blocks than SMs: the merge kernel (a cluster could wait for a GPC with room).
+  p = plan_for(8, 131072, true);
+  CHECK(p.cluster == 0);
+  CHECK(p.merge_kernel());
+  // A device without clusters.
+  p = plan_for(1, 1024, false);
+  CHECK(p.cluster == 0);
+  CHECK(p.retrieval_splits == 16);
+  CHECK(p.merge_kernel());
 }
 
 TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a default") {

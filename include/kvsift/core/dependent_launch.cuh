@@ -51,21 +51,38 @@ __device__ __forceinline__ void dependent_kernel_start() {
 }
 
 /// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute when
-/// `pdl` (the device must have PDL: compute capability 9.0 or later); the launch's error.
+/// `pdl` (the device must have PDL: compute capability 9.0 or later) and, when cluster_x > 1, in
+/// thread-block clusters of cluster_x blocks along x (sm_90+; grid.x a multiple of it); the launch's error.
 template <class... Params, class... Args>
-cudaError_t launch_with_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
-                            Args&&... args) {
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
+cudaError_t launch_with_attributes(bool pdl, unsigned cluster_x, void (*kernel)(Params...), dim3 grid, dim3 block,
+                                   std::size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attrs[2] = {};
+  unsigned n = 0;
+  if (pdl) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster_x > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster_x;
+    attrs[n].val.clusterDim.y = 1;
+    attrs[n++].val.clusterDim.z = 1;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  config.attrs = pdl ? &attr : nullptr;
-  config.numAttrs = pdl ? 1 : 0;
+  config.attrs = n > 0 ? attrs : nullptr;
+  config.numAttrs = n;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+/// launch_with_attributes without clusters.
+template <class... Params, class... Args>
+cudaError_t launch_with_pdl(bool pdl, void (*kernel)(Params...), dim3 grid, dim3 block, std::size_t smem, cudaStream_t stream,
+                            Args&&... args) {
+  return launch_with_attributes(pdl, 0u, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 /// kernel<<<grid, block, smem, stream>>>(args...) as a programmatic dependent of the launch before

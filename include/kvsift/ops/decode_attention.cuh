@@ -8,7 +8,9 @@
 /// float K/V. A head with one split writes `out` and `lse` directly; otherwise each block writes its
 /// normalised partial and log-sum-exp to the workspace, and the merge kernel, launched as a
 /// programmatic dependent (it is scheduled while the split kernel runs and waits for it on the
-/// device), combines them. Nothing is allocated, nothing waits on the host, and the grids come from
+/// device), combines them. Small calls (DecodePlan::cluster) launch a head's splits as one
+/// thread-block cluster instead, and the splits merge through distributed shared memory before they
+/// exit: one launch and no partials. Nothing is allocated, nothing waits on the host, and the grids come from
 /// host values only.
 ///
 /// Every K and V row must be 16-byte aligned (checked for ContiguousKV and PagedKV).
@@ -63,7 +65,10 @@ template <int D, int R, class View, class QT>
 Status launch_decode_split_mma(const DecodeLaunch<View, QT>& launch, dim3 grid, int score_blocks, cudaStream_t stream, bool pdl) {
   const std::size_t smem = mma_smem_bytes<D, R, int(sizeof(typename View::value_type))>(score_blocks);
   KVSIFT_TRY(allow_dynamic_smem(decode_split_mma_kernel<D, R, View, QT>, smem));
-  return from_cuda(launch_with_pdl(pdl, decode_split_mma_kernel<D, R, View, QT>, grid, dim3(kDecodeThreads), smem, stream, launch),
+  // A head's splits form one cluster when they merge there (DecodePlan::cluster).
+  const unsigned cluster = launch.plan.cluster > 1 ? unsigned(launch.plan.cluster) : 0u;
+  return from_cuda(launch_with_attributes(pdl, cluster, decode_split_mma_kernel<D, R, View, QT>, grid, dim3(kDecodeThreads), smem,
+                                          stream, launch),
                    "decode_attention: the split launch");
 }
 
@@ -78,7 +83,7 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
   if (kv.batch == 0) return Status();
   KVSIFT_TRY(check_rows_16byte_aligned(kv));  // the kernels move rows with 16-byte copies
   const detail::DecodePlan& plan = launch.plan;
-  if (plan.splits_any()) {
+  if (plan.merge_kernel()) {
     KVSIFT_REQUIRE_NOT_NULL(workspace.data, "workspace.data (ask decode_attention_workspace_bytes)");
     WorkspaceCarver ws(workspace);
     plan.carve(ws, &launch.partial_out, &launch.partial_lse);
@@ -92,7 +97,7 @@ Status launch_decode_attention(const cuda::Exec& exec, const View& kv, DecodeLau
   // then (when some head splits) the merge kernel as its programmatic dependent.
   const bool pdl = exec.launches_dependent();
   auto merge = [&](auto head_dim, auto row_tile) -> Status {
-    if (!plan.splits_any()) return Status();
+    if (!plan.merge_kernel()) return Status();
     constexpr int D = decltype(head_dim)::value, R = decltype(row_tile)::value;
     const dim3 merge_grid(plan.merged_heads * plan.merge_blocks_per_head, plan.row_tiles, kv.batch);
     return launch_dependent(exec.device, decode_merge_kernel<D, R, View, T>, merge_grid, dim3(kDecodeMergeThreads), 0,

@@ -40,6 +40,9 @@ inline constexpr double kDecodeTokenGatherCost = 1.5;
 inline constexpr int kDecodeMergeBatch = 16;
 /// Threads of a merge block.
 inline constexpr int kDecodeMergeThreads = 128;
+/// Splits per head that merge inside a thread-block cluster (DecodePlan::cluster): the portable
+/// cluster size, so a cluster always fits one GPC.
+inline constexpr int kDecodeMaxClusterSplits = 8;
 
 /// Ring depth of the tensor-core kernel and the blocks per SM it is sized for (its launch bounds),
 /// by the bytes of one K or V row (head_dim x element size). Measured on the H200 with 256-byte rows
@@ -53,6 +56,9 @@ inline constexpr int kDecodeStages = RowBytes <= 128 ? 4 : RowBytes <= 256 ? 2 :
 /// registers, which head_dim 256 (fp8) overflows by ~250 bytes of spills, so it takes two.
 template <int RowBytes, int D>
 inline constexpr int kDecodeCtasPerSm = RowBytes > 256 ? 1 : D >= 256 ? 2 : 3;
+
+/// kDecodeStages for run-time sizes.
+inline int decode_stages(int row_bytes) { return row_bytes <= 128 ? 4 : row_bytes <= 256 ? 2 : 3; }
 
 /// kDecodeCtasPerSm for run-time sizes; the CUDA-core kernel (float K/V) plans for two.
 inline int decode_ctas_per_sm(bool tensor_cores, int head_dim, int row_bytes) {
@@ -81,22 +87,30 @@ struct DecodePlan {
   int retrieval_splits = 0, sparse_splits = 0;
   int ctas_per_tile = 0;  ///< grid.x: num_retrieval * retrieval_splits + num_sparse * sparse_splits
   int score_cols = 0;     ///< entries per score row (0 without scores)
-  /// The merge kernel (when splits_any()): merged heads = the heads of each role that has more than one
+  /// The merge kernel (when merge_kernel()): merged heads = the heads of each role that has more than one
   /// split; every merged head's R x head_dim / 4 output float4s are cut into merge_blocks_per_head
   /// blocks, and each output float4 is merged by merge_parts threads (a power of two, each reading at
   /// most kDecodeMergeBatch splits, so a thread's loads are all in flight at once).
   int merged_heads = 0, merge_parts = 1, merge_blocks_per_head = 0;
+  /// When > 1: every head of the call has exactly `cluster` splits, the splits of a head form one
+  /// thread-block cluster, and they merge through distributed shared memory at the end of the split
+  /// kernel: no partials in the workspace and no merge kernel. Planned for small calls (one block per
+  /// SM at most), where the merge kernel's launch, the partials' round trip through L2 and the wait for
+  /// the whole grid were a fixed cost comparable to the call itself.
+  int cluster = 0;
   float scale_log2 = 0.f; ///< sm_scale * log2(e): the kernels run the softmax in base 2
   std::uint8_t head_at[kMaxKvHeads] = {};  ///< retrieval heads first, then sparse, by head index
   std::uint8_t rank_of[kMaxKvHeads] = {};  ///< position of a head among those of its role
 
   std::size_t partials() const { return std::size_t(batch) * row_tiles * ctas_per_tile; }
-  /// True when some head has more than one split (partials and the merge kernel are needed).
+  /// True when some head has more than one split.
   bool splits_any() const { return (num_retrieval > 0 && retrieval_splits > 1) || (num_sparse > 0 && sparse_splits > 1); }
+  /// True when the splits merge in the merge kernel (partials in the workspace), not in their clusters.
+  bool merge_kernel() const { return splits_any() && cluster <= 1; }
   /// Workspace: normalised partial outputs [partials, row_tile, head_dim] and their base-2 LSE.
   template <class Carve>
   void carve(Carve& ws, float** partial_out, float** partial_lse) const {
-    const std::size_t n = splits_any() ? partials() : 0;
+    const std::size_t n = merge_kernel() ? partials() : 0;
     *partial_out = ws.template take<float>(n * row_tile * head_dim);
     *partial_lse = ws.template take<float>(n * row_tile);
   }
@@ -182,8 +196,37 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
       std::min(round_up(std::max(1, ceil_div(pl.sparse_tokens, best_s)), quantum_s), std::max(kDecodeMaxChunk, quantum_s));
   pl.retrieval_splits = std::max(1, ceil_div(pl.max_len, pl.chunk));
   pl.sparse_splits = std::max(1, ceil_div(pl.sparse_tokens, pl.sparse_chunk));
+  // Small calls merge in clusters (DecodePlan::cluster): every head gets the same split count c <= 8,
+  // c the larger of the two roles' counts, or the chunks grow so that 8 splits cover a head when that
+  // adds at most one ring's depth of positions to the slowest block (a split whose stages all fit in
+  // the ring is issued whole before its first wait, so its copies still land together). Only grids of
+  // at most one block per SM: a cluster then always finds its slots, so the grid never spills into a
+  // second wave waiting for a GPC with room.
+  if (mma && device.clusters && device.cc_major >= 9) {
+    const int ring = decode_stages(row_bytes) * kDecodeCtaTokens;
+    const int heads = pl.num_retrieval + pl.num_sparse;
+    const int slowest = std::max(pl.num_retrieval ? pl.chunk : 0, pl.num_sparse ? pl.sparse_chunk : 0);
+    const int r_splits = pl.num_retrieval ? ceil_div(pl.max_len, pl.chunk) : 1;
+    const int s_splits = pl.num_sparse ? ceil_div(pl.sparse_tokens, pl.sparse_chunk) : 1;
+    int c = std::max(r_splits, s_splits);
+    int chunk_r = pl.chunk, chunk_s = pl.sparse_chunk;
+    if (c > kDecodeMaxClusterSplits) {
+      c = kDecodeMaxClusterSplits;
+      chunk_r = round_up(std::max(1, ceil_div(pl.max_len, c)), quantum_r);
+      chunk_s = round_up(std::max(1, ceil_div(pl.sparse_tokens, c)), quantum_s);
+      const int grown = std::max(pl.num_retrieval ? chunk_r : 0, pl.num_sparse ? chunk_s : 0);
+      if (grown > slowest + ring || chunk_r > kDecodeMaxChunk || chunk_s > kDecodeMaxChunk) c = 0;
+    }
+    if (c > 1 && tiles * heads * c <= device.num_sms) {
+      pl.cluster = c;
+      pl.chunk = chunk_r;
+      pl.sparse_chunk = chunk_s;
+      pl.retrieval_splits = c;  // a role may end with empty splits: they carry LSE -inf and weigh nothing
+      pl.sparse_splits = c;
+    }
+  }
   pl.ctas_per_tile = pl.num_retrieval * pl.retrieval_splits + pl.num_sparse * pl.sparse_splits;
-  if (pl.splits_any()) {
+  if (pl.merge_kernel()) {
     const bool merge_r = pl.num_retrieval > 0 && pl.retrieval_splits > 1;
     const bool merge_s = pl.num_sparse > 0 && pl.sparse_splits > 1;
     pl.merged_heads = (merge_r ? pl.num_retrieval : 0) + (merge_s ? pl.num_sparse : 0);

@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "kvsift/core/cuda_status.cuh"
+#include "kvsift/core/dependent_launch.cuh"
 #include "kvsift/core/dtype_cuda.cuh"
 #include "kvsift/core/exec_cuda.cuh"
 #include "kvsift/core/smem_limit.cuh"
@@ -112,32 +113,15 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
     }
   }
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(rows * plan.ctas_per_row));
-  config.blockDim = dim3(unsigned(plan.threads));
-  config.dynamicSmemBytes = plan.smem_bytes;
-  config.stream = exec.stream;
-  cudaLaunchAttribute attrs[2] = {};
-  unsigned num_attrs = 0;
   // One CTA a row without a peer: the stream and short-row selects launch no clusters.
-  if (exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect && plan.kernel != TopkKernel::kShortRowSelect) {
-    attrs[num_attrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[num_attrs].val.clusterDim.x = unsigned(plan.ctas_per_row);
-    attrs[num_attrs].val.clusterDim.y = 1;
-    attrs[num_attrs].val.clusterDim.z = 1;
-    ++num_attrs;
-  }
   // Exec::dependent_launch: scheduled while the kernel before it drains; every kernel waits for it
   // (wait_for_primary_grid) before its first read.
-  if (exec.launches_dependent()) {
-    attrs[num_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[num_attrs].val.programmaticStreamSerializationAllowed = 1;
-    ++num_attrs;
-  }
-  config.attrs = attrs;
-  config.numAttrs = num_attrs;
-  KVSIFT_CUDA_TRY(cudaLaunchKernelEx(&config, kernel, launch.scores, launch.params, launch.out, launch.values,
-                                     launch.key, launch.plan));
+  const bool clustered =
+      exec.device.clusters && plan.kernel != TopkKernel::kStreamSelect && plan.kernel != TopkKernel::kShortRowSelect;
+  KVSIFT_CUDA_TRY(launch_with_attributes(exec.launches_dependent(), clustered ? unsigned(plan.ctas_per_row) : 0u, kernel,
+                                         dim3(unsigned(rows * plan.ctas_per_row)), dim3(unsigned(plan.threads)), plan.smem_bytes,
+                                         exec.stream, launch.scores, launch.params, launch.out, launch.values, launch.key,
+                                         launch.plan));
   return Status();
 }
 

@@ -5,6 +5,7 @@
 // the final output (a head with one split) or a partial and its log-sum-exp, which the merge kernel
 // (decode_attention_merge.cuh) combines. Row addresses come from KvRows (kv_rows.cuh).
 
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -195,6 +196,57 @@ __device__ __forceinline__ void store_out_lse(const DecodeLaunch<View, QT>& a, i
         lse2 == -INFINITY ? -INFINITY : lse2 * kLn2;
 }
 
+// The merge of a head's splits inside their thread-block cluster (DecodePlan::cluster): each block has
+// its normalised partial in `part` ([R][D] floats of its shared memory) and its base-2 LSE in `lse2`;
+// the cluster's ranks are its splits, in order. Rank c finishes the output float4s c * blockDim.x +
+// threadIdx.x, + cluster size * blockDim.x, ... reading every rank's partial through distributed shared
+// memory: the arithmetic of decode_merge_kernel with all splits in one part (the same order, so the same
+// bits), with no partials written to global memory, no second launch and no wait for the whole grid.
+template <int D, class View, class QT>
+__device__ void merge_in_cluster(const DecodeLaunch<View, QT>& a, const DecodeWork& w, float* part, float* lse2,
+                                 int first_row, int out_rows) {
+  namespace cg = cooperative_groups;
+  constexpr int kVec = D / 4;
+  const cg::cluster_group cluster = cg::this_cluster();
+  const int splits = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  cluster.sync();  // every split's partial is written and visible to the cluster
+  for (int i = rank * int(blockDim.x) + int(threadIdx.x); i < out_rows * kVec; i += splits * int(blockDim.x)) {
+    const int r = i / kVec, c4 = i % kVec;
+    float lv[kDecodeMaxClusterSplits];
+    float4 po[kDecodeMaxClusterSplits];
+#pragma unroll
+    for (int q = 0; q < kDecodeMaxClusterSplits; ++q) {
+      lv[q] = -INFINITY;
+      po[q] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (q < splits) {
+        lv[q] = *cluster.map_shared_rank(lse2 + r, q);
+        po[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * D + 4 * c4, q));
+      }
+    }
+    float m = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < kDecodeMaxClusterSplits; ++q) m = fmaxf(m, lv[q]);
+    float l = 0.f;
+    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (m != -INFINITY) {
+#pragma unroll
+      for (int q = 0; q < kDecodeMaxClusterSplits; ++q) {
+        const float f = lv[q] == -INFINITY ? 0.f : exp2f(lv[q] - m);
+        l += f;
+        o.x = fmaf(f, po[q].x, o.x);
+        o.y = fmaf(f, po[q].y, o.y);
+        o.z = fmaf(f, po[q].z, o.z);
+        o.w = fmaf(f, po[q].w, o.w);
+      }
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const int row = first_row + r;
+    store_out4(a, w.b, w.h, row, c4, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
+    if (c4 == 0) store_out_lse(a, w.b, w.h, row, l > 0.f ? m + log2f(l) : -INFINITY);
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+}
+
 // The block's epilogue, called by every thread once its warps' states are in `s`: s.o holds each
 // warp's output scaled by 2^-m, s.m / s.l its row maxima and sums (base 2).
 //  1. Merge the warps: per row the base-2 LSE and, in place of s.l, each warp's weight.
@@ -228,6 +280,7 @@ __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& 
   const int out_rows = min(R, q_rows - first_row);  // the score row, if in this tile, has no output
   const int splits = w.sparse ? a.plan.sparse_splits : a.plan.retrieval_splits;
 
+  const bool in_cluster = splits > 1 && a.plan.cluster > 1;
   for (int i = threadIdx.x; i < R * kVec; i += blockDim.x) {
     const int r = i / kVec, c4 = i % kVec;
     float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -243,9 +296,16 @@ __device__ void finish_split(const DecodeLaunch<View, QT>& a, const DecodeWork& 
     }
     if (splits == 1) {
       if (r < out_rows) store_out4(a, w.b, w.h, first_row + r, c4, o);
+    } else if (in_cluster) {
+      // In place: this thread alone reads and writes element (r, 4 c4) of the warps' outputs.
+      *reinterpret_cast<float4*>(&s.o[0][r][4 * c4]) = o;
     } else {
       *reinterpret_cast<float4*>(a.partial_out + (w.partial * R + r) * D + 4 * c4) = o;
     }
+  }
+  if (in_cluster) {
+    merge_in_cluster<D>(a, w, &s.o[0][0][0], lse2, first_row, out_rows);
+    return;
   }
   if (splits == 1) {
     if (threadIdx.x < out_rows) store_out_lse(a, w.b, w.h, first_row + int(threadIdx.x), lse2[threadIdx.x]);

@@ -405,9 +405,14 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
 
+  // The prologue issues the first kStages - 1 stages; a split of exactly kStages stages (the ring's
+  // depth) is issued whole, so its last stage is not held back until the first has landed and been
+  // consumed (for the short splits of small calls and gathers that is one round trip to HBM of two).
+  const int ahead = steps == kStages ? kStages : kStages - 1;  // stages the prologue issues
   if (affine) {
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kStages; ++s) {
+      if (s == ahead) break;
       if (s < steps) issue_affine(s);
       cp_async_commit();
     }
@@ -421,7 +426,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     read_tokens(tok_next, 0);
     advance(1);
 #pragma unroll
-    for (int s = 0; s < kStages - 1; ++s) {
+    for (int s = 0; s < kStages; ++s) {
+      if (s == ahead) break;
       if (s < steps) issue(s);
       stage_entries(s + kStages + 1);
       cp_async_commit();
@@ -762,14 +768,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
 
   auto stream = [&](auto dense) {
     for (int st = 0; st < steps; ++st) {
+      // Stage st landed (with `ahead` = kStages the prologue committed one group more, so this waits
+      // for stage st + 1 too: both were issued together).
       cp_async_wait<kStages - 2>();
       __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
       const int next = st + kStages - 1;
       if constexpr (decltype(dense)::value) {
-        if (next < steps) issue_affine(next);
+        if (next >= ahead && next < steps) issue_affine(next);
         cp_async_commit();
       } else {
-        if (next < steps) issue(next);
+        if (next >= ahead && next < steps) issue(next);
         stage_entries(next + kStages + 1);
         cp_async_commit();
         advance(next + 2);
