@@ -50,20 +50,18 @@ inline constexpr int kDecodeMaxClusterSplits = 8;
 /// dense calls and are 10% faster on token gathers (more blocks hide the index and block-table
 /// loads); one block with four stages was 20-60% slower. 128-byte rows (bf16 d 64, fp8 d 128) take
 /// four stages in the same shared memory; 512-byte rows (bf16 d 256) leave room for one block.
+constexpr int decode_stages(int row_bytes) { return row_bytes <= 128 ? 4 : row_bytes <= 256 ? 2 : 3; }
 template <int RowBytes>
-inline constexpr int kDecodeStages = RowBytes <= 128 ? 4 : RowBytes <= 256 ? 2 : 3;
+inline constexpr int kDecodeStages = decode_stages(RowBytes);
 /// Blocks resident per SM the split plan assumes (see kDecodeStages). Three blocks cap a thread at 170
 /// registers, which head_dim 256 (fp8) overflows by ~250 bytes of spills, so it takes two.
+constexpr int decode_mma_ctas_per_sm(int row_bytes, int head_dim) { return row_bytes > 256 ? 1 : head_dim >= 256 ? 2 : 3; }
 template <int RowBytes, int D>
-inline constexpr int kDecodeCtasPerSm = RowBytes > 256 ? 1 : D >= 256 ? 2 : 3;
-
-/// kDecodeStages for run-time sizes.
-inline int decode_stages(int row_bytes) { return row_bytes <= 128 ? 4 : row_bytes <= 256 ? 2 : 3; }
+inline constexpr int kDecodeCtasPerSm = decode_mma_ctas_per_sm(RowBytes, D);
 
 /// kDecodeCtasPerSm for run-time sizes; the CUDA-core kernel (float K/V) plans for two.
 inline int decode_ctas_per_sm(bool tensor_cores, int head_dim, int row_bytes) {
-  if (!tensor_cores) return 2;
-  return row_bytes > 256 ? 1 : head_dim >= 256 ? 2 : 3;
+  return tensor_cores ? decode_mma_ctas_per_sm(row_bytes, head_dim) : 2;
 }
 
 /// The tensor-core kernel serves 16-bit and fp8 K/V (fp8 is widened to fp16 in registers); float K/V
