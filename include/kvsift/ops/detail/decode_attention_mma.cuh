@@ -768,9 +768,12 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
 
   auto stream = [&](auto dense) {
     for (int st = 0; st < steps; ++st) {
-      // Stage st landed (with `ahead` = kStages the prologue committed one group more, so this waits
-      // for stage st + 1 too: both were issued together).
-      cp_async_wait<kStages - 2>();
+      // Stage st landed: the groups committed after its own are the kStages - 2 stages issued ahead of
+      // it, or kStages - 1 when the prologue issued the split whole (one group more).
+      if (ahead == kStages)
+        cp_async_wait<kStages - 1>();
+      else
+        cp_async_wait<kStages - 2>();
       __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
       const int next = st + kStages - 1;
       if constexpr (decltype(dense)::value) {
