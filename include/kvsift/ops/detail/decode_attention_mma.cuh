@@ -408,7 +408,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // The prologue issues the first kStages - 1 stages; a split of exactly kStages stages (the ring's
   // depth) is issued whole, so its last stage is not held back until the first has landed and been
   // consumed (for the short splits of small calls and gathers that is one round trip to HBM of two).
-  const int ahead = steps == kStages ? kStages : kStages - 1;  // stages the prologue issues
+  const bool whole = steps == kStages;
+  const int ahead = whole ? kStages : kStages - 1;  // stages the prologue issues
   if (affine) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -769,18 +770,19 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   auto stream = [&](auto dense) {
     for (int st = 0; st < steps; ++st) {
       // Stage st landed: the groups committed after its own are the kStages - 2 stages issued ahead of
-      // it, or kStages - 1 when the prologue issued the split whole (one group more).
-      if (ahead == kStages)
+      // it, or kStages - 1 when the prologue issued the split whole (one group more; the loop then
+      // issues nothing).
+      if (whole)
         cp_async_wait<kStages - 1>();
       else
         cp_async_wait<kStages - 2>();
       __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again
       const int next = st + kStages - 1;
       if constexpr (decltype(dense)::value) {
-        if (next >= ahead && next < steps) issue_affine(next);
+        if (!whole && next < steps) issue_affine(next);
         cp_async_commit();
       } else {
-        if (next >= ahead && next < steps) issue(next);
+        if (!whole && next < steps) issue(next);
         stage_entries(next + kStages + 1);
         cp_async_commit();
         advance(next + 2);
