@@ -148,6 +148,10 @@ void dense_shapes(benchmark::internal::Benchmark* b) {
 void batch_shapes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8}) b->Args({batch, 131072, 0});
 }
+// BHSD, as the minimal decoder keeps its cache: a retrieval head's rows are contiguous.
+void bhsd_batch_shapes(benchmark::internal::Benchmark* b) {
+  for (int batch : {1, 8}) b->Args({batch, 131072, 1});
+}
 void paged_shapes(benchmark::internal::Benchmark* b) {
   for (int batch : {1, 8})
     for (int page : {16, 64}) b->Args({batch, 131072, page});
@@ -167,6 +171,8 @@ KVSIFT_DECODE_BENCH(dense_blockmax_scores, BM_Contiguous, batch_shapes, Mode::kD
 KVSIFT_DECODE_BENCH(gather_token_4096, BM_Contiguous, batch_shapes, Mode::kGatherToken, 1, 0);
 KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Contiguous, batch_shapes, Mode::kGatherBlock, 64, 0);
 KVSIFT_DECODE_BENCH(mixed_1dense_7block64, BM_Contiguous, batch_shapes, Mode::kMixed, 64, 0);
+// LycheeDecode's layer in the minimal decoder: one retrieval head, seven heads gathering 4096 tokens.
+KVSIFT_DECODE_BENCH(mixed_1dense_7token, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed, 1, 0);
 KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerTokenBHT);
