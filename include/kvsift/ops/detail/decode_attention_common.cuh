@@ -205,6 +205,7 @@ __device__ __forceinline__ void store_out_lse(const DecodeLaunch<View, QT>& a, i
 template <int D, class View, class QT>
 __device__ void merge_in_cluster(const DecodeLaunch<View, QT>& a, const DecodeWork& w, float* part, float* lse2,
                                  int first_row, int out_rows) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   constexpr int kVec = D / 4;
   const cg::cluster_group cluster = cg::this_cluster();
@@ -245,6 +246,11 @@ __device__ void merge_in_cluster(const DecodeLaunch<View, QT>& a, const DecodeWo
     if (c4 == 0) store_out_lse(a, w.b, w.h, row, l > 0.f ? m + log2f(l) : -INFINITY);
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
+#else
+  // Clusters exist from sm_90 on, and the plan asks for them only there (DeviceFacts::cc_major).
+  (void)a, (void)w, (void)part, (void)lse2, (void)first_row, (void)out_rows;
+  __trap();
+#endif
 }
 
 // The block's epilogue, called by every thread once its warps' states are in `s`: s.o holds each
