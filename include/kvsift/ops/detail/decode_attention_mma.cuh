@@ -406,8 +406,9 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   }
 
   // The prologue issues the first kStages - 1 stages; a split of exactly kStages stages (the ring's
-  // depth) is issued whole, so its last stage is not held back until the first has landed and been
-  // consumed (for the short splits of small calls and gathers that is one round trip to HBM of two).
+  // depth) is issued whole, so its last stage does not wait for the first to land: small calls merged
+  // in clusters are cut into such splits (DecodePlan::cluster; measured: 1024 tokens at B=1 11.7 ->
+  // 11.3 us on an H100 with the cluster merge, the B=1 gathers' two stages unchanged).
   const bool whole = steps == kStages;
   const int ahead = whole ? kStages : kStages - 1;  // stages the prologue issues
   if (affine) {
