@@ -852,3 +852,91 @@ TEST_CASE("decode_attention host reference: a block-table id outside the page po
   table[4] = 4;
   CHECK(kvsift::host::decode_attention(kvsift::host::Exec{}, kv, p).ok());
 }
+
+TEST_CASE("decode_attention plan: invariants over random shapes, devices and roles (cluster and merge-kernel plans)") {
+  // What the launch relies on, for any plan: one wave or every head at its floor; chunks that cover
+  // the heads; a cluster plan only on sm_90 with clusters, every role at the same count of <= 8 splits,
+  // at most one block per SM and an empty workspace; a merge-kernel plan whose merge grid covers every
+  // split; and a workspace query (for the largest batch) that covers this batch's carve.
+  using kvsift::bfloat16_t;
+  namespace d = kvsift::detail;
+  auto rng = kvsift_test::make_rng(402);
+  auto pick = [&](int lo, int hi) { return int(std::uniform_int_distribution<int>(lo, hi)(rng)); };
+  std::vector<std::int32_t> idx(1), cnt(1);
+  int clustered = 0, merged = 0;
+  for (int it = 0; it < 4000; ++it) {
+    const int b = pick(1, 12), hkv = 1 << pick(0, 3), group = 1 << pick(0, 3), q_len = pick(1, 3);
+    const int hd = 64 << pick(0, 2), S = pick(0, 1) ? pick(1, 4096) : pick(1, 200000);
+    kvsift::DeviceFacts dev{pick(1, 200), 227 * 1024, pick(0, 3) != 0, pick(0, 3) != 0 ? 9 : 8, 0};
+    auto kv = kvsift::make_bhsd<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256), reinterpret_cast<bfloat16_t*>(256), b, hkv, S,
+                                            hd, reinterpret_cast<const std::int32_t*>(256));
+    auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
+                                                              reinterpret_cast<bfloat16_t*>(256), q_len, hkv * group, hd);
+    if (pick(0, 3) == 0) p.max_kv_length = pick(1, S);
+    const int roles = pick(0, 2);  // all retrieval, all sparse, or mixed
+    if (roles > 0) {
+      const int block = pick(0, 1) ? 1 : 16 << pick(0, 2);
+      const int cap = pick(1, 5000 / block + 1);
+      idx.assign(std::size_t(b) * hkv * cap, 0);
+      cnt.assign(std::size_t(b) * hkv, cap);
+      auto set = kvsift::make_index_set(idx.data(), cnt.data(), b * hkv, cap,
+                                        block > 1 ? Granularity::kBlock : Granularity::kToken, block);
+      p.index_set = kvsift::as_const(set);
+      p.roles = kvsift::HeadRoleMask::all_sparse(hkv);
+      if (roles == 2) p.roles.set_sparse(pick(0, hkv - 1), false);
+    }
+    if (pick(0, 4) == 0) {
+      p.scores = reinterpret_cast<float*>(256);
+      p.score_block_size = pick(0, 1) ? 1 : 64;
+      p.score_row_stride = (S + p.score_block_size - 1) / p.score_block_size + 1;
+    }
+    CAPTURE(it);
+    CAPTURE(b);
+    CAPTURE(S);
+    CAPTURE(hkv);
+    CAPTURE(group);
+    CAPTURE(hd);
+    CAPTURE(q_len);
+    CAPTURE(roles);
+    CAPTURE(dev.num_sms);
+    CAPTURE(dev.clusters);
+    d::DecodePlan plan;
+    const auto st = d::plan_decode_attention(dev, kv, p, &plan);
+    if (!st.ok()) continue;  // a combination the contract rejects (e.g. scores with sparse heads)
+    CHECK(plan.chunk % d::kDecodeCtaTokens == 0);
+    CHECK(plan.sparse_chunk % d::kDecodeCtaTokens == 0);
+    if (plan.num_retrieval > 0) CHECK(std::int64_t(plan.retrieval_splits) * plan.chunk >= plan.max_len);
+    if (plan.num_sparse > 0) CHECK(std::int64_t(plan.sparse_splits) * plan.sparse_chunk >= plan.sparse_tokens);
+    CHECK(plan.ctas_per_tile == plan.num_retrieval * plan.retrieval_splits + plan.num_sparse * plan.sparse_splits);
+    const std::int64_t blocks = std::int64_t(b) * plan.row_tiles * plan.ctas_per_tile;
+    if (plan.cluster > 1) {
+      ++clustered;
+      CHECK(dev.clusters);
+      CHECK(dev.cc_major >= 9);
+      CHECK(plan.cluster <= d::kDecodeMaxClusterSplits);
+      if (plan.num_retrieval > 0) CHECK(plan.retrieval_splits == plan.cluster);
+      if (plan.num_sparse > 0) CHECK(plan.sparse_splits == plan.cluster);
+      CHECK(plan.ctas_per_tile % plan.cluster == 0);  // grid.x holds whole clusters, one head each
+      CHECK(blocks <= dev.num_sms);
+      CHECK_FALSE(plan.merge_kernel());
+      CHECK(plan.workspace_bytes() == 0);
+      CHECK(plan.chunk <= d::kDecodeMaxChunk);
+      CHECK(plan.sparse_chunk <= d::kDecodeMaxChunk);
+    } else {
+      CHECK(plan.cluster == 0);
+      if (plan.merge_kernel()) {
+        ++merged;
+        CHECK(plan.merge_parts * d::kDecodeMergeBatch >= std::max(plan.retrieval_splits, plan.sparse_splits));
+        CHECK(plan.merge_blocks_per_head * (d::kDecodeMergeThreads / plan.merge_parts) >= plan.row_tile * hd / 4);
+      }
+    }
+    std::size_t query = 0;
+    H200Facts facts;
+    facts.device = dev;
+    REQUIRE(kvsift::decode_attention_workspace_bytes(facts, kv, p, &query).ok());
+    CHECK(query >= plan.workspace_bytes());
+  }
+  MESSAGE("random plans: " << clustered << " merge in clusters, " << merged << " in the merge kernel");
+  CHECK(clustered > 100);
+  CHECK(merged > 100);
+}
