@@ -204,9 +204,7 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
     const int ring = decode_stages(row_bytes) * kDecodeCtaTokens;
     const int heads = pl.num_retrieval + pl.num_sparse;
     const int slowest = std::max(pl.num_retrieval ? pl.chunk : 0, pl.num_sparse ? pl.sparse_chunk : 0);
-    const int r_splits = pl.num_retrieval ? ceil_div(pl.max_len, pl.chunk) : 1;
-    const int s_splits = pl.num_sparse ? ceil_div(pl.sparse_tokens, pl.sparse_chunk) : 1;
-    int c = std::max(r_splits, s_splits);
+    int c = std::max(pl.num_retrieval ? pl.retrieval_splits : 1, pl.num_sparse ? pl.sparse_splits : 1);
     int chunk_r = pl.chunk, chunk_s = pl.sparse_chunk;
     if (c > kDecodeMaxClusterSplits) {
       c = kDecodeMaxClusterSplits;

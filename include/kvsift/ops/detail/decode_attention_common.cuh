@@ -196,11 +196,48 @@ __device__ __forceinline__ void store_out_lse(const DecodeLaunch<View, QT>& a, i
         lse2 == -INFINITY ? -INFINITY : lse2 * kLn2;
 }
 
+// A softmax state in base 2: the maximum, the sum of 2^(lse - m), and the output weighted alike.
+struct MergedState {
+  float m, l;
+  float4 o;
+};
+
+// The merged state of N splits' normalised partials `o` and base-2 LSEs `lse2` (-inf: an empty split,
+// or a slot past the splits, which weighs nothing), summed in slot order. Both merges use it, so a
+// cluster's merge and the merge kernel give the same bits on the same splits.
+template <int N>
+__device__ __forceinline__ MergedState merge_splits(const float (&lse2)[N], const float4 (&o)[N]) {
+  MergedState s{-INFINITY, 0.f, make_float4(0.f, 0.f, 0.f, 0.f)};
+  float m = -INFINITY;
+#pragma unroll
+  for (int q = 0; q < N; ++q) m = fmaxf(m, lse2[q]);
+  if (m == -INFINITY) return s;
+  s.m = m;
+#pragma unroll
+  for (int q = 0; q < N; ++q) {
+    const float f = lse2[q] == -INFINITY ? 0.f : exp2f(lse2[q] - m);
+    s.l += f;
+    s.o.x = fmaf(f, o[q].x, s.o.x);
+    s.o.y = fmaf(f, o[q].y, s.o.y);
+    s.o.z = fmaf(f, o[q].z, s.o.z);
+    s.o.w = fmaf(f, o[q].w, s.o.w);
+  }
+  return s;
+}
+
+// Output float4 c4 of row `row` (and, at c4 0, the row's LSE) from its merged state.
+template <class View, class QT>
+__device__ __forceinline__ void store_merged(const DecodeLaunch<View, QT>& a, int b, int h, int row, int c4, const MergedState& s) {
+  const float inv = s.l > 0.f ? 1.f / s.l : 0.f;
+  store_out4(a, b, h, row, c4, make_float4(s.o.x * inv, s.o.y * inv, s.o.z * inv, s.o.w * inv));
+  if (c4 == 0) store_out_lse(a, b, h, row, s.l > 0.f ? s.m + log2f(s.l) : -INFINITY);
+}
+
 // The merge of a head's splits inside their thread-block cluster (DecodePlan::cluster): each block has
 // its normalised partial in `part` ([R][D] floats of its shared memory) and its base-2 LSE in `lse2`;
 // the cluster's ranks are its splits, in order. Rank c finishes the output float4s c * blockDim.x +
 // threadIdx.x, + cluster size * blockDim.x, ... reading every rank's partial through distributed shared
-// memory: the arithmetic of decode_merge_kernel with all splits in one part (the same order, so the same
+// memory: merge_splits, as decode_merge_kernel with all splits in one part (the same order, so the same
 // bits), with no partials written to global memory, no second launch and no wait for the whole grid.
 template <int D, class View, class QT>
 __device__ void merge_in_cluster(const DecodeLaunch<View, QT>& a, const DecodeWork& w, float* part, float* lse2,
@@ -224,26 +261,7 @@ __device__ void merge_in_cluster(const DecodeLaunch<View, QT>& a, const DecodeWo
         po[q] = *reinterpret_cast<const float4*>(cluster.map_shared_rank(part + r * D + 4 * c4, q));
       }
     }
-    float m = -INFINITY;
-#pragma unroll
-    for (int q = 0; q < kDecodeMaxClusterSplits; ++q) m = fmaxf(m, lv[q]);
-    float l = 0.f;
-    float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (m != -INFINITY) {
-#pragma unroll
-      for (int q = 0; q < kDecodeMaxClusterSplits; ++q) {
-        const float f = lv[q] == -INFINITY ? 0.f : exp2f(lv[q] - m);
-        l += f;
-        o.x = fmaf(f, po[q].x, o.x);
-        o.y = fmaf(f, po[q].y, o.y);
-        o.z = fmaf(f, po[q].z, o.z);
-        o.w = fmaf(f, po[q].w, o.w);
-      }
-    }
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const int row = first_row + r;
-    store_out4(a, w.b, w.h, row, c4, make_float4(o.x * inv, o.y * inv, o.z * inv, o.w * inv));
-    if (c4 == 0) store_out_lse(a, w.b, w.h, row, l > 0.f ? m + log2f(l) : -INFINITY);
+    store_merged(a, w.b, w.h, first_row + r, c4, merge_splits(lv, po));
   }
   cluster.sync();  // no block leaves while another still reads its shared memory
 #else

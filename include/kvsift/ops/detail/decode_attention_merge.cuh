@@ -18,12 +18,6 @@
 namespace kvsift {
 namespace detail {
 
-// A softmax state in base 2: the maximum, the sum of 2^(lse - m), and the output weighted alike.
-struct MergedState {
-  float m, l;
-  float4 o;
-};
-
 __device__ __forceinline__ MergedState combine(const MergedState& a, const MergedState& q) {
   const float m = fmaxf(a.m, q.m);
   if (m == -INFINITY) return a;  // neither has attended anything
@@ -81,21 +75,7 @@ __global__ void __launch_bounds__(kDecodeMergeThreads) decode_merge_kernel(const
         po[u] = __ldcg(reinterpret_cast<const float4*>(a.partial_out + ((p0 + sp) * R + r) * D) + c4);
       }
     }
-    float bm = -INFINITY;
-#pragma unroll
-    for (int u = 0; u < kDecodeMergeBatch; ++u) bm = fmaxf(bm, lv[u]);
-    if (bm != -INFINITY) {
-      acc.m = bm;
-#pragma unroll
-      for (int u = 0; u < kDecodeMergeBatch; ++u) {
-        const float f = lv[u] == -INFINITY ? 0.f : exp2f(lv[u] - bm);
-        acc.l += f;
-        acc.o.x = fmaf(f, po[u].x, acc.o.x);
-        acc.o.y = fmaf(f, po[u].y, acc.o.y);
-        acc.o.z = fmaf(f, po[u].z, acc.o.z);
-        acc.o.w = fmaf(f, po[u].w, acc.o.w);
-      }
-    }
+    acc = merge_splits(lv, po);
   }
   // The parts of an item meet in shared memory; part 0 finishes it.
   __shared__ MergedState red[kDecodeMergeThreads];
@@ -104,9 +84,7 @@ __global__ void __launch_bounds__(kDecodeMergeThreads) decode_merge_kernel(const
   allow_dependent_grids();  // what follows on the stream may be scheduled (it waits for this grid)
   if (part != 0 || !live) return;
   for (int q = 1; q < pl.merge_parts; ++q) acc = combine(acc, red[q * per_block + threadIdx.x]);
-  const float inv = acc.l > 0.f ? 1.f / acc.l : 0.f;
-  store_out4(a, b, h, tile * R + r, c4, make_float4(acc.o.x * inv, acc.o.y * inv, acc.o.z * inv, acc.o.w * inv));
-  if (c4 == 0) store_out_lse(a, b, h, tile * R + r, acc.l > 0.f ? acc.m + log2f(acc.l) : -INFINITY);
+  store_merged(a, b, h, tile * R + r, c4, acc);
 }
 
 }  // namespace detail
