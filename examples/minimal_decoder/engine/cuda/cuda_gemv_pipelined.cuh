@@ -197,8 +197,13 @@ __device__ inline int gemv_claim_lead(int steps_per_tile, int stages) {
 }
 
 // Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
-// Dynamic shared memory: gemv_pipelined_smem_bytes.
-template <int N, int R, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
+// Dynamic shared memory: gemv_pipelined_smem_bytes. kClaims: the dynamic schedule (targets.schedule
+// set), else fixed shares (targets.schedule ignored). Two instantiations, not one with a run-time
+// switch: the switch, never taken by the fixed shares, still changed their code (the batch-1
+// o-projection 672 -> 936 instructions), and the commit that added it made every batch-1 decode step
+// ~0.5 ms slower on the H200 (128K: dense 8.79 -> 9.31 ms, ClusterAttn 4.78 -> 5.29; docs/performance.md,
+// thirty-first session). The fixed-share instantiation is the kernel as it was before the claims.
+template <int N, int R, int S, bool kSwiGLU, bool kCacheInput, bool kNorm, bool kClaims>
 __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid_constant__ GemvTargets targets, int cols,
                                                                     const float* __restrict__ x, const float* __restrict__ up,
                                                                     const __grid_constant__ NormInput norm) {
@@ -214,18 +219,25 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   // Two buffers: a tile's partial sums are read after one barrier while the next tile's are
   // written; the tile after that writes this buffer only after the next tile's barrier.
   __shared__ float partial[2][kWarps][R][N];
-  __shared__ int claimed[kGemvClaimRing];  // the dynamic schedule's tiles, by position in this block's sequence
+  __shared__ int claimed[kClaims ? kGemvClaimRing : 1];  // the dynamic schedule's tiles, by position in this block's sequence
 
   const int tid = int(threadIdx.x);
   const int chunks = cols / 8;
   const int tiles = targets.first_block[targets.count];
   const int per_tile = tid < chunks ? (chunks - 1 - tid) / kGemvThreads + 1 : 0;  // this thread's chunks of a row
+  // Fixed shares: this block's tiles are blockIdx.x + q * gridDim.x, q < my_tiles, its (tile, chunk)
+  // steps `steps` in consumption order.
+  const int my_tiles = kClaims ? 0 : int(blockIdx.x) < tiles ? (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
+  const int steps = per_tile * my_tiles;
   const std::uint64_t policy = l2_evict_first_policy();
 
-  // The q-th tile of this block (q < the claims made so far, for the dynamic schedule); tiles or more: none.
+  // The q-th tile of this block (claims: q < the claims made so far; a tile past the last is none).
   int* const schedule = targets.schedule;
-  const int lead = gemv_claim_lead(chunks / kGemvThreads, S);
-  const auto tile_of = [&](int q) { return schedule ? claimed[q % kGemvClaimRing] : int(blockIdx.x) + q * int(gridDim.x); };
+  const int lead = kClaims ? gemv_claim_lead(chunks / kGemvThreads, S) : 0;
+  const auto tile_of = [&](int q) {
+    if constexpr (kClaims) return claimed[q % kGemvClaimRing];
+    else return int(blockIdx.x) + q * int(gridDim.x);
+  };
   // The issue cursor runs S - 1 steps ahead of consumption, across tile boundaries.
   int issue_j = 0, issue_q = 0, issue_tile = int(blockIdx.x);  // tile 0 is blockIdx.x in both schedules
   const uint4* issue_rows[R];
@@ -237,23 +249,29 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   };
   int issued = 0;
   const auto issue = [&] {
-    if (per_tile > 0 && issue_tile < tiles) {
+    if (kClaims ? per_tile > 0 && issue_tile < tiles : issued < steps) {
       uint4* slot = ring + (issued & (S - 1)) * R * kGemvThreads + tid;
       const int c = tid + issue_j * kGemvThreads;
       for (int r = 0; r < R; ++r) cp_async16(slot + r * kGemvThreads, issue_rows[r] + c, policy);
       ++issued;
       if (++issue_j == per_tile) {
         issue_j = 0;
-        issue_tile = tile_of(++issue_q);
-        if (issue_tile < tiles) aim(issue_tile);
+        if constexpr (kClaims) {
+          issue_tile = tile_of(++issue_q);
+          if (issue_tile < tiles) aim(issue_tile);
+        } else {
+          issue_tile += int(gridDim.x);
+          if (issued < steps) aim(issue_tile);
+        }
       }
     }
     cp_async_commit();  // one group per call, empty or not: group g is step g
   };
 
-  if (issue_tile < tiles) aim(issue_tile);
-  int pre = 0;  // weights only, before the dependency wait
-  if (schedule) {
+  // Weights only, before the dependency wait.
+  if constexpr (kClaims) {
+    if (issue_tile < tiles) aim(issue_tile);
+    int pre = 0;
     for (; pre < S - 1 && pre < per_tile - 1; ++pre) issue();  // tile 0's steps that do not turn to tile 1
     if (tid == 0) {
       int got[kGemvClaimRing];
@@ -262,8 +280,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
       for (int q = 1; q < lead; ++q) claimed[q] = int(gridDim.x) + got[q];
     }
     __syncthreads();
+    for (; pre < S - 1; ++pre) issue();
+  } else {
+    if (steps > 0) aim(issue_tile);
+    for (int p = 0; p < S - 1; ++p) issue();
   }
-  for (; pre < S - 1; ++pre) issue();
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
@@ -273,12 +294,15 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
 
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;
-  for (int k = 0;; ++k) {
-    const int tile = tile_of(k);
-    if (tile >= tiles) break;
+  for (int k = 0; kClaims || k < my_tiles; ++k) {
+    int tile = 0;  // claims: known here; fixed shares: formed where the sums are written, as it always was
+    if constexpr (kClaims) {
+      tile = tile_of(k);
+      if (tile >= tiles) break;
+    }
     float acc[R][N] = {};
     // The claim of tile k + lead, awaited only where it is stored, before the barrier below.
-    const int next_claim = schedule && tid == 0 ? atomicAdd(schedule, 1) : 0;
+    const int next_claim = kClaims && tid == 0 ? atomicAdd(schedule, 1) : 0;
     for (int j = 0; j < per_tile; ++j, ++s) {
       // Refills the slot consumed in the previous iteration: its shared-memory reads were issued
       // before this copy (in-order issue; the asm's memory clobber keeps the compiler from moving
@@ -317,9 +341,9 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
       }
     // The barrier below publishes the claim of tile k + lead. Its slot last held tile k + lead - 8,
     // which the loop and the issue cursor have both read by now (lead <= S + 1 < 8).
-    if (schedule && tid == 0) claimed[(k + lead) % kGemvClaimRing] = int(gridDim.x) + next_claim;
+    if (kClaims && tid == 0) claimed[(k + lead) % kGemvClaimRing] = int(gridDim.x) + next_claim;
     __syncthreads();
-    if (schedule && tid == 32 && tile_of(k + 1) >= tiles) {
+    if (kClaims && tid == 32 && tile_of(k + 1) >= tiles) {
       // This block has made its last claim (the loop stops before the next one): it counts itself
       // done, and the last block done puts the counters back to 0. Warp 1 does it while warp 0 writes
       // the tile's sums, so the round trips stay off the block's exit.
@@ -330,7 +354,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
       }
     }
     if (tid < R * N) {
-      const GemvTile g = gemv_tile<R>(targets, tile);
+      const GemvTile g = gemv_tile<R>(targets, kClaims ? tile : int(blockIdx.x) + k * int(gridDim.x));
       const int rows = targets.rows[g.target];
       const int r = tid / N, i = tid % N;
       float sum = 0.f;
@@ -344,7 +368,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
 // Dynamic shared memory of an instantiation: the ring, plus the inputs when cached.
 constexpr std::size_t gemv_pipelined_ring_bytes(int R, int S) { return std::size_t(S) * R * kGemvThreads * sizeof(uint4); }
 inline std::size_t gemv_pipelined_input_bytes(int n, int cols) { return std::size_t(n) * cols * sizeof(__nv_bfloat16); }
-// Its static shared memory: the partial sums, the claim ring, and the norm's warp sums.
+// Its static shared memory: the partial sums, the claim ring (at most), and the norm's warp sums.
 constexpr std::size_t gemv_pipelined_static_smem(int n, bool norm) {
   return sizeof(float) * 2 * (kGemvThreads / 32) * kPipelinedRows * n + sizeof(int) * kGemvClaimRing + (norm ? kNormStaticSmem : 0);
 }
@@ -401,7 +425,10 @@ cudaError_t launch_persistent_gemv(const GemvTargets& targets, int cols, const f
 template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
 cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
                                          const NormInput& norm, std::size_t smem, cudaStream_t stream, bool pdl) {
-  return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm>,
+  if (targets.schedule)
+    return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm, true>,
+                                  gemv_pipelined_static_smem(N, kNorm)>(targets, cols, x, up, norm, smem, stream, pdl);
+  return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm, false>,
                                 gemv_pipelined_static_smem(N, kNorm)>(targets, cols, x, up, norm, smem, stream, pdl);
 }
 
