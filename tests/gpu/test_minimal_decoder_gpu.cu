@@ -351,7 +351,8 @@ void host_gemv(const std::vector<float>& w, const std::vector<float>& x, int n, 
 
 // The backend's GEMV and launch settings the tests go through: the default first, then the norms
 // in launches of their own and plain launches, for each GEMV kernel, and the pipelined GEMV's tiles
-// claimed everywhere and in fixed shares everywhere (the default claims them beside the side stream).
+// claimed everywhere and in fixed shares everywhere (the default claims them beside the side stream), and
+// its balanced grid (fewer blocks, the same rounds of tiles each) with either.
 // The scalar GEMVs (pipelined, blocked) sum in one order, the tensor-core GEMV in another: results are
 // equal bit for bit within a summation family (whichever block takes a tile), and close to the host's
 // product in both.
@@ -361,6 +362,7 @@ struct LaunchConfig {
   bool fuse_norms;
   const char* name;
   md::CudaBackend::TileSchedule tiles = md::CudaBackend::TileSchedule::kBeside;
+  bool balanced_grid = false;
 };
 const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused"},
@@ -379,7 +381,11 @@ const LaunchConfig kLaunchConfigs[] = {
     {md::CudaBackend::GemvKernel::kPipelined, false, true, "pipelined GEMV, plain launches, tiles claimed",
      md::CudaBackend::TileSchedule::kAlways},
     {md::CudaBackend::GemvKernel::kByShape, true, true, "GEMV by shape, PDL, norms fused, fixed tile shares",
-     md::CudaBackend::TileSchedule::kNever}};
+     md::CudaBackend::TileSchedule::kNever},
+    {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused, balanced grid",
+     md::CudaBackend::TileSchedule::kNever, true},
+    {md::CudaBackend::GemvKernel::kPipelined, true, true, "pipelined GEMV, PDL, norms fused, balanced grid, tiles claimed",
+     md::CudaBackend::TileSchedule::kAlways, true}};
 // Under a sanitizer (tests/support/tool_scale.hpp) each configuration with PDL, replayed from the graph
 // only: the plain references run the kernels without PDL, and a graph replays the same kernels a
 // direct launch runs (a tool checks each kernel's accesses, not the bits' agreement).
@@ -402,6 +408,7 @@ void apply(md::CudaBackend& gpu, const LaunchConfig& lc) {
   gpu.set_shape_routing(false);
   gpu.set_norm_fusion(lc.fuse_norms);
   gpu.set_tile_schedule(lc.tiles);
+  gpu.set_balanced_grid(lc.balanced_grid);
 }
 
 }  // namespace

@@ -85,6 +85,10 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   else if (schedule && std::strncmp(schedule, "beside:", 7) == 0 && std::atoi(schedule + 7) > 0) beside_gemvs_ = std::atoi(schedule + 7);
   else if (schedule && *schedule && std::strcmp(schedule, "beside") != 0)
     throw DecoderError(std::string("MINIMAL_DECODER_GEMV_SCHEDULE=") + schedule + ": expected beside, beside:N, dynamic or static");
+  const char* grid = std::getenv("MINIMAL_DECODER_GEMV_GRID");
+  if (grid && std::strcmp(grid, "balanced") == 0) balanced_grid_ = true;
+  else if (grid && *grid && std::strcmp(grid, "full") != 0)
+    throw DecoderError(std::string("MINIMAL_DECODER_GEMV_GRID=") + grid + ": expected full or balanced");
   const char* gemv = std::getenv("MINIMAL_DECODER_GEMV");
   if (gemv && std::strcmp(gemv, "blocked") == 0) gemv_kernel_ = GemvKernel::kBlocked;
   else if (gemv && std::strcmp(gemv, "pipelined") == 0) gemv_kernel_ = GemvKernel::kPipelined;
@@ -97,7 +101,8 @@ CudaBackend::CudaBackend(int device) : device_(device) {
           (pdl_ ? "on" : "off") +
           ", norms " + (fuse_norms_ ? "fused" : "apart") + ", side stream " + (side_stream_on_ ? "on" : "off") +
           (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " + tile_schedule_name(tile_schedule_) +
-          (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + ", RoPE " +
+          (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + (balanced_grid_ ? ", grid balanced" : "") +
+          ", RoPE " +
           (rope_in_store_ ? "in store_kv" : "apart") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -289,6 +294,7 @@ kernels::GemvTargets CudaBackend::scheduled(kernels::GemvTargets targets) const 
   if (side_forked_) ++gemvs_since_fork_;
   const bool claimed = tile_schedule_ == TileSchedule::kAlways || beside;
   if (claimed) targets.schedule = gemv_schedules_.data() + 2 * (gemv_schedule_next_++ % unsigned(kGemvSchedules));
+  targets.balanced = balanced_grid_;
   return targets;
 }
 

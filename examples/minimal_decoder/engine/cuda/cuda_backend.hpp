@@ -171,6 +171,12 @@ class CudaBackend {
   void set_tile_schedule(TileSchedule t) { tile_schedule_ = t; }
   TileSchedule tile_schedule() const { return tile_schedule_; }
   void set_beside_gemvs(int n) { beside_gemvs_ = n; }  // 0: every GEMV until the join
+  // The pipelined GEMV's grid (GemvTargets::balanced): every block that fits at once (the default), or
+  // the fewest blocks that take the same rounds of tiles, so no GEMV ends on a nearly empty last round
+  // (MINIMAL_DECODER_GEMV_GRID=full|balanced; a measurement knob until it is timed). Changes timing
+  // only, never a result.
+  void set_balanced_grid(bool on) { balanced_grid_ = on; }
+  bool balanced_grid() const { return balanced_grid_; }
   // Whether the decoder hands RoPE to kvsift::store_kv (the rotation and the append in one launch) or
   // launches rope() before it (MINIMAL_DECODER_ROPE_STORE=0; decoder.hpp, layer_forward). The two differ
   // in the last bit: rope() lets the compiler fuse its multiply-adds and takes its own frequencies.
@@ -382,6 +388,7 @@ class CudaBackend {
   bool fuse_norms_ = true;
   TileSchedule tile_schedule_ = TileSchedule::kBeside;
   int beside_gemvs_ = 0;
+  bool balanced_grid_ = false;
   bool rope_in_store_ = true;
   mutable bool side_forked_ = false;  // between fork_side and join_side
   mutable int gemvs_since_fork_ = 0;  // pipelined GEMVs launched since the last fork_side

@@ -87,6 +87,9 @@ struct GemvTargets {
   // The pipelined GEMV's dynamic tile schedule (cuda_gemv_pipelined.cuh): two ints, 0 between launches,
   // owned by this launch alone while it runs; null: every block takes a fixed share of the tiles.
   int* schedule = nullptr;
+  // A persistent GEMV's grid (launch_persistent_gemv): false, every block that fits at once; true, the
+  // fewest blocks that take the same number of rounds of tiles, so the last round is (nearly) full.
+  bool balanced = false;
 };
 
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a

@@ -417,8 +417,17 @@ cudaError_t launch_persistent_gemv(const GemvTargets& targets, int cols, const f
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return err;
+  // Every block that fits at once, or (targets.balanced) the fewest that take the same rounds of tiles:
+  // with fixed shares the last round of a grid of G blocks is tiles % G of them, so gate/up's 7168 tiles
+  // on 396 blocks end with 40 blocks streaming for one tile's time (~4 us at batch 1) while the rest of
+  // the GPU idles; 378 blocks take 19 tiles each instead (the rate of 4.5% fewer blocks against that tail).
   const int tiles = targets.first_block[targets.count];
-  const int grid = std::max(1, std::min(tiles, std::max(1, last.blocks) * sms));
+  const int most = std::max(1, last.blocks) * sms;
+  int grid = std::max(1, std::min(tiles, most));
+  if (targets.balanced) {
+    const int rounds = (tiles + most - 1) / most;
+    grid = std::max(1, (tiles + rounds - 1) / rounds);
+  }
   return launch_kernel(Kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
 }
 
