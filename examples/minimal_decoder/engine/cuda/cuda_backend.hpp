@@ -173,8 +173,8 @@ class CudaBackend {
   void set_beside_gemvs(int n) { beside_gemvs_ = n; }  // 0: every GEMV until the join
   // The pipelined GEMV's grid (GemvTargets::balanced): every block that fits at once (the default), or
   // the fewest blocks that take the same rounds of tiles, so no GEMV ends on a nearly empty last round
-  // (MINIMAL_DECODER_GEMV_GRID=full|balanced; a measurement knob: 0 to -1.5% a step, measured before the fixed-share fix). Changes timing
-  // only, never a result.
+  // (MINIMAL_DECODER_GEMV_GRID=full|balanced; a measurement knob: 0 to -1.5% a step, measured before
+  // the fixed-share fix). Changes timing only, never a result.
   void set_balanced_grid(bool on) { balanced_grid_ = on; }
   bool balanced_grid() const { return balanced_grid_; }
   // Whether the decoder hands RoPE to kvsift::store_kv (the rotation and the append in one launch) or
