@@ -33,16 +33,8 @@ tp_args=(); [[ -n $tp ]] && tp_args=(--tp "$tp")
 contexts=${CONTEXTS:-32768 131072}
 batches=${BATCHES:-1 4}
 kv_dtypes=${KV_DTYPES:-native}
-roles=$here/examples/minimal_decoder/roles/llama3-8b-learned-like.roles
 [[ -x $decoder ]] || { echo "minimal_decoder.sh: no decoder at $decoder (build the bench preset)" >&2; exit 1; }
-
-policy_args() {
-  case $1 in
-    dense) echo "--policy dense" ;;
-    lycheedecode) echo "--policy lycheedecode --lycheedecode-mode token --lycheedecode-budget 4096 --lycheedecode-sink 128 --lycheedecode-recent 256 --roles $roles" ;;
-    clusterattn) echo "--policy clusterattn --cp 1024 --window 32 --theta 0.002 --num-block 128" ;;
-  esac
-}
+source "$here/benchmarks/minimal_decoder_policies.sh"  # policy_args
 
 header=(layout kv tp context batch policy "tok/s" "ms/step" "floor ms" roofline "GB/step" attn)
 format='%-11s %-6s %-3s %-8s %-5s %-12s %10s %10s %10s %9s %10s %8s'
