@@ -5,7 +5,9 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
@@ -280,9 +282,17 @@ Result check_case(std::mt19937_64& rng, const Case& c) {
   const Result want = reference(c, in);
   DeviceCase<T> dev(c, in);
   dev.poison();
+  const auto t0 = std::chrono::steady_clock::now();
   const kvsift::Status st = dev.launch(c, in.stride, nullptr);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   kvsift_test::sync_and_check();
+  if (kvsift_test::trace_launches()) {
+    const auto p = plan_of<T>(c);
+    std::printf("topk launch: %d x %d (%zu-byte scores), fill %d, kernel %d, %d CTAs a row of %d threads: %.1f ms\n", c.rows,
+                c.cols, sizeof(T), int(c.fill), int(p.kernel), p.ctas_per_row, p.threads,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::fflush(stdout);
+  }
   Result got = dev.download();
   require_equal(c, want, got, int(sizeof(T) / 2));
   return got;

@@ -25,6 +25,17 @@ inline bool under_tool() {
 // `full` unsanitized, `reduced` under a tool.
 inline int repetitions(int full, int reduced) { return under_tool() ? reduced : full; }
 
+// KVSIFT_TOOL_TRACE=1: the tests that support it print one line per launch with its wall time
+// (launch to synchronization, host clock), so a run that a sanitizer's time-out cuts shows which
+// launches its time went to: the input for reducing that test under the tool.
+inline bool trace_launches() {
+  static const bool on = [] {
+    const char* s = std::getenv("KVSIFT_TOOL_TRACE");
+    return s != nullptr && *s != '\0' && *s != '0';
+  }();
+  return on;
+}
+
 // A positive count from the environment variable `name`, else `fallback`.
 inline int count_from_env(const char* name, int fallback) {
   const char* s = std::getenv(name);
