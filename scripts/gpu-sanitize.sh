@@ -21,6 +21,8 @@
 #   JOBS=<n>                                        runs at once (default 1). The sanitizers are mostly
 #                                                   host-bound and one test leaves the GPU idle, so several
 #                                                   processes share it well; times then include the sharing
+#   RACECHECK_WORKERS=<n>                           racecheck's CPU worker threads a run (default cores / JOBS;
+#                                                   set it when several invocations run at once)
 #
 # Examples (each within a 10-minute call):
 #   TOOLS=initcheck scripts/gpu-sanitize.sh build/gpu
@@ -35,6 +37,10 @@ SPLIT_TOOLS=${SPLIT_TOOLS:-racecheck}
 CASES=${CASES:-.}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 JOBS=${JOBS:-1}
+# racecheck analyses its events on CPU worker threads (by default as many as the machine has cores, in
+# every process), so JOBS racecheck runs at once would each start that many: they get the cores split
+# between them instead (RACECHECK_WORKERS overrides).
+RACECHECK_WORKERS=${RACECHECK_WORKERS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
 # A tool checks each kernel's own accesses, which one run of a path covers as well as many: the GPU
 # tests drop their repeats of one path (tests/support/tool_scale.hpp; FULL=1 runs them whole), and
@@ -55,7 +61,7 @@ run_one() {  # binary tool label [doctest filter]: prints the run's row
   local bin=$1 tool=$2 label=$3 filter=${4:-}
   local log="$LOG_DIR/$(basename "$bin")-$tool-${label//[^A-Za-z0-9_.-]/_}.log"
   local extra=()
-  [ "$tool" = racecheck ] && extra+=(--racecheck-report hazard)
+  [ "$tool" = racecheck ] && extra+=(--racecheck-report hazard --racecheck-num-workers "$RACECHECK_WORKERS")
   local t0=$SECONDS
   if [ -n "$filter" ]; then
     timeout "$TIMEOUT" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 3 "$bin" "-tc=$filter" >"$log" 2>&1
