@@ -37,9 +37,9 @@ SPLIT_TOOLS=${SPLIT_TOOLS:-racecheck}
 CASES=${CASES:-.}
 LOG_DIR=${LOG_DIR:-${OUT:-$BUILD_DIR/sanitizer-logs}}
 JOBS=${JOBS:-1}
-# racecheck analyses its events on CPU worker threads (by default as many as the machine has cores, in
-# every process), so JOBS racecheck runs at once would each start that many: they get the cores split
-# between them instead (RACECHECK_WORKERS overrides).
+# racecheck analyses its events on CPU worker threads (--racecheck-num-workers; unset, every process
+# picks its own number), so JOBS racecheck runs at once get the cores split between them instead
+# (RACECHECK_WORKERS overrides).
 RACECHECK_WORKERS=${RACECHECK_WORKERS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
 export KVSIFT_FUZZ_CASES=${FUZZ_CASES:-300}
 # A tool checks each kernel's own accesses, which one run of a path covers as well as many: the GPU
