@@ -18,19 +18,22 @@
 #   ARCH      CMAKE_CUDA_ARCHITECTURES of both builds (default 90a)
 #   CUDAFLAGS extra nvcc flags of both builds (CMake reads them), e.g. -DKVSIFT_NO_WGMMA (the mma.sync
 #             window scores on sm_90a)
+#   CUDAFLAGS_B  extra nvcc flags of B's build only (a measurement build of one tree against itself: give
+#             B a copy of A's tree, since a build folder keeps the flags of its first configure)
 #
 # Example: git archive HEAD~1 | (mkdir -p .ab/a && tar -x -C .ab/a), then on the GPU machine
 #   scripts/bench-ab.sh bench_topk 'BM_TopK/rows:8/' .ab/a . 2
 set -euo pipefail
-[ $# -ge 4 ] || { sed -n '2,21p' "$0"; exit 2; }
+[ $# -ge 4 ] || { sed -n '2,25p' "$0"; exit 2; }
 bench=$1 filter=$2 tree_a=$3 tree_b=$4 rounds=${5:-2}
 min_time=${MIN_TIME:-0.05}
 jobs=${JOBS:-$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))}
 out=$(mktemp -d)
 
 build() {  # tree label
-  local dir="$1/build/bench-ab"
-  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
+  local dir="$1/build/bench-ab" flags=${CUDAFLAGS:-}
+  [ "$2" = B ] && flags="$flags ${CUDAFLAGS_B:-}"
+  CUDAFLAGS="$flags" cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=${ARCH:-90a} \
     -DKVSIFT_BUILD_TESTS=OFF -DKVSIFT_BUILD_BENCHMARKS=ON -DKVSIFT_BUILD_EXAMPLES=OFF >"$out/$2-configure.log" 2>&1 &&
     cmake --build "$dir" --target "$bench" --parallel "$jobs" >"$out/$2-build.log" 2>&1 ||
     { echo "bench-ab.sh: the build of $2 ($1) failed:"; grep -E "error" "$out/$2-build.log" "$out/$2-configure.log" | head -20; return 1; }
