@@ -26,6 +26,8 @@
 #   JOBS        build parallelism per tree (default half the cores)
 #   NO_BUILD    1: run the binaries an earlier call built (TREE/build/decoder-ab), without building
 #   ARCH        CMAKE_CUDA_ARCHITECTURES of both builds (default 90a)
+#   CUDAFLAGS_B extra nvcc flags of B's build only (a measurement build, e.g. -DKVSIFT_DECODE_DEEP_RING on a
+#               branch that has it; a build folder keeps the flags of its first configure)
 #
 # Example: git archive HEAD~1 | (mkdir -p .ab/a && tar -x -C .ab/a), then on the GPU machine
 #   BATCHES="1 4" scripts/decoder-ab.sh .ab/a . 2
@@ -46,11 +48,12 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 
 build() {  # tree label
-  local dir="$1/build/decoder-ab" cuda=ON
+  local dir="$1/build/decoder-ab" cuda=ON flags=${CUDAFLAGS:-}
+  [[ $2 == B ]] && flags="$flags ${CUDAFLAGS_B:-}"
   [[ $device == cpu ]] && cuda=OFF
   local arch=()
   [[ $cuda == ON ]] && arch=(-DCMAKE_CUDA_ARCHITECTURES="${ARCH:-90a}")
-  cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=$cuda "${arch[@]}" \
+  CUDAFLAGS="$flags" cmake -S "$1" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DKVSIFT_ENABLE_CUDA=$cuda "${arch[@]}" \
     -DKVSIFT_BUILD_TESTS=OFF -DKVSIFT_BUILD_BENCHMARKS=OFF -DKVSIFT_BUILD_EXAMPLES=ON >"$out/$2-configure.log" 2>&1 &&
     cmake --build "$dir" --target minimal_decoder --parallel "$jobs" >"$out/$2-build.log" 2>&1 ||
     { echo "decoder-ab.sh: the build of $2 ($1) failed:"; grep -E "error" "$out/$2-build.log" "$out/$2-configure.log" | head -20; return 1; }
