@@ -231,13 +231,10 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   const int steps = per_tile * my_tiles;
   const std::uint64_t policy = l2_evict_first_policy();
 
-  // The q-th tile of this block (claims: q < the claims made so far; a tile past the last is none).
+  // Claims: the q-th tile of this block, for q < the claims made so far (a tile past the last is none).
   int* const schedule = targets.schedule;
   const int lead = kClaims ? gemv_claim_lead(chunks / kGemvThreads, S) : 0;
-  const auto tile_of = [&](int q) {
-    if constexpr (kClaims) return claimed[q % kGemvClaimRing];
-    else return int(blockIdx.x) + q * int(gridDim.x);
-  };
+  const auto tile_of = [&](int q) { return claimed[q % kGemvClaimRing]; };
   // The issue cursor runs S - 1 steps ahead of consumption, across tile boundaries.
   int issue_j = 0, issue_q = 0, issue_tile = int(blockIdx.x);  // tile 0 is blockIdx.x in both schedules
   const uint4* issue_rows[R];
