@@ -20,7 +20,8 @@
 # Each cell runs twice: with --no-attention-timing (decode steps replayed from a CUDA graph: the
 # speed, median step, and the roofline ratio the decoder prints), and with the attention timing on
 # (a synchronisation around every attention call: the attention share of the step, slower).
-# The roofline's bandwidth is the decoder's default, 4.45 TB/s (H200 streaming read, measured).
+# The roofline's bandwidth is the decoder's default: the GPU's streaming-read ceiling (4.45 TB/s measured
+# on the H200, 3.08 on the H100 80GB HBM3; --roofline-tbps in the decoder's help).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)

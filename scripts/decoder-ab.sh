@@ -73,6 +73,8 @@ step() {  # side tree policy context batch: the median step in ms, or "failed"
   local args=(--random "$model" --random-prompts "${lengths%,}" --new-tokens "$new_tokens" --quiet --device "$device"
               --kv-layout "$layout" --no-attention-timing)
   [[ $device == gpu ]] && args+=(--synthetic-prefill)
+  # The median step is read from the roofline line, which the CPU prints only with a bandwidth given.
+  [[ $device == cpu ]] && args+=(--roofline-tbps 1)
   local log
   # shellcheck disable=SC2086,SC2046  # ENV_x and policy_args are word lists
   log=$(env $env_side "$tree/build/decoder-ab/examples/minimal_decoder/minimal_decoder" "${args[@]}" \

@@ -702,6 +702,18 @@ TEST_CASE("minimal decoder: a decoder that prefills again replays the steps of a
   }
 }
 
+// The roofline's default bandwidth (--roofline-tbps unset): the measured ceilings where they are known,
+// else 92% of the peak the device attributes give, which must then lie between a PCIe card's and an HBM3e one's.
+TEST_CASE("minimal decoder: the GPU's roofline bandwidth is its streaming-read ceiling") {
+  md::CudaBackend gpu;
+  const double tbps = gpu.streaming_read_tbps();
+  const std::string name = gpu.name();
+  INFO(name, ": ", tbps, " TB/s");
+  if (name.find("H200") != std::string::npos) CHECK(tbps == 4.45);
+  else if (name.find("H100 80GB HBM3") != std::string::npos) CHECK(tbps == 3.08);
+  else CHECK((tbps > 0.1 && tbps < 10));
+}
+
 TEST_CASE("minimal decoder: --profile on the GPU times every part of a decode step (graph replay and direct launches)") {
   const md::ModelConfig c = small_config();
   md::CudaBackend gpu;

@@ -78,6 +78,7 @@ void print_soak(const md::GenerationReport& r) {
   std::printf("soak: %s\n", md::soak_failed(r) ? "FAILED" : "passed");
 }
 
+// roofline_tbps: the bandwidth of the roofline line (none when 0: the CPU without --roofline-tbps).
 void print_report(const md::GenerationRequest& req, const md::GenerationReport& r, bool quiet, double roofline_tbps) {
   const int sequences = r.sequences_run();
   std::printf("prefill: %d sequence(s), %lld tokens in %.1f ms (%.0f tokens/s)\n", sequences, r.prompt_tokens,
@@ -95,11 +96,12 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     // step also records the CUDA graph, so the mean would charge that to every step). N ranks read
     // their shares at once, each at the bandwidth (bytes are the ranks' sum).
     const double step_ms = md::median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
-    const double floor_ms = gb / (roofline_tbps * r.ranks);  // GB / (TB/s) = ms
+    const double floor_ms = roofline_tbps > 0 ? gb / (roofline_tbps * r.ranks) : 0;  // GB / (TB/s) = ms
     const std::string ranks = r.ranks > 1 ? std::to_string(r.ranks) + " x " : "";
-    std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %s%.2f TB/s = %.3f ms; median step %.3f ms"
-                " = %.1f%% of the roofline\n",
-                gb, ranks.c_str(), roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
+    if (roofline_tbps > 0)
+      std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %s%.2f TB/s = %.3f ms; median step %.3f ms"
+                  " = %.1f%% of the roofline\n",
+                  gb, ranks.c_str(), roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
   }
   std::printf("KV cache (%s, %s", md::kv_layout_name(req.kv_layout), md::kv_dtype_name(req.kv_dtype));
   if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
@@ -167,6 +169,12 @@ void run_compare(Backend& be, const md::Options& o, const md::ModelConfig& confi
   }
 }
 
+// The roofline's bandwidth: --roofline-tbps, else the backend's ceiling (0 on the CPU: no roofline).
+template <class Backend>
+double roofline_tbps(const md::Options& o, const Backend& be) {
+  return o.roofline_tbps > 0 ? o.roofline_tbps : be.streaming_read_tbps();
+}
+
 // --profile: where one decode step's time goes, as a table (and with --json as JSON). The bandwidth
 // columns are the GPU's: on the CPU an HBM ceiling says nothing.
 template <class Backend>
@@ -178,7 +186,7 @@ void run_profile(Backend& be, const md::Options& o, const md::ModelConfig& confi
   r.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
   const md::StepProfile p = md::profile_step(be, config, weights, r, o.profile_reps);
   bar.finish();
-  const double tbps = std::is_same_v<Backend, md::HostBackend> ? 0.0 : o.roofline_tbps;
+  const double tbps = std::is_same_v<Backend, md::HostBackend> ? 0.0 : roofline_tbps(o, be);
   std::fputs(md::step_profile_table(p, tbps).c_str(), stdout);
   if (!o.json.empty()) md::write_file_replacing(o.json, md::step_profile_json(p, tbps), "--json");
 }
@@ -195,9 +203,10 @@ md::GenerationRequest make_request(const md::Options& o, const md::ModelConfig& 
   return req;
 }
 
-// Prints a generation's report; the exit status (1: a --soak failure).
-int finish_generation(const md::Options& o, const md::GenerationRequest& req, const md::GenerationReport& r, std::size_t bad_at) {
-  print_report(req, r, o.quiet, o.roofline_tbps);
+// Prints a generation's report (its roofline at tbps); the exit status (1: a --soak failure).
+int finish_generation(const md::Options& o, const md::GenerationRequest& req, const md::GenerationReport& r, std::size_t bad_at,
+                      double tbps) {
+  print_report(req, r, o.quiet, tbps);
   if (!o.output_ids.empty()) write_output_ids(o.output_ids, r);
   bool rejected_alone = true;  // --soak-bad-request: exactly the injected prompt was rejected
   if (o.soak_bad_request) {
@@ -225,7 +234,7 @@ int run(Backend& be, const md::Options& o, const md::ModelConfig& config, const 
   req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
   const md::GenerationReport r = md::generate(be, config, weights, req);
   bar.finish();
-  return finish_generation(o, req, r, bad_at);
+  return finish_generation(o, req, r, bad_at, roofline_tbps(o, be));
 }
 
 // --tp N: the same generation over N ranks, one thread each (engine/tensor_parallel_decoder.hpp):
@@ -244,7 +253,7 @@ int run_tensor_parallel(const md::Options& o, const md::TensorParallelWeights<Ba
   req.progress = [&](const char* phase, long long done, long long total) { bar.update(phase, done, total); };
   const md::GenerationReport r = md::generate_tensor_parallel(comm, weights, req);
   bar.finish();
-  return finish_generation(o, req, r, bad_at);
+  return finish_generation(o, req, r, bad_at, roofline_tbps(o, weights.backend(0)));
 }
 
 int run_tensor_parallel_cpu(const md::Options& o, const md::ModelConfig& config, const md::HostWeights& host_weights) {

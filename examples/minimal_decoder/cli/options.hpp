@@ -26,7 +26,7 @@ struct Options {
   std::vector<int> random_prompt_lengths;
   // generation: everything but the prompts, which come from the source above
   GenerationRequest generation;
-  double roofline_tbps = 4.45;
+  double roofline_tbps = 0;  // 0: the backend's (streaming_read_tbps; none on the CPU)
   // output
   bool compare = false;
   bool profile = false;  // --profile: time the parts of one decode step instead of generating

@@ -63,6 +63,8 @@ struct HostBackend {
   };
 
   const char* name() const { return "CPU (kvsift::host reference)"; }
+  // No HBM ceiling to divide by: the decoder prints a roofline on the CPU only for --roofline-tbps.
+  double streaming_read_tbps() const { return 0; }
   // Makes this backend's device the calling thread's (a tensor-parallel rank's thread calls it before
   // its work); nothing to do on the CPU.
   void make_current() const {}

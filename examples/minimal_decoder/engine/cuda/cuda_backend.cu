@@ -289,6 +289,18 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
   linear_shared_input(normed, n, outputs);
 }
 
+double CudaBackend::streaming_read_tbps() const {
+  cudaDeviceProp prop{};
+  cuda_check(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+  const std::string name = prop.name;
+  if (name.find("H200") != std::string::npos) return 4.45;
+  if (name.find("H100 80GB HBM3") != std::string::npos) return 3.08;
+  int khz = 0, bits = 0;
+  cuda_check(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, device_), "cudaDeviceGetAttribute (memory clock)");
+  cuda_check(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, device_), "cudaDeviceGetAttribute (bus width)");
+  return 0.92 * 2.0 * double(khz) * 1e3 * double(bits) / 8.0 / 1e12;  // double data rate
+}
+
 kernels::GemvTargets CudaBackend::scheduled(kernels::GemvTargets targets) const {
   const bool beside = tile_schedule_ == TileSchedule::kBeside && side_forked_ && (beside_gemvs_ == 0 || gemvs_since_fork_ < beside_gemvs_);
   if (side_forked_) ++gemvs_since_fork_;

@@ -184,6 +184,10 @@ class CudaBackend {
   bool rope_in_store() const { return rope_in_store_; }
 
   const char* name() const { return name_.c_str(); }
+  // The bandwidth the decoder's roofline divides by (TB/s): the streaming-read ceiling measured on the
+  // H200 (4.45) and the H100 80GB HBM3 (3.08; docs/performance.md), else 92% of this GPU's peak (memory
+  // clock x bus width), the fraction those two reach.
+  double streaming_read_tbps() const;
   // The GPU this backend's memory, stream and kernels live on; make_current() makes it the calling
   // thread's current device (a tensor-parallel rank's thread calls it before any of its work).
   int device() const { return device_; }
