@@ -12,10 +12,15 @@
 
 namespace kvsift_test {
 
+// Whether the environment variable `name` is set to something other than "" or "0".
+inline bool env_flag(const char* name) {
+  const char* s = std::getenv(name);
+  return s != nullptr && *s != '\0' && *s != '0';
+}
+
 inline bool under_tool() {
   static const bool on = [] {
-    const char* s = std::getenv("KVSIFT_UNDER_TOOL");
-    const bool set = s != nullptr && *s != '\0' && *s != '0';
+    const bool set = env_flag("KVSIFT_UNDER_TOOL");
     if (set) std::printf("kvsift tests: KVSIFT_UNDER_TOOL set: repeats of one path reduced (tests/support/tool_scale.hpp)\n");
     return set;
   }();
@@ -29,10 +34,7 @@ inline int repetitions(int full, int reduced) { return under_tool() ? reduced : 
 // (launch to synchronization, host clock), so a run that a sanitizer's time-out cuts shows which
 // launches its time went to: the input for reducing that test under the tool.
 inline bool trace_launches() {
-  static const bool on = [] {
-    const char* s = std::getenv("KVSIFT_TOOL_TRACE");
-    return s != nullptr && *s != '\0' && *s != '0';
-  }();
+  static const bool on = env_flag("KVSIFT_TOOL_TRACE");
   return on;
 }
 
