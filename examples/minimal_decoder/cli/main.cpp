@@ -95,13 +95,14 @@ void print_report(const md::GenerationRequest& req, const md::GenerationReport& 
     // Roofline: the bytes a step must read over the bandwidth, against the median step (the first
     // step also records the CUDA graph, so the mean would charge that to every step). N ranks read
     // their shares at once, each at the bandwidth (bytes are the ranks' sum).
-    const double step_ms = md::median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
-    const double floor_ms = roofline_tbps > 0 ? gb / (roofline_tbps * r.ranks) : 0;  // GB / (TB/s) = ms
-    const std::string ranks = r.ranks > 1 ? std::to_string(r.ranks) + " x " : "";
-    if (roofline_tbps > 0)
+    if (roofline_tbps > 0) {
+      const double step_ms = md::median(r.step_ms), gb = r.bytes() / double(steps) / 1e9;
+      const double floor_ms = gb / (roofline_tbps * r.ranks);  // GB / (TB/s) = ms
+      const std::string ranks = r.ranks > 1 ? std::to_string(r.ranks) + " x " : "";
       std::printf("roofline: %.3f GB read per step (weights + K/V attended) at %s%.2f TB/s = %.3f ms; median step %.3f ms"
                   " = %.1f%% of the roofline\n",
                   gb, ranks.c_str(), roofline_tbps, floor_ms, step_ms, step_ms > 0 ? 100.0 * floor_ms / step_ms : 0.0);
+    }
   }
   std::printf("KV cache (%s, %s", md::kv_layout_name(req.kv_layout), md::kv_dtype_name(req.kv_dtype));
   if (req.kv_layout == md::KvLayout::kPaged) std::printf(", %d-token pages", req.page_size);
