@@ -10,20 +10,27 @@
 // 16-column block of weights against 8 input rows, so the arithmetic per byte no longer depends on
 // the number of input rows (1-8: the batch fills the mma's N; unused columns are zeros).
 //
-// Layout. A tile is 16 weight rows (the mma's M). Thread (warp w, lane = 4 g + t) streams rows g and
-// g + 8 of the tile, two 16-byte chunks of each per step: chunks 8 u + t and 8 u + t + 4, u = w,
-// w + 8, ... (a warp covers 64 columns of 16 rows per step, a block 512 columns). Each copy
-// instruction of a warp so reads whole 32-byte sectors, 64 contiguous bytes of each of 8 rows; with
-// chunks 8 u + 2t and 8 u + 2t + 1 every instruction read half of each sector and the next one the
-// other half, which doubled the L2 requests and halved the speed (measured). A thread's 16 values
-// per row feed four mmas of k16; which column of the matrix sits in which k slot of an mma does not
-// matter to a dot product as long as the weights (A) and the inputs (B) use the same map, so a
-// thread's registers are the mma fragments as loaded, with no shuffle and no ldmatrix: for mma m,
-// A's k slots 2t, 2t + 1 hold the thread's values 4m, 4m + 1 and slots 2t + 8, 2t + 9 its values
-// 4m + 2, 4m + 3, and B (input row n = g, from the thread's own input chunks) the same values of the
-// input. Each thread again copies and reads only its own ring slots, so the pipeline needs no
-// barrier; one per tile sums the 8 warps' fragments in a fixed order, and one after the prologue
-// publishes the input, which all threads fill together (below).
+// Layout. A tile is 16 weight rows (the mma's M). Warp w streams columns 64 u .. 64 u + 63 of the
+// tile's 16 rows per step, u = w, w + 8, ... (a block covers 512 columns of 16 rows a step), into its
+// own 2 KB of the stage: 16 rows of 8 16-byte chunks. Its four copy instructions each take 4 whole
+// rows' 128 bytes (lane l: row 4 h + l / 8, chunk l % 8), so every instruction reads whole 128-byte
+// lines: one L2 request a line. (Before, each thread copied the chunks it consumes, chunks t and t + 4
+// of rows g and g + 8, and each instruction took 64 bytes of each of 8 rows, so every line took two
+// requests; with chunks 2t and 2t + 1 every instruction read half of each 32-byte sector, which
+// doubled the L2 requests and halved the speed, measured.) The consumer, lane 4 g + t, reads chunks t
+// and t + 4 of rows g and g + 8 out of the warp's stage. A thread's 16 values per row feed four mmas
+// of k16; which column of the matrix sits in which k slot of an mma does not matter to a dot product
+// as long as the weights (A) and the inputs (B) use the same map, so the thread's registers are the
+// mma fragments as read, with no shuffle and no ldmatrix: for mma m, A's k slots 2t, 2t + 1 hold the
+// thread's values 4m, 4m + 1 and slots 2t + 8, 2t + 9 its values 4m + 2, 4m + 3, and B (input row n =
+// g, from the thread's own input chunks) the same values of the input. Chunk c of stage row r sits at
+// c ^ (4 (r & 1)): the 8 lanes of a quarter warp read rows g and g + 1, chunks t (or t + 4), which so
+// fall in disjoint banks; a copy instruction's quarter warp writes one row's 8 chunks, a permutation.
+// Since lanes read each other's copies, a warp barrier (no block barrier) follows each step's wait,
+// and one precedes the refill of the slot the warp read last. The cached input rows are padded by 64
+// bytes for the same reason (lanes of rows g and g + 1 read chunks t of both). One block barrier per
+// tile sums the 8 warps' fragments in a fixed order, and one after the prologue publishes the input,
+// which all threads fill together (below).
 //
 // The result is deterministic (the mma's order is fixed, the warps' sum is fixed, and neither
 // depends on the grid or on which block takes which tile), so graph replay and direct launches agree
@@ -42,8 +49,12 @@ namespace kernels {
 
 constexpr int kMmaTileRows = 16;  // weight rows per tile: the mma's M
 constexpr int kMmaStages = 4;     // steps in flight per thread; a power of two
-constexpr int kMmaSlots = 4;      // 16-byte copies per thread per step: 2 rows x 2 chunks (64 bytes)
+constexpr int kMmaSlots = 4;      // 16-byte copies per thread per step: 4 rows' 128-byte lines a warp each
 constexpr int kMmaInputs = 8;     // the mma's N: input rows per launch at most
+constexpr int kMmaInputPad = 4;   // 16-byte chunks after each cached input row (bank spread)
+
+// A stage row's chunk c sits at c ^ mma_chunk_swizzle(r) (the layout note above).
+__device__ inline int mma_chunk_swizzle(int row) { return (row & 1) * 4; }
 
 // 16 bytes global -> shared, or 16 zero bytes when !valid (past the last column; src must still be an
 // address of the row, it is not read).
@@ -64,7 +75,7 @@ __device__ inline void mma_m16n8k16_bf16(float (&c)[4], std::uint32_t a0, std::u
 }
 
 // Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
-// Dynamic shared memory: gemv_mma_ring_bytes (+ gemv_pipelined_input_bytes with kCacheInput).
+// Dynamic shared memory: gemv_mma_ring_bytes (+ gemv_mma_input_bytes with kCacheInput).
 template <int N, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
 __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_constant__ GemvTargets targets, int cols,
                                                               const float* __restrict__ x, const float* __restrict__ up,
@@ -76,38 +87,44 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
   constexpr int R = kMmaTileRows;
   constexpr int kWarps = kGemvThreads / 32;
   extern __shared__ uint4 gemv_smem[];
-  uint4* const ring = gemv_smem;                                  // [S][kMmaSlots][kGemvThreads]
-  uint4* const input = gemv_smem + S * kMmaSlots * kGemvThreads;  // [N][chunks] bf16 inputs (kCacheInput)
+  uint4* const ring = gemv_smem;                                  // [S][warp][16 rows][8 chunks]
+  uint4* const input = gemv_smem + S * kMmaSlots * kGemvThreads;  // [N][chunks + kMmaInputPad] bf16 inputs (kCacheInput)
   __shared__ float partial[2][kWarps][R][N];                      // double-buffered as in gemv_bf16_pipelined
 
   const int tid = int(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const int g = lane / 4, t = lane % 4;  // the mma's group (A row, B column) and thread in group
   const int chunks = cols / 8;
+  const int in_stride = chunks + kMmaInputPad;  // a cached input row, in chunks
   const int groups = (chunks + 7) / 8;  // 64-column groups of a row; warp w takes w, w + 8, ...
   const int tiles = targets.first_block[targets.count];
   const int per_tile = warp < groups ? (groups - 1 - warp) / kWarps + 1 : 0;  // the same in a whole warp
   const int my_tiles = int(blockIdx.x) < tiles ? (tiles - 1 - int(blockIdx.x)) / int(gridDim.x) + 1 : 0;
   const int steps = per_tile * my_tiles;
   const std::uint64_t policy = l2_evict_first_policy();
+  // This lane's copies: chunk c8 of stage rows 4 h + l / 8, h < kMmaSlots.
+  const int copy_row = lane / 8, c8 = lane % 8;
+  constexpr int kStageChunks = R * 8;  // a warp's part of a stage: 16 rows of 8 chunks
+  static_assert(kWarps * kStageChunks == kMmaSlots * kGemvThreads && R == 4 * kMmaSlots, "a lane's copies fill its warp's stage");
+  const auto stage = [&](int step) { return ring + ((step & (S - 1)) * kWarps + warp) * kStageChunks; };
 
   // The issue cursor runs S - 1 steps ahead of consumption, across tile boundaries.
   int issued = 0, issue_j = 0, issue_tile = int(blockIdx.x);
-  const uint4* issue_rows[2];
+  const uint4* issue_rows[kMmaSlots];
   const auto aim = [&](int tile) {
     const GemvTile gt = gemv_tile<R>(targets, tile);
     const int rows = targets.rows[gt.target];
-    for (int h = 0; h < 2; ++h)  // rows past the end re-read the last row and are not written
-      issue_rows[h] =
-          reinterpret_cast<const uint4*>(targets.w[gt.target] + std::int64_t(min(gt.first_row + g + 8 * h, rows - 1)) * cols);
+    for (int h = 0; h < kMmaSlots; ++h)  // rows past the end re-read the last row and are not written
+      issue_rows[h] = reinterpret_cast<const uint4*>(targets.w[gt.target] +
+                                                     std::int64_t(min(gt.first_row + 4 * h + copy_row, rows - 1)) * cols);
   };
   const auto issue = [&] {
     if (issued < steps) {
-      uint4* slot = ring + (issued & (S - 1)) * kMmaSlots * kGemvThreads + tid;
-      const int c = 8 * (warp + issue_j * kWarps) + t;  // this thread's chunks: c and c + 4
-      for (int h = 0; h < 2; ++h)
-        for (int q = 0; q < 2; ++q)
-          cp_async16_or_zero(slot + (2 * h + q) * kGemvThreads, issue_rows[h] + min(c + 4 * q, chunks - 1), c + 4 * q < chunks,
-                             policy);
+      uint4* slot = stage(issued);
+      const int c = 8 * (warp + issue_j * kWarps) + c8;  // this lane's chunk of its 4 rows
+      for (int h = 0; h < kMmaSlots; ++h) {
+        const int r = 4 * h + copy_row;
+        cp_async16_or_zero(slot + r * 8 + (c8 ^ mma_chunk_swizzle(r)), issue_rows[h] + min(c, chunks - 1), c < chunks, policy);
+      }
       ++issued;
       if (++issue_j == per_tile) {
         issue_j = 0;
@@ -135,6 +152,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
   if constexpr (kCacheInput) {
     constexpr int kUnroll = 4;
     const int total = N * chunks;
+    const auto cached_at = [&](int e) { return (e / chunks) * in_stride + e % chunks; };
     for (int base = tid; base < total; base += kUnroll * kGemvThreads) {
       uint4 v[kUnroll];
       for (int u = 0; u < kUnroll; ++u) {
@@ -148,7 +166,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
         }
       }
       for (int u = 0; u < kUnroll; ++u)
-        if (base + u * kGemvThreads < total) input[base + u * kGemvThreads] = v[u];
+        if (base + u * kGemvThreads < total) input[cached_at(base + u * kGemvThreads)] = v[u];
     }
     __syncthreads();
   }
@@ -157,10 +175,14 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
   for (int k = 0; k < my_tiles; ++k) {
     float acc[4] = {};
     for (int j = 0; j < per_tile; ++j, ++s) {
+      __syncwarp();            // every lane has read the slot that issue() refills (consumed in the previous iteration)
       issue();                 // refills the slot consumed in the previous iteration (see gemv_bf16_pipelined)
-      cp_async_wait<S - 1>();  // step s landed
-      const uint4* slot = ring + (s & (S - 1)) * kMmaSlots * kGemvThreads + tid;
-      const uint4 w0 = slot[0], w1 = slot[kGemvThreads], w8 = slot[2 * kGemvThreads], w9 = slot[3 * kGemvThreads];
+      cp_async_wait<S - 1>();  // this lane's copies of step s landed
+      __syncwarp();            // and every other lane's: the warp reads them all
+      const uint4* slot = stage(s);
+      const int sw = mma_chunk_swizzle(g);  // rows g and g + 8 alike
+      const uint4 w0 = slot[g * 8 + (t ^ sw)], w1 = slot[g * 8 + ((t + 4) ^ sw)];
+      const uint4 w8 = slot[(g + 8) * 8 + (t ^ sw)], w9 = slot[(g + 8) * 8 + ((t + 4) ^ sw)];
       // This thread's input chunks (row g; zeros past the input rows and the last column).
       uint4 in[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
       if (g < N) {
@@ -168,7 +190,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
         for (int q = 0; q < 2; ++q) {
           const int cq = c + 4 * q;
           if (cq >= chunks) break;
-          if constexpr (kCacheInput) in[q] = input[g * chunks + cq];
+          if constexpr (kCacheInput) in[q] = input[g * in_stride + cq];
           else in[q] = load_input_bf16<kSwiGLU>(x, up, std::int64_t(g) * chunks + cq);  // slow: the backend routes these away
         }
       }
@@ -199,6 +221,8 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
 }
 
 constexpr std::size_t gemv_mma_ring_bytes() { return std::size_t(kMmaStages) * kMmaSlots * kGemvThreads * sizeof(uint4); }
+// The cached input rows, bf16, each padded by kMmaInputPad chunks.
+inline std::size_t gemv_mma_input_bytes(int n, int cols) { return std::size_t(n) * (cols / 8 + kMmaInputPad) * sizeof(uint4); }
 // Its static shared memory: the partial sums, and the norm's warp sums.
 constexpr std::size_t gemv_mma_static_smem(int n, bool norm) {
   return sizeof(float) * 2 * (kGemvThreads / 32) * kMmaTileRows * n + (norm ? kNormStaticSmem : 0);
@@ -208,12 +232,12 @@ constexpr std::size_t gemv_mma_static_smem(int n, bool norm) {
 // this kernel's shared memory).
 inline bool gemv_mma_norm_fits(int n, int cols, std::size_t optin_smem) {
   return n >= 1 && n <= kGemvNormMaxRows && cols % 8 == 0 &&
-         gemv_mma_ring_bytes() + gemv_pipelined_input_bytes(n, cols) + gemv_mma_static_smem(n, true) <= optin_smem;
+         gemv_mma_ring_bytes() + gemv_mma_input_bytes(n, cols) + gemv_mma_static_smem(n, true) <= optin_smem;
 }
 
 // Whether gemv_bf16_mma keeps n input rows of `cols` in shared memory (its fast form).
 inline bool gemv_mma_caches_input(int n, int cols, std::size_t optin_smem) {
-  return gemv_mma_ring_bytes() + gemv_pipelined_input_bytes(n, cols) + gemv_mma_static_smem(n, false) <= optin_smem;
+  return gemv_mma_ring_bytes() + gemv_mma_input_bytes(n, cols) + gemv_mma_static_smem(n, false) <= optin_smem;
 }
 
 template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
@@ -235,7 +259,7 @@ cudaError_t launch_gemv_mma_n(GemvTargets targets, int cols, const float* x, con
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   const std::size_t ring = gemv_mma_ring_bytes();
-  const std::size_t cached = ring + gemv_pipelined_input_bytes(N, cols);
+  const std::size_t cached = ring + gemv_mma_input_bytes(N, cols);
   if (norm.x) {  // the norm needs the input cache
     if (up || !gemv_mma_norm_fits(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
     if constexpr (N <= kGemvNormMaxRows)
