@@ -179,35 +179,52 @@ TEST_CASE("topk gpu paths: candidate select, CTA groups of 8") {
   check_all_fills<float>(rng, tail);
 }
 
-TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket and its fallback") {
+namespace {
+
+// The CTA-group plan's sampled bracket on one few-row shape (groups of 8, 512 threads, a list of 8192
+// keys): every fill, the fills the stride sample misreads (the bracket misses and the digit searches
+// run) with the bracket and without it, LycheeDecode's forced ranges over ragged rows, the row edges.
+void check_sampled_bracket(std::mt19937_64& rng, const Case& base) {
+  CAPTURE(base.rows);
+  CAPTURE(base.cols);
+  require_path<float>(base, kCand, 8, 512);
+  require_bracket<float>(base, 8192);
+  Case c = base;
+  check_all_fills<float>(rng, c);
+  check_with_and_without_bracket(rng, c, {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant});
+  c = base;
+  c.params.sink = 128 < base.capacity / 4 ? 128 : base.capacity / 4;
+  c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
+  for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+  check_all_fills<float>(rng, c);
+  check_edges<float>(rng, cta_group_plan(edge_rows(rng, base.rows, base.cols, base.capacity)));
+}
+
+}  // namespace
+
+// The sampled bracket is split into three cases so that each fits one racecheck run (docs/testing.md;
+// whole, it was cut at 150 s alone on an H100). The few-row shapes of the benchmark: groups of 8 with
+// 4096- and 16384-position slices, and 100000-position rows (a short last slice); the register select
+// takes these shapes by default. 32 rows of 32K (groups of 2: smaller groups lose with the bracket)
+// keep the digit searches.
+TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket and its fallback (32K and 100000 positions)") {
   auto rng = kvsift_test::make_rng(508);
-  // The few-row shapes of the benchmark: groups of 8 with 4096- and 16384-position slices; 32 rows of
-  // 32K (groups of 2: smaller groups lose with the bracket) keep the digit searches.
   {
     const Case wide = shape(32, 32768, 4096, 4096);
     REQUIRE(plan_of<float>(wide).bracket_capacity == 0);
   }
-  // (and 100000-position rows: a short last slice). The register select takes these shapes by default.
-  for (const Case& base :
-       {cta_group_plan(shape(8, 32768, 1024, 1024)), cta_group_plan(shape(3, 100000, 2048, 2000)),
-        cta_group_plan(shape(8, 131072, 4096, 4096)), cta_group_plan(shape(2, 65536, 8, 7))}) {
-    CAPTURE(base.rows);
-    CAPTURE(base.cols);
-    require_path<float>(base, kCand, 8, 512);
-    require_bracket<float>(base, 8192);
-    Case c = base;
-    check_all_fills<float>(rng, c);
-    // Fills the stride sample misreads (the bracket misses and the digit searches run), and the same
-    // rows with the bracket off.
-    check_with_and_without_bracket(rng, c, {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant});
-    // LycheeDecode's forced ranges and ragged rows, and the row edges.
-    c = base;
-    c.params.sink = 128 < base.capacity / 4 ? 128 : base.capacity / 4;
-    c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
-    for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
-    check_all_fills<float>(rng, c);
-    check_edges<float>(rng, cta_group_plan(edge_rows(rng, base.rows, base.cols, base.capacity)));
-  }
+  for (const Case& base : {cta_group_plan(shape(8, 32768, 1024, 1024)), cta_group_plan(shape(3, 100000, 2048, 2000))})
+    check_sampled_bracket(rng, base);
+}
+
+TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket and its fallback (128K and 64K positions)") {
+  auto rng = kvsift_test::make_rng(522);
+  for (const Case& base : {cta_group_plan(shape(8, 131072, 4096, 4096)), cta_group_plan(shape(2, 65536, 8, 7))})
+    check_sampled_bracket(rng, base);
+}
+
+TEST_CASE("topk gpu paths: candidate select in CTA groups, the sampled bracket at the budget's ends and on narrow and flag-first keys") {
+  auto rng = kvsift_test::make_rng(523);
   // Budgets at both ends of the region (a bracket of one rank; one not there at all).
   for (int k : {1, 2, 32767, 32766, 16384}) {
     Case c = cta_group_plan(shape(8, 32768, 32768, k));
