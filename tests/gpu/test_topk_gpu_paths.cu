@@ -49,6 +49,15 @@ void check_with_and_without_bracket(std::mt19937_64& rng, Case c, std::initializ
   });
 }
 
+// LycheeDecode's forced ranges (sink 128 and recent 256 tokens, or a quarter of the budget each) over
+// ragged rows of random lengths in [0, cols].
+Case with_forced_ranges(std::mt19937_64& rng, Case c) {
+  c.params.sink = 128 < c.capacity / 4 ? 128 : c.capacity / 4;
+  c.params.recent = 256 < c.capacity / 4 ? 256 : c.capacity / 4;
+  for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
+  return c;
+}
+
 // The CTA-group plan alone (no register or short-row select): the candidate select on their shapes.
 Case cta_group_plan(Case c) {
   c.register_kernels = false;
@@ -189,14 +198,9 @@ void check_sampled_bracket(std::mt19937_64& rng, const Case& base) {
   CAPTURE(base.cols);
   require_path<float>(base, kCand, 8, 512);
   require_bracket<float>(base, 8192);
-  Case c = base;
-  check_all_fills<float>(rng, c);
-  check_with_and_without_bracket(rng, c, {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant});
-  c = base;
-  c.params.sink = 128 < base.capacity / 4 ? 128 : base.capacity / 4;
-  c.params.recent = 256 < base.capacity / 4 ? 256 : base.capacity / 4;
-  for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
-  check_all_fills<float>(rng, c);
+  check_all_fills<float>(rng, base);
+  check_with_and_without_bracket(rng, base, {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant});
+  check_all_fills<float>(rng, with_forced_ranges(rng, base));
   check_edges<float>(rng, cta_group_plan(edge_rows(rng, base.rows, base.cols, base.capacity)));
 }
 
@@ -333,11 +337,7 @@ void check_register_shape(std::mt19937_64& rng, const RegisterShape& s) {
   check_all_fills<float>(rng, c);
   check_with_and_without_bracket(rng, c,
                                  {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues});
-  c = shape(s.rows, s.cols, s.capacity, s.k);
-  c.params.sink = 128 < s.capacity / 4 ? 128 : s.capacity / 4;
-  c.params.recent = 256 < s.capacity / 4 ? 256 : s.capacity / 4;
-  for (int r = 0; r < c.rows; ++r) c.lengths.push_back(kvsift_test::uniform_int(rng, 0, c.cols));
-  check_all_fills<float>(rng, c);
+  check_all_fills<float>(rng, with_forced_ranges(rng, shape(s.rows, s.cols, s.capacity, s.k)));
   const Case edges = edge_rows(rng, s.rows, s.cols, s.capacity);
   require_path<float>(edges, kReg, s.group, 256);
   check_edges<float>(rng, edges);
