@@ -195,14 +195,9 @@ __device__ inline NormedChunk load_normed_chunk(const NormInput& norm, std::int6
   return n;
 }
 
-// The normalized chunk rounded to bf16: add_rms_norm's expression (v * inv) * w, then
-// round_input_chunk's rounding.
-__device__ inline uint4 round_normed_chunk(const NormInput& norm, const NormedChunk& n, float inv) {
-  float v[8] = {n.a.x, n.a.y, n.a.z, n.a.w, n.b.x, n.b.y, n.b.z, n.b.w};
-  if (norm.delta) {
-    v[0] += n.c.x, v[1] += n.c.y, v[2] += n.c.z, v[3] += n.c.w, v[4] += n.d.x, v[5] += n.d.y, v[6] += n.d.z, v[7] += n.d.w;
-  }
-  const float w[8] = {n.w0.x, n.w0.y, n.w0.z, n.w0.w, n.w1.x, n.w1.y, n.w1.z, n.w1.w};
+// The normalized values v (x + delta) of a chunk rounded to bf16: add_rms_norm's expression
+// (v * inv) * w, then round_input_chunk's rounding.
+__device__ inline uint4 round_normed(const float (&v)[8], const float (&w)[8], float inv) {
   uint4 packed;
   __nv_bfloat162 p[4];
   for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(v[2 * q] * inv * w[2 * q], v[2 * q + 1] * inv * w[2 * q + 1]);
@@ -211,9 +206,19 @@ __device__ inline uint4 round_normed_chunk(const NormInput& norm, const NormedCh
   return packed;
 }
 
-// The normalized input's chunk i rounded to bf16, one chunk at a time: load_normed_chunk then
-// round_normed_chunk, in the order the pipelined GEMV's fused norm was measured with (routed through
-// the two helpers its kernels compile differently).
+// A loaded chunk normalized and rounded.
+__device__ inline uint4 round_normed_chunk(const NormInput& norm, const NormedChunk& n, float inv) {
+  float v[8] = {n.a.x, n.a.y, n.a.z, n.a.w, n.b.x, n.b.y, n.b.z, n.b.w};
+  if (norm.delta) {
+    v[0] += n.c.x, v[1] += n.c.y, v[2] += n.c.z, v[3] += n.c.w, v[4] += n.d.x, v[5] += n.d.y, v[6] += n.d.z, v[7] += n.d.w;
+  }
+  const float w[8] = {n.w0.x, n.w0.y, n.w0.z, n.w0.w, n.w1.x, n.w1.y, n.w1.z, n.w1.w};
+  return round_normed(v, w, inv);
+}
+
+// The normalized input's chunk i rounded to bf16, one chunk at a time: the arithmetic of
+// load_normed_chunk then round_normed_chunk, with the loads in the order the pipelined GEMV's fused
+// norm was measured with (routed through those two its kernels compile differently).
 __device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::int64_t i, int col) {
   float v[8];
   const float4* xr = reinterpret_cast<const float4*>(norm.x) + 2 * i;
@@ -227,12 +232,7 @@ __device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::
   const float4* wr = reinterpret_cast<const float4*>(norm.w + col);
   const float4 w0 = __ldg(wr), w1 = __ldg(wr + 1);
   const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-  uint4 packed;
-  __nv_bfloat162 p[4];
-  for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(v[2 * q] * inv * w[2 * q], v[2 * q + 1] * inv * w[2 * q + 1]);
-  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
-  memcpy(&packed, p, sizeof(packed));
-  return packed;
+  return round_normed(v, w, inv);
 }
 
 // The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here).
