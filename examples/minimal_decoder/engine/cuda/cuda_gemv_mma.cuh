@@ -158,8 +158,9 @@ __global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(co
   // the last chunk a thread loads the last one again (no branch between the loads) and stores nothing.
   if constexpr (kCacheInput) {
     // Chunks a round: at one input row (3 blocks an SM, 80 registers) 2, a 4096-column row's share;
-    // from 2 rows (up to 128 registers) 8, or 4 of the SwiGLU's two inputs.
-    constexpr int kUnroll = N == 1 ? 2 : kSwiGLU ? 4 : 8;
+    // from 2 rows (up to 128 registers) 8, or 4 of the SwiGLU's two inputs; the norm's chunks (x,
+    // delta and the weight: 24 registers each) 2.
+    constexpr int kUnroll = N == 1 || kNorm ? 2 : kSwiGLU ? 4 : 8;
     using Raw = std::conditional_t<kNorm, NormedChunk, InputChunk<kSwiGLU>>;
     const int total = N * chunks;
     for (int base = tid; base < total; base += kUnroll * kGemvThreads) {
@@ -176,8 +177,14 @@ __global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(co
         // sank each chunk's loads into its branch, behind the previous chunk's rounding.
         const int e = min(base + u * kGemvThreads, total - 1);
         uint4 v;
-        if constexpr (kNorm) v = round_normed_chunk(norm, raw[u], inv[e / chunks]);
-        else v = round_input_chunk<kSwiGLU>(raw[u]);
+        if constexpr (kNorm) {
+          float row_inv = inv[0];  // inv[e / chunks], selected (an indexed register array would go to local memory)
+          for (int i = 1; i < N; ++i)
+            if (e / chunks == i) row_inv = inv[i];
+          v = round_normed_chunk(norm, raw[u], row_inv);
+        } else {
+          v = round_input_chunk<kSwiGLU>(raw[u]);
+        }
         if (base + u * kGemvThreads < total) input[(e / chunks) * in_stride + e % chunks] = v;
       }
     }
