@@ -161,7 +161,8 @@ __device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, f
     float ss = 0.f;
     for (int base = 0; base < cols; base += row_segment_size()) {
       float v[kRowSlots];
-      load_row_segment([&](int e) { return dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e); }, cols, base, v);
+      if (dr) load_row_segment([&](int e) { return __ldcg(xr + e) + __ldcg(dr + e); }, cols, base, v);
+      else load_row_segment([&](int e) { return __ldcg(xr + e); }, cols, base, v);
 #pragma unroll
       for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past cols: adds nothing
     }
