@@ -41,6 +41,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda_gemv_pipelined.cuh"
 
@@ -76,8 +77,12 @@ __device__ inline void mma_m16n8k16_bf16(float (&c)[4], std::uint32_t a0, std::u
 
 // Requires cols % 8 == 0 and 16-byte aligned w, x, up; the grid no larger than the tile count.
 // Dynamic shared memory: gemv_mma_ring_bytes (+ gemv_mma_input_bytes with kCacheInput).
+// The launch bounds' blocks an SM are the ones the shared memory allows (3 at one input row, else 2 or
+// fewer): told them, ptxas keeps the prologue's loads in flight together within the registers that
+// leaves; told none, it held them to ~40 registers and put each chunk's rounding before the next
+// chunk's loads.
 template <int N, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
-__global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_constant__ GemvTargets targets, int cols,
+__global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(const __grid_constant__ GemvTargets targets, int cols,
                                                               const float* __restrict__ x, const float* __restrict__ up,
                                                               const __grid_constant__ NormInput norm) {
   static_assert(N >= 1 && N <= kMmaInputs, "input rows: the mma's N");
@@ -147,26 +152,41 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_mma(const __grid_const
   // The whole input, rounded to bf16, into shared memory before the first tile, by all threads
   // together: every tile spans every column, and a block often has a single tile (q/k/v: 384 tiles for
   // 396 blocks), so inputs fetched step by step inside the loop put an L2 round trip into every step
-  // (the down projection ran at half speed in the decoder so, measured). kUnroll chunks a thread in
-  // flight at once.
+  // (the down projection ran at half speed in the decoder so, measured). A round's kUnroll chunks a
+  // thread are all loaded before any is rounded (InputChunk): 4 input rows of 4096 columns (8 chunks a
+  // thread) take one L2 round trip, not 8 in series as when each chunk was rounded as it came. Past
+  // the last chunk a thread loads the last one again (no branch between the loads) and stores nothing.
   if constexpr (kCacheInput) {
-    constexpr int kUnroll = 4;
+    // Chunks a round: at one input row (3 blocks an SM, 80 registers) 2, a 4096-column row's share;
+    // from 2 rows (up to 128 registers) 8, or 4 of the SwiGLU's two inputs; the norm's chunks (x,
+    // delta and the weight: 24 registers each) 2.
+    constexpr int kUnroll = N == 1 || kNorm ? 2 : kSwiGLU ? 4 : 8;
+    using Raw = std::conditional_t<kNorm, NormedChunk, InputChunk<kSwiGLU>>;
     const int total = N * chunks;
-    const auto cached_at = [&](int e) { return (e / chunks) * in_stride + e % chunks; };
     for (int base = tid; base < total; base += kUnroll * kGemvThreads) {
-      uint4 v[kUnroll];
+      Raw raw[kUnroll];
+#pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int e = base + u * kGemvThreads;
-        if (e >= total) break;
-        if constexpr (kNorm) {
-          const int i = e / chunks;
-          v[u] = load_normed_bf16(norm, inv[i], e, 8 * (e - i * chunks));
-        } else {
-          v[u] = load_input_bf16<kSwiGLU>(x, up, e);
-        }
+        const int e = min(base + u * kGemvThreads, total - 1);
+        if constexpr (kNorm) raw[u] = load_normed_chunk(norm, e, 8 * (e % chunks));
+        else raw[u] = load_input_chunk<kSwiGLU>(x, up, e);
       }
-      for (int u = 0; u < kUnroll; ++u)
-        if (base + u * kGemvThreads < total) input[cached_at(base + u * kGemvThreads)] = v[u];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        // Every chunk rounded, the store predicated: with a branch past the last chunk the compiler
+        // sank each chunk's loads into its branch, behind the previous chunk's rounding.
+        const int e = min(base + u * kGemvThreads, total - 1);
+        uint4 v;
+        if constexpr (kNorm) {
+          float row_inv = inv[0];  // inv[e / chunks], selected (an indexed register array would go to local memory)
+          for (int i = 1; i < N; ++i)
+            if (e / chunks == i) row_inv = inv[i];
+          v = round_normed_chunk(norm, raw[u], row_inv);
+        } else {
+          v = round_input_chunk<kSwiGLU>(raw[u]);
+        }
+        if (base + u * kGemvThreads < total) input[(e / chunks) * in_stride + e % chunks] = v;
+      }
     }
     __syncthreads();
   }

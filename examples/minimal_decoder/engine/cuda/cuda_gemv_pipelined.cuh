@@ -73,9 +73,48 @@ __device__ inline void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(Pending) : "memory");
 }
 
-// Input chunk i (8 values) rounded to bf16 and packed: gemv_bf16's load_input, same arithmetic.
-// The loads are L2-coherent (ld.global.cg), not read-only-cache loads: under PDL the previous
-// kernel writes x during this kernel's lifetime (before the wait), which ld.global.nc forbids.
+// Input chunk i (8 values) as loaded: x's, and for the SwiGLU down projection the gate's (x) and up's.
+// The loads are L2-coherent (ld.global.cg), not read-only-cache loads: under PDL the previous kernel
+// writes x during this kernel's lifetime (before the wait), which ld.global.nc forbids. A prologue that
+// fills a whole input loads a round of chunks before it rounds any (gemv_bf16_mma): rounded one by one,
+// each chunk's conversion waited for its loads before the next chunk's were issued (the SASS ran LDG,
+// F2FP, LDG, ...: one L2 round trip per chunk in series).
+template <bool kSwiGLU>
+struct InputChunk {
+  float4 a, b;    // x
+  float4 ua, ub;  // up (kSwiGLU)
+};
+template <bool kSwiGLU>
+__device__ inline InputChunk<kSwiGLU> load_input_chunk(const float* x, const float* up, std::int64_t i) {
+  InputChunk<kSwiGLU> c;
+  const float4* xr = reinterpret_cast<const float4*>(x) + 2 * i;
+  c.a = __ldcg(xr), c.b = __ldcg(xr + 1);
+  if constexpr (kSwiGLU) {
+    const float4* ur = reinterpret_cast<const float4*>(up) + 2 * i;
+    c.ua = __ldcg(ur), c.ub = __ldcg(ur + 1);
+  }
+  return c;
+}
+
+// The chunk rounded to bf16 and packed (after the SwiGLU): gemv_bf16's load_input, same arithmetic.
+template <bool kSwiGLU>
+__device__ inline uint4 round_input_chunk(const InputChunk<kSwiGLU>& c) {
+  float4 a = c.a, b = c.b;
+  if constexpr (kSwiGLU) {
+    a = swiglu4(a, c.ua);
+    b = swiglu4(b, c.ub);
+  }
+  uint4 packed;
+  __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w), __floats2bfloat162_rn(b.x, b.y),
+                         __floats2bfloat162_rn(b.z, b.w)};
+  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
+  memcpy(&packed, p, sizeof(packed));
+  return packed;
+}
+
+// Input chunk i rounded to bf16 and packed, one chunk at a time: the arithmetic of load_input_chunk
+// then round_input_chunk, with the up loads after the gate's (the order the pipelined GEMV's SwiGLU
+// kernels were measured with; routed through the two helpers they compile differently).
 template <bool kSwiGLU>
 __device__ inline uint4 load_input_bf16(const float* x, const float* up, std::int64_t i) {
   const float4* xr = reinterpret_cast<const float4*>(x) + 2 * i;
@@ -85,12 +124,9 @@ __device__ inline uint4 load_input_bf16(const float* x, const float* up, std::in
     a = swiglu4(a, __ldcg(ur));
     b = swiglu4(b, __ldcg(ur + 1));
   }
-  uint4 packed;
-  __nv_bfloat162 p[4] = {__floats2bfloat162_rn(a.x, a.y), __floats2bfloat162_rn(a.z, a.w), __floats2bfloat162_rn(b.x, b.y),
-                         __floats2bfloat162_rn(b.z, b.w)};
-  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
-  memcpy(&packed, p, sizeof(packed));
-  return packed;
+  InputChunk<false> rounded;
+  rounded.a = a, rounded.b = b;
+  return round_input_chunk<false>(rounded);
 }
 
 // The norm a GEMV can apply to its input in its prologue: v = x (+ delta), x_out = v (when set; not
@@ -125,7 +161,8 @@ __device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, f
     float ss = 0.f;
     for (int base = 0; base < cols; base += row_segment_size()) {
       float v[kRowSlots];
-      load_row_segment([&](int e) { return dr ? __ldcg(xr + e) + __ldcg(dr + e) : __ldcg(xr + e); }, cols, base, v);
+      if (dr) load_row_segment([&](int e) { return __ldcg(xr + e) + __ldcg(dr + e); }, cols, base, v);
+      else load_row_segment([&](int e) { return __ldcg(xr + e); }, cols, base, v);
 #pragma unroll
       for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past cols: adds nothing
     }
@@ -139,8 +176,50 @@ __device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, f
   }
 }
 
-// Input chunk i (8 values, row-major over [n, cols]; `col` its first column) of the normalized input,
-// rounded to bf16: add_rms_norm's expression (v * inv) * w, then load_input_bf16's rounding.
+// Input chunk i (8 values, row-major over [n, cols]; `col` its first column) of the norm's input as
+// loaded: x's, delta's and the norm weight's (InputChunk's reason for loading apart from rounding).
+struct NormedChunk {
+  float4 a, b;    // x
+  float4 c, d;    // delta (when set)
+  float4 w0, w1;  // the norm's weight
+};
+__device__ inline NormedChunk load_normed_chunk(const NormInput& norm, std::int64_t i, int col) {
+  NormedChunk n;
+  const float4* xr = reinterpret_cast<const float4*>(norm.x) + 2 * i;
+  n.a = __ldcg(xr), n.b = __ldcg(xr + 1);
+  if (norm.delta) {
+    const float4* dr = reinterpret_cast<const float4*>(norm.delta) + 2 * i;
+    n.c = __ldcg(dr), n.d = __ldcg(dr + 1);
+  }
+  const float4* wr = reinterpret_cast<const float4*>(norm.w + col);
+  n.w0 = __ldg(wr), n.w1 = __ldg(wr + 1);
+  return n;
+}
+
+// The normalized values v (x + delta) of a chunk rounded to bf16: add_rms_norm's expression
+// (v * inv) * w, then round_input_chunk's rounding.
+__device__ inline uint4 round_normed(const float (&v)[8], const float (&w)[8], float inv) {
+  uint4 packed;
+  __nv_bfloat162 p[4];
+  for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(v[2 * q] * inv * w[2 * q], v[2 * q + 1] * inv * w[2 * q + 1]);
+  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
+  memcpy(&packed, p, sizeof(packed));
+  return packed;
+}
+
+// A loaded chunk normalized and rounded.
+__device__ inline uint4 round_normed_chunk(const NormInput& norm, const NormedChunk& n, float inv) {
+  float v[8] = {n.a.x, n.a.y, n.a.z, n.a.w, n.b.x, n.b.y, n.b.z, n.b.w};
+  if (norm.delta) {
+    v[0] += n.c.x, v[1] += n.c.y, v[2] += n.c.z, v[3] += n.c.w, v[4] += n.d.x, v[5] += n.d.y, v[6] += n.d.z, v[7] += n.d.w;
+  }
+  const float w[8] = {n.w0.x, n.w0.y, n.w0.z, n.w0.w, n.w1.x, n.w1.y, n.w1.z, n.w1.w};
+  return round_normed(v, w, inv);
+}
+
+// The normalized input's chunk i rounded to bf16, one chunk at a time: the arithmetic of
+// load_normed_chunk then round_normed_chunk, with the loads in the order the pipelined GEMV's fused
+// norm was measured with (routed through those two its kernels compile differently).
 __device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::int64_t i, int col) {
   float v[8];
   const float4* xr = reinterpret_cast<const float4*>(norm.x) + 2 * i;
@@ -154,12 +233,7 @@ __device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::
   const float4* wr = reinterpret_cast<const float4*>(norm.w + col);
   const float4 w0 = __ldg(wr), w1 = __ldg(wr + 1);
   const float w[8] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
-  uint4 packed;
-  __nv_bfloat162 p[4];
-  for (int q = 0; q < 4; ++q) p[q] = __floats2bfloat162_rn(v[2 * q] * inv * w[2 * q], v[2 * q + 1] * inv * w[2 * q + 1]);
-  static_assert(sizeof(p) == sizeof(packed), "8 bf16 in 16 bytes");
-  memcpy(&packed, p, sizeof(packed));
-  return packed;
+  return round_normed(v, w, inv);
 }
 
 // The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here).
