@@ -33,9 +33,27 @@ static_assert(sizeof(StoreKvLaunch<float>) <= 128, "kernel parameter structs sta
 // multiple of 64 the partner is in the lane itself). Each lane then turns its own dims with the angle
 // of pair e mod r/2, by rotate_pair's arithmetic: the two lanes of a pair form the products the host's
 // one rotate_pair call forms, each rounded alone.
+//
+// The angles come first, each once a warp: pair f < r/2 is computed by lane f % 32 (its pair slot
+// f / 32), all of a lane's inverse frequencies loaded before its first sincos, and each dim takes its
+// pair's cosine and sine from the lane that holds them (its own lane when r/2 is a multiple of 32).
+// Computed per dim inside the dim's branch, each dim had put one inverse-frequency load and one
+// double-precision sincos in series with the next (four of each a lane at r = 128, two of them
+// repeats), on the path from the q/k/v projection to the attention.
 __device__ __forceinline__ void rotate_row_segment(WarpRowSegment<float>& x, const float* inv_freq, std::int32_t position,
                                                    int rotary_dim, int lane) {
   const int half = rotary_dim / 2;
+  constexpr int kPairSlots = kWarpRowSlots / 2;  // half <= kWarpRowElems / 2 pairs
+  float freq[kPairSlots];
+#pragma unroll
+  for (int m = 0; m < kPairSlots; ++m) freq[m] = lane + 32 * m < half ? inv_freq[lane + 32 * m] : 0.f;
+  float cos_of[kPairSlots], sin_of[kPairSlots];
+#pragma unroll
+  for (int m = 0; m < kPairSlots; ++m) {
+    cos_of[m] = 1.f;
+    sin_of[m] = 0.f;
+    if (32 * m < half) rotary_cos_sin(position, freq[m], &cos_of[m], &sin_of[m]);  // the same for the whole warp
+  }
   float partner[kWarpRowSlots];
 #pragma unroll
   for (int j = 0; j < kWarpRowSlots; ++j) {
@@ -49,13 +67,24 @@ __device__ __forceinline__ void rotate_row_segment(WarpRowSegment<float>& x, con
     }
     partner[j] = v;
   }
+  const bool own_lane = half % 32 == 0;  // the same for the whole warp
 #pragma unroll
   for (int j = 0; j < kWarpRowSlots; ++j) {
     const int e = lane + 32 * j;
+    const int f = e < half ? e : e - half;  // the pair of dim e (meaningful for e < rotary_dim only)
+    float c = 1.f, s = 0.f;
+#pragma unroll
+    for (int m = 0; m < kPairSlots; ++m) {
+      if (32 * m >= half) break;
+      const float tc = own_lane ? cos_of[m] : __shfl_sync(0xffffffffu, cos_of[m], f & 31);
+      const float ts = own_lane ? sin_of[m] : __shfl_sync(0xffffffffu, sin_of[m], f & 31);
+      if (m == f >> 5) {
+        c = tc;
+        s = ts;
+      }
+    }
     if (e < rotary_dim) {
       const bool low = e < half;
-      float c, s;
-      rotary_cos_sin(position, inv_freq[low ? e : e - half], &c, &s);
       const float own = __fmul_rn(x.x[j], c), other = __fmul_rn(partner[j], s);
       x.x[j] = low ? __fsub_rn(own, other) : __fadd_rn(own, other);
     }
@@ -110,13 +139,15 @@ __global__ void store_kv_kernel(View kv, StoreKvLaunch<T> launch) {
   WarpRowSegment<T> seg[2];
   seg[0].load(src[0], 0, d, lane);
   seg[1].load(src[1], 0, d, lane);
+  // Loaded before the rotation, whose sincos calls the compiler does not move loads across: after
+  // it, they were one more L2 round trip in series.
+  const int b = p.seq[i], t = p.pos[i];
   // The K row as float, rotated (rotate only; the row is one segment, cuda::store_kv checks).
   WarpRowSegment<float> kr;
   if (rotate) {
     kr = widen_row(seg[0], d, lane);
     rotate_row_segment(kr, p.rotary.inv_freq, p.rotary.position[i], p.rotary.rotary_dim, lane);
   }
-  const int b = p.seq[i], t = p.pos[i];
   if (!store_row_in_range(b, t, kv.batch, launch.capacity)) return;
   // A page outside the pool: nothing is written (a write there would land in someone else's memory).
   if (!kv_row_in_pool(kv, b, t)) {
