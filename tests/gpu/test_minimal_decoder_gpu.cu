@@ -765,10 +765,15 @@ TEST_CASE("minimal decoder: --profile on the GPU times every part of a decode st
       CHECK(shares == doctest::Approx(1.0).epsilon(1e-9));
       const double step = p.part("step").us;
       // Alone the parts cost about what they cost together: none may exceed the step by far, and the
-      // derived ones (selection, rest) may dip below 0 only by the medians' noise.
-      CHECK(p.part("weights").us + p.part("attention").us <= 1.5 * step);
-      CHECK(p.part("rest").us >= -0.25 * step);
-      CHECK(p.part("selection").us >= -0.25 * step);
+      // derived ones (selection, rest) may dip below 0 only by the medians' noise. That holds on a GPU
+      // the process has to itself; a sanitizer sweep runs several tools' processes side by side, whose
+      // time slices land in some parts' medians and not others' (s35: weights + attention 1.6x the
+      // step, rest -0.66x), so under a tool only the profile's structure is checked.
+      if (!kvsift_test::under_tool()) {
+        CHECK(p.part("weights").us + p.part("attention").us <= 1.5 * step);
+        CHECK(p.part("rest").us >= -0.25 * step);
+        CHECK(p.part("selection").us >= -0.25 * step);
+      }
       if (kind == md::PolicyKind::kDense) CHECK(p.part("selection").us == 0.0);
       CHECK(p.part("step").bytes == p.part("weights").bytes + p.part("attention").bytes);
     }
