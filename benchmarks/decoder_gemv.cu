@@ -107,12 +107,18 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 // One llama3-8b layer's four decode projections back to back, as a step runs them: q/k/v fused, o,
 // gate/up fused, down with the SwiGLU fused, each a pipelined GEMV launched with PDL (the first as a
-// plain launch; `mma` 1: gemv_bf16_mma instead). The inputs are not what a layer computes (every GEMV reads x, or gate/up): the
-// weights' bytes and the launch chain are what is timed, against the same bytes in one stream.
+// plain launch; `mma` 1: gemv_bf16_mma instead; `pairs` 1: gate/up as SwiGLU pairs writing
+// bf16(silu(gate) * up), down reading it, GemvTargets::swiglu). The inputs are not what a layer computes
+// (every GEMV reads x, or gate/up): the weights' bytes and the launch chain are what is timed, against
+// the same bytes in one stream.
 void BM_DecoderLayerChain(benchmark::State& state) {
   namespace k = minimal_decoder::kernels;
   const int n = int(state.range(0));
-  const bool mma = state.range(1) != 0;
+  const bool mma = state.range(1) != 0, pairs = state.range(2) != 0;
+  if (pairs && (mma || n > k::kGemvSwiGLUPairsMaxRows)) {
+    state.SkipWithError("the SwiGLU pairs run on the pipelined GEMV up to kGemvSwiGLUPairsMaxRows rows");
+    return;
+  }
   const int hidden = 4096, kv = 1024, inter = 14336;
   struct Mat {
     std::unique_ptr<kvsift_bench::DeviceArray<BF16>> w;
@@ -131,6 +137,7 @@ void BM_DecoderLayerChain(benchmark::State& state) {
   kvsift_bench::fill_uniform(gate.get(), gate.n, -1.f, 1.f, 4);
   kvsift_bench::fill_uniform(up.get(), up.n, -1.f, 1.f, 5);
   kvsift_bench::DeviceArray<float> y(std::size_t(n) * inter * 2);
+  kvsift_bench::DeviceArray<BF16> h(std::size_t(n) * inter);  // the pairs' output, down's input
   const std::vector<std::vector<int>> launches = {{0, 1, 2}, {3}, {4, 5}, {6}};  // the matrices of each launch
   std::vector<k::GemvTargets> targets(launches.size());
   for (std::size_t l = 0; l < launches.size(); ++l) {
@@ -144,10 +151,17 @@ void BM_DecoderLayerChain(benchmark::State& state) {
       ++targets[l].count;
     }
   }
+  if (pairs) targets[2].swiglu = h.get();
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
-  state.SetLabel(mma ? "layer chain (q/k/v, o, gate/up, down), mma" : "layer chain (q/k/v, o, gate/up, down), pipelined");
+  state.SetLabel(mma     ? "layer chain (q/k/v, o, gate/up, down), mma"
+                 : pairs ? "layer chain (q/k/v, o, gate/up, down), pipelined, SwiGLU pairs"
+                         : "layer chain (q/k/v, o, gate/up, down), pipelined");
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     for (std::size_t l = 0; l < launches.size(); ++l) {
+      if (pairs && l == 3) {
+        k::launch_gemv_bf16_pipelined_bf16_input(targets[l], inter, h.get(), n, stream, true);
+        continue;
+      }
       const bool swiglu = l == 3;
       const auto launch = mma ? k::launch_gemv_bf16_mma : k::launch_gemv_bf16_pipelined;
       launch(targets[l], m[std::size_t(launches[l][0])].cols, swiglu ? gate.get() : x.get(), n, stream, swiglu ? up.get() : nullptr,
@@ -156,8 +170,10 @@ void BM_DecoderLayerChain(benchmark::State& state) {
   });
 }
 BENCHMARK(BM_DecoderLayerChain)
-    ->ArgsProduct({{1, 2, 4, 8}, {0, 1}})
-    ->ArgNames({"n", "mma"})
+    ->ArgsProduct({{1, 2, 4, 8}, {0, 1}, {0}})
+    ->Args({1, 0, 1})
+    ->Args({2, 0, 1})
+    ->ArgNames({"n", "mma", "pairs"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

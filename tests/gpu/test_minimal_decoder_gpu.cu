@@ -587,6 +587,72 @@ TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kern
   gpu.set_norm_fusion(true);
 }
 
+// The SwiGLU pairs (cuda_gemv_pipelined.cuh: gate/up computing silu(gate) * up in its epilogue and writing
+// it in bf16, down reading it) against the same MLP in float (gate and up written, the SwiGLU in down's
+// input loads): the residual sum and the MLP's output bit for bit, under every pipelined launch setting
+// (the norm fused at one row and apart at two, PDL, claimed tiles, a balanced grid) and with the decoder's
+// aliasing (the norm's delta, its normed rows and the output one buffer). Three rows, past
+// kGemvSwiGLUPairsMaxRows, check that the float path still serves them. Shapes: llama-like (several pair
+// tiles per persistent block, down's input at two chunks a thread), and small ones (fewer tiles than blocks).
+TEST_CASE("minimal decoder: the SwiGLU pairs (gate/up writing silu(gate) * up in bf16, down reading it) equal the float MLP, bit for bit") {
+  md::CudaBackend gpu;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const auto matrix = [&](int rows, int cols) {
+    std::vector<float> w(std::size_t(rows) * cols);
+    for (float& v : w) v = round_bf16(normal(rng));
+    return gpu.make_matrix(w, rows, cols);
+  };
+  for (const auto& shape : {std::pair<int, int>{1024, 2816}, {40, 24}, {64, 8}}) {
+    const int dim = shape.first, inter = shape.second;
+    const md::CudaBackend::Matrix wg = matrix(inter, dim), wu = matrix(inter, dim), wd = matrix(dim, inter);
+    std::vector<float> nw(static_cast<std::size_t>(dim));
+    for (float& v : nw) v = 1.f + 0.1f * normal(rng);
+    auto d_nw = gpu.alloc<float>(nw.size());
+    gpu.upload(d_nw.data(), nw.data(), nw.size());
+    for (int n = 1; n <= 3; ++n) {
+      std::vector<float> x(std::size_t(n) * dim), delta(x.size());
+      for (float& v : x) v = 3.f * normal(rng);
+      for (float& v : delta) v = normal(rng);
+      auto dx = gpu.alloc<float>(x.size()), dh = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
+      auto dgate = gpu.alloc<float>(std::size_t(n) * inter), dup = gpu.alloc<float>(std::size_t(n) * inter);
+      gpu.upload(dx.data(), x.data(), x.size());
+      for (const LaunchConfig& lc : kLaunchConfigs) {
+        const md::CudaBackend::GemvKernel pipelined = md::CudaBackend::GemvKernel::kPipelined;
+        if (md::CudaBackend::gemv_kernel_for(lc.gemv, n, dim) != pipelined || md::CudaBackend::gemv_kernel_for(lc.gemv, n, inter) != pipelined)
+          continue;  // the pairs run on the pipelined GEMV only
+        if (kvsift_test::under_tool() && !lc.pdl) continue;  // a plain launch runs the same kernels
+        INFO("dim ", dim, ", intermediate ", inter, ", n ", n, ", ", std::string(lc.name));
+        apply(gpu, lc);
+        std::vector<float> y[2], xo[2];
+        for (int pairs = 0; pairs < 2; ++pairs) {
+          gpu.set_swiglu_pairs(pairs == 1);
+          CHECK(gpu.uses_swiglu_pairs(dx.data(), dh.data(), n, wg, wu, wd, dgate.data()) ==
+                (pairs == 1 && n <= md::kernels::kGemvSwiGLUPairsMaxRows));
+          gpu.upload(dh.data(), delta.data(), delta.size());
+          const std::vector<float> poison_x(x.size(), NAN), poison_i(std::size_t(n) * inter, NAN);
+          gpu.upload(dxo.data(), poison_x.data(), poison_x.size());
+          gpu.upload(dgate.data(), poison_i.data(), poison_i.size());
+          gpu.upload(dup.data(), poison_i.data(), poison_i.size());
+          gpu.norm_swiglu_mlp(dx.data(), dh.data(), dxo.data(), n, dim, d_nw.data(), 1e-5f, dh.data(), wg, wu, wd, dgate.data(),
+                              dup.data(), dh.data());
+          y[pairs].resize(x.size());
+          xo[pairs].resize(x.size());
+          gpu.download(y[pairs].data(), dh.data(), x.size());
+          gpu.download(xo[pairs].data(), dxo.data(), x.size());
+          for (std::size_t e = 0; e < x.size(); ++e) {
+            REQUIRE(std::isfinite(y[pairs][e]));
+            REQUIRE(xo[pairs][e] == x[e] + delta[e]);
+          }
+        }
+        CHECK(y[1] == y[0]);
+      }
+    }
+  }
+  gpu.set_swiglu_pairs(true);
+  apply(gpu, kLaunchConfigs[0]);
+}
+
 namespace {
 
 // Decode steps of `batch` sequences under each policy given, replayed from a CUDA graph and on a paged
