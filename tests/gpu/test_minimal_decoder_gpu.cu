@@ -589,11 +589,12 @@ TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kern
 
 // The SwiGLU pairs (cuda_gemv_pipelined.cuh: gate/up computing silu(gate) * up in its epilogue and writing
 // it in bf16, down reading it) against the same MLP in float (gate and up written, the SwiGLU in down's
-// input loads): the residual sum and the MLP's output bit for bit, under every pipelined launch setting
-// (the norm fused at one row and apart at two, PDL, claimed tiles, a balanced grid) and with the decoder's
-// aliasing (the norm's delta, its normed rows and the output one buffer). Three rows, past
-// kGemvSwiGLUPairsMaxRows, check that the float path still serves them. Shapes: llama-like (several pair
-// tiles per persistent block, down's input at two chunks a thread), and small ones (fewer tiles than blocks).
+// input loads): the residual sum and the MLP's output bit for bit, 1-8 rows under every launch setting
+// whose gate/up has pairs (the pipelined GEMV up to kGemvSwiGLUPairsMaxRows rows, the tensor-core one;
+// the norm fused at one row and apart beyond, PDL, claimed tiles, a balanced grid), and with the
+// decoder's aliasing (the norm's delta, its normed rows and the output one buffer); elsewhere the float
+// path serves, checked the same way. Shapes: llama-like (several pair tiles per persistent block, down's
+// input at two chunks a thread), and small ones (fewer tiles than blocks).
 TEST_CASE("minimal decoder: the SwiGLU pairs (gate/up writing silu(gate) * up in bf16, down reading it) equal the float MLP, bit for bit") {
   md::CudaBackend gpu;
   std::mt19937 rng(29);
@@ -610,7 +611,7 @@ TEST_CASE("minimal decoder: the SwiGLU pairs (gate/up writing silu(gate) * up in
     for (float& v : nw) v = 1.f + 0.1f * normal(rng);
     auto d_nw = gpu.alloc<float>(nw.size());
     gpu.upload(d_nw.data(), nw.data(), nw.size());
-    for (int n = 1; n <= 3; ++n) {
+    for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n) {
       std::vector<float> x(std::size_t(n) * dim), delta(x.size());
       for (float& v : x) v = 3.f * normal(rng);
       for (float& v : delta) v = normal(rng);
@@ -618,17 +619,17 @@ TEST_CASE("minimal decoder: the SwiGLU pairs (gate/up writing silu(gate) * up in
       auto dgate = gpu.alloc<float>(std::size_t(n) * inter), dup = gpu.alloc<float>(std::size_t(n) * inter);
       gpu.upload(dx.data(), x.data(), x.size());
       for (const LaunchConfig& lc : kLaunchConfigs) {
-        const md::CudaBackend::GemvKernel pipelined = md::CudaBackend::GemvKernel::kPipelined;
-        if (md::CudaBackend::gemv_kernel_for(lc.gemv, n, dim) != pipelined || md::CudaBackend::gemv_kernel_for(lc.gemv, n, inter) != pipelined)
-          continue;  // the pairs run on the pipelined GEMV only
-        if (kvsift_test::under_tool() && !lc.pdl) continue;  // a plain launch runs the same kernels
+        using Kernel = md::CudaBackend::GemvKernel;
+        const Kernel pairs_kernel = md::CudaBackend::gemv_kernel_for(lc.gemv, n, dim);
+        const bool expected = (pairs_kernel == Kernel::kTensorCore || (pairs_kernel == Kernel::kPipelined && n <= md::kernels::kGemvSwiGLUPairsMaxRows)) &&
+                              md::CudaBackend::gemv_kernel_for(lc.gemv, n, inter) == Kernel::kPipelined && n <= md::kernels::kGemvBf16InputMaxRows;
+        if (kvsift_test::under_tool() && (!lc.pdl || !expected)) continue;  // a plain launch runs the same kernels
         INFO("dim ", dim, ", intermediate ", inter, ", n ", n, ", ", std::string(lc.name));
         apply(gpu, lc);
         std::vector<float> y[2], xo[2];
         for (int pairs = 0; pairs < 2; ++pairs) {
           gpu.set_swiglu_pairs(pairs == 1);
-          CHECK(gpu.uses_swiglu_pairs(dx.data(), dh.data(), n, wg, wu, wd, dgate.data()) ==
-                (pairs == 1 && n <= md::kernels::kGemvSwiGLUPairsMaxRows));
+          CHECK(gpu.uses_swiglu_pairs(dx.data(), dh.data(), n, wg, wu, wd, dgate.data()) == (pairs == 1 && expected));
           gpu.upload(dh.data(), delta.data(), delta.size());
           const std::vector<float> poison_x(x.size(), NAN), poison_i(std::size_t(n) * inter, NAN);
           gpu.upload(dxo.data(), poison_x.data(), poison_x.size());

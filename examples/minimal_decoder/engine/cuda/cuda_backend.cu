@@ -299,10 +299,15 @@ void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, f
 
 bool CudaBackend::uses_swiglu_pairs(const float* x, const float* normed, int n, const Matrix& w_gate, const Matrix& w_up,
                                     const Matrix& w_down, const float* gate) const {
-  const auto pipelined = [&](int cols) { return gemv_kernel_for(gemv_kernel_, n, cols) == GemvKernel::kPipelined; };
-  return swiglu_pairs_ && n <= kernels::kGemvSwiGLUPairsMaxRows && w_gate.rows == w_up.rows && w_gate.cols == w_up.cols &&
-         w_down.cols == w_gate.rows && pipelined(w_gate.cols) && pipelined(w_down.cols) && uses_gemv(x, n, w_gate) &&
-         uses_gemv(normed, n, w_gate) && uses_gemv(gate, n, w_down);
+  // gate/up as pairs: the pipelined GEMV's up to kGemvSwiGLUPairsMaxRows rows, the tensor-core GEMV's
+  // wherever it caches its input; down from their bf16 output: the pipelined GEMV's kGemvBf16InputMaxRows.
+  const GemvKernel pairs_kernel = gemv_kernel_for(gemv_kernel_, n, w_gate.cols);
+  const bool pairs_apply = pairs_kernel == GemvKernel::kPipelined    ? n <= kernels::kGemvSwiGLUPairsMaxRows
+                           : pairs_kernel == GemvKernel::kTensorCore ? kernels::gemv_mma_caches_input(n, w_gate.cols, exec_.device.max_smem_optin)
+                                                                     : false;
+  const bool bf16_down = gemv_kernel_for(gemv_kernel_, n, w_down.cols) == GemvKernel::kPipelined && n <= kernels::kGemvBf16InputMaxRows;
+  return swiglu_pairs_ && pairs_apply && bf16_down && w_gate.rows == w_up.rows && w_gate.cols == w_up.cols &&
+         w_down.cols == w_gate.rows && uses_gemv(x, n, w_gate) && uses_gemv(normed, n, w_gate) && uses_gemv(gate, n, w_down);
 }
 
 void CudaBackend::norm_swiglu_mlp(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,

@@ -157,8 +157,9 @@ class CudaBackend {
   // kernel, then the GEMV. Changes timing only, never a result.
   void set_norm_fusion(bool on) { fuse_norms_ = on; }
   bool norm_fusion() const { return fuse_norms_; }
-  // norm_swiglu_mlp's SwiGLU pairs (cuda_gemv_pipelined.cuh, GemvTargets::swiglu): where gate/up and
-  // down both run on the pipelined GEMV, gate/up writes silu(gate) * up in bf16 and down reads it. Off
+  // norm_swiglu_mlp's SwiGLU pairs (cuda_gemv_pipelined.cuh, GemvTargets::swiglu): where gate/up runs
+  // on a GEMV with pairs (the pipelined one at 1-2 rows, the tensor-core one) and down on the pipelined
+  // GEMV, gate/up writes silu(gate) * up in bf16 and down reads it. Off
   // (MINIMAL_DECODER_SWIGLU_PAIRS=0): gate and up in float, the SwiGLU in down's input loads. Changes
   // timing only, never a result.
   void set_swiglu_pairs(bool on) { swiglu_pairs_ = on; }

@@ -541,10 +541,13 @@ cudaError_t launch_persistent_gemv(const GemvTargets& targets, int cols, const f
   return launch_kernel(Kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
 }
 
-// The SwiGLU pairs (GemvTargets::swiglu) and the bf16 input they feed are instantiated up to this many
-// input rows: the row counts at which the decoder runs gate/up on the pipelined GEMV by shape
-// (CudaBackend::uses_gemv sends them to cuBLAS from 3 rows, the tensor-core GEMV from 4).
+// The pipelined GEMV's SwiGLU pairs (GemvTargets::swiglu) are instantiated up to this many input rows:
+// the row counts at which the decoder runs gate/up on it by shape (CudaBackend::uses_gemv sends them to
+// cuBLAS from 3 rows, the tensor-core GEMV, which has pairs at every row count, from 4). Its bf16 input
+// (the down projection from the pairs' output) up to kGemvBf16InputMaxRows: down stays on the pipelined
+// GEMV by shape up to 7 rows (cuBLAS from 8).
 constexpr int kGemvSwiGLUPairsMaxRows = 2;
+constexpr int kGemvBf16InputMaxRows = 7;
 
 template <int N, GemvIo kIo, bool kCacheInput>
 cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
@@ -565,7 +568,7 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
   const bool pairs = targets.swiglu != nullptr;
   if (pairs && (targets.count != 2 || targets.rows[0] != targets.rows[1] || up || N > kGemvSwiGLUPairsMaxRows))
     return cudaErrorInvalidValue;
-  if (x_bf16 && (up || norm.x || pairs || N > kGemvSwiGLUPairsMaxRows)) return cudaErrorInvalidValue;
+  if (x_bf16 && (up || norm.x || pairs || N > kGemvBf16InputMaxRows)) return cudaErrorInvalidValue;
   targets.first_block[0] = 0;  // tiles here, not blocks
   if (pairs) {                 // one range: tile t holds rows t * R/2 .. of both targets (gemv_tile)
     targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
@@ -598,6 +601,8 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
     if (pairs)
       return cache ? launch_gemv_pipelined_kernel<N, GemvIo::kFloatPairs, true>(targets, cols, x, up, norm, smem, stream, pdl)
                    : launch_gemv_pipelined_kernel<N, GemvIo::kFloatPairs, false>(targets, cols, x, up, norm, smem, stream, pdl);
+  }
+  if constexpr (N <= kGemvBf16InputMaxRows) {
     // The bf16 rows travel through the float pointer (gemv_bf16_pipelined's one signature).
     const float* xb = reinterpret_cast<const float*>(x_bf16);
     if (x_bf16)
@@ -637,7 +642,7 @@ inline cudaError_t launch_gemv_bf16_pipelined(const GemvTargets& targets, int co
   return launch_gemv_pipelined_rows(targets, cols, x, n, up, norm, nullptr, stream, pdl);
 }
 
-// y_t = x W_t^T for bf16 input rows x [n, cols] (the SwiGLU pairs' output), n <= kGemvSwiGLUPairsMaxRows:
+// y_t = x W_t^T for bf16 input rows x [n, cols] (the SwiGLU pairs' output), n <= kGemvBf16InputMaxRows:
 // the SwiGLU-fused GEMV's products bit for bit, from a quarter of its input bytes.
 inline cudaError_t launch_gemv_bf16_pipelined_bf16_input(const GemvTargets& targets, int cols, const __nv_bfloat16* x, int n,
                                                          cudaStream_t stream, bool pdl = false) {
