@@ -158,8 +158,10 @@ constexpr std::size_t kNormStaticSmem = sizeof(float) * (kThreads / 32);
 // this loop, which put every block's loads in series behind those stores: 16 L2 round trips for 4096
 // columns, while the weight stream idled behind its first stages). The residual sum x_out is written
 // after, a slice by each block.
+// stage (optional, rows of one segment only): the rows' values x (+ delta) as float, [N][cols], published
+// by block_inverse_rms' barrier.
 template <int N>
-__device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, float (&inv)[N]) {
+__device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, float (&inv)[N], float* stage = nullptr) {
   for (int i = 0; i < N; ++i) {
     const float* xr = norm.x + std::int64_t(i) * cols;
     const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
@@ -170,6 +172,7 @@ __device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, f
       else load_row_segment([&](int e) { return __ldcg(xr + e); }, cols, base, v);
 #pragma unroll
       for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past cols: adds nothing
+      if (stage) store_row_segment([&](int e, float value) { stage[std::int64_t(i) * cols + e] = value; }, cols, base, v);
     }
     inv[i] = block_inverse_rms(ss, cols, norm.eps);
     __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
@@ -252,6 +255,45 @@ enum class GemvIo {
 };
 __host__ __device__ constexpr bool gemv_io_norm(GemvIo io) { return io == GemvIo::kNorm || io == GemvIo::kNormPairs; }
 __host__ __device__ constexpr bool gemv_io_pairs(GemvIo io) { return io == GemvIo::kFloatPairs || io == GemvIo::kNormPairs; }
+
+// The staged norm (the pipelined GEMV, kNorm): rows of at most kNormStageFloats values (llama3-8b's
+// 4096) are kept, as the norm's pass loads them, in the ring slot the prologue leaves free (the loop's
+// first copy is the first to fill it), and the input cache is filled from there: the first tile then
+// reads its inputs from shared memory like every later one. It read x, delta and the norm weight again
+// from L2 (48 KB a block at 4096 columns, on top of the pass's 32 KB; ~19 MB a launch over 396 blocks,
+// twice a layer), one step at a time, while the weight stream waited on each. Same values, same
+// expression, same rounding: the same bits.
+constexpr int kNormStageFloats = kPipelinedRows * kGemvThreads * int(sizeof(uint4) / sizeof(float));
+static_assert(kNormStageFloats <= kRowSlots * kThreads, "a staged row is one segment of the norm's pass");
+constexpr int kNormStageChunks = kNormStageFloats / 8 / kGemvThreads;  // input chunks of a thread, at most
+
+// The input cache's chunks of this thread (c = tid + j * kGemvThreads, j < per_tile) from the staged rows
+// and the norm weight. The weight's chunks are loaded here, after the pass: loaded before the dependency
+// wait (a model weight) they were live across the pass, and ptxas spilled one right behind its load,
+// which put their round trip in series before the pass's loads of x and delta.
+template <int N>
+__device__ inline void fill_normed_input(const float* stage, const float* norm_w, const float (&inv)[N], int cols, int per_tile,
+                                         uint4* input) {
+  const int chunks = cols / 8;
+  float4 w[kNormStageChunks][2];
+#pragma unroll
+  for (int j = 0; j < kNormStageChunks; ++j)
+    if (j < per_tile) {
+      const float4* wr = reinterpret_cast<const float4*>(norm_w + 8 * (int(threadIdx.x) + j * kGemvThreads));
+      w[j][0] = __ldg(wr), w[j][1] = __ldg(wr + 1);
+    }
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < kNormStageChunks; ++j)
+      if (j < per_tile) {  // a guard, not a break: the loop unrolls and w stays in registers
+        const int c = int(threadIdx.x) + j * kGemvThreads;
+        const float4* v8 = reinterpret_cast<const float4*>(stage + std::int64_t(i) * cols + 8 * c);
+        const float4 a = v8[0], b = v8[1];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float wv[8] = {w[j][0].x, w[j][0].y, w[j][0].z, w[j][0].w, w[j][1].x, w[j][1].y, w[j][1].z, w[j][1].w};
+        input[i * chunks + c] = round_normed(v, wv, inv[i]);
+      }
+}
 
 // The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here). With
 // SwiGLU pairs (kPairs) a tile is rows first_row .. first_row + R/2 - 1 of both targets: rows r < R/2 of
@@ -385,9 +427,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
-  // The norm of each input row (add_rms_norm's arithmetic; the residual sum written too).
+  // The norm of each input row (add_rms_norm's arithmetic; the residual sum written too), staged rows
+  // filling the input cache before the first tile (kNormStageFloats).
+  const bool staged = kNorm && N * cols <= kNormStageFloats;
   float inv[N];
-  if constexpr (kNorm) fused_norm_inverse_rms<N>(norm, cols, inv);
+  if constexpr (kNorm) {
+    if (staged) {
+      float* const stage = reinterpret_cast<float*>(ring + (S - 1) * R * kGemvThreads);  // the free ring slot
+      fused_norm_inverse_rms<N>(norm, cols, inv, stage);
+      fill_normed_input<N>(stage, norm.w, inv, cols, per_tile, input);
+      __syncthreads();  // the stage is read by every thread before the loop's first copy refills the slot
+    } else {
+      fused_norm_inverse_rms<N>(norm, cols, inv);
+    }
+  }
 
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;
@@ -412,7 +465,7 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
       const int c = tid + j * kGemvThreads;
       for (int i = 0; i < N; ++i) {
         uint4 packed;
-        if (kCacheInput && k > 0) {
+        if (kCacheInput && (k > 0 || staged)) {
           packed = input[i * chunks + c];
         } else {
           if constexpr (kNorm) packed = load_normed_bf16(norm, inv[i], std::int64_t(i) * chunks + c, 8 * c);
