@@ -107,12 +107,20 @@ void shapes(benchmark::internal::Benchmark* b) {
 
 // One llama3-8b layer's four decode projections back to back, as a step runs them: q/k/v fused, o,
 // gate/up fused, down with the SwiGLU fused, each a pipelined GEMV launched with PDL (the first as a
-// plain launch; `mma` 1: gemv_bf16_mma instead). The inputs are not what a layer computes (every GEMV reads x, or gate/up): the
-// weights' bytes and the launch chain are what is timed, against the same bytes in one stream.
+// plain launch; `mma` 1: gemv_bf16_mma instead; 2: gemv_bf16_mma but for down, which stays on the
+// pipelined GEMV, as the decoder runs 4-7 rows by shape; `pairs` 1: gate/up as SwiGLU pairs writing
+// bf16(silu(gate) * up), down reading it, GemvTargets::swiglu). The inputs are not what a layer computes
+// (every GEMV reads x, or gate/up): the weights' bytes and the launch chain are what is timed, against
+// the same bytes in one stream.
 void BM_DecoderLayerChain(benchmark::State& state) {
   namespace k = minimal_decoder::kernels;
   const int n = int(state.range(0));
-  const bool mma = state.range(1) != 0;
+  const int mma = int(state.range(1));
+  const bool pairs = state.range(2) != 0;
+  if (pairs && (mma == 1 || (mma == 0 && n > k::kGemvSwiGLUPairsMaxRows))) {
+    state.SkipWithError("the pairs' down runs on the pipelined GEMV; its own pairs go up to kGemvSwiGLUPairsMaxRows rows");
+    return;
+  }
   const int hidden = 4096, kv = 1024, inter = 14336;
   struct Mat {
     std::unique_ptr<kvsift_bench::DeviceArray<BF16>> w;
@@ -131,6 +139,7 @@ void BM_DecoderLayerChain(benchmark::State& state) {
   kvsift_bench::fill_uniform(gate.get(), gate.n, -1.f, 1.f, 4);
   kvsift_bench::fill_uniform(up.get(), up.n, -1.f, 1.f, 5);
   kvsift_bench::DeviceArray<float> y(std::size_t(n) * inter * 2);
+  kvsift_bench::DeviceArray<BF16> h(std::size_t(n) * inter);  // the pairs' output, down's input
   const std::vector<std::vector<int>> launches = {{0, 1, 2}, {3}, {4, 5}, {6}};  // the matrices of each launch
   std::vector<k::GemvTargets> targets(launches.size());
   for (std::size_t l = 0; l < launches.size(); ++l) {
@@ -144,20 +153,30 @@ void BM_DecoderLayerChain(benchmark::State& state) {
       ++targets[l].count;
     }
   }
+  if (pairs) targets[2].swiglu = h.get();
   KVSIFT_BENCH_CUDA(cudaDeviceSynchronize());
-  state.SetLabel(mma ? "layer chain (q/k/v, o, gate/up, down), mma" : "layer chain (q/k/v, o, gate/up, down), pipelined");
+  state.SetLabel(std::string("layer chain (q/k/v, o, gate/up, down), ") +
+                 (mma == 1 ? "mma" : mma == 2 ? "mma, down pipelined" : "pipelined") + (pairs ? ", SwiGLU pairs" : ""));
   kvsift_bench::time_gpu(state, bytes, [&](cudaStream_t stream) {
     for (std::size_t l = 0; l < launches.size(); ++l) {
+      if (pairs && l == 3) {
+        k::launch_gemv_bf16_pipelined_bf16_input(targets[l], inter, h.get(), n, stream, true);
+        continue;
+      }
       const bool swiglu = l == 3;
-      const auto launch = mma ? k::launch_gemv_bf16_mma : k::launch_gemv_bf16_pipelined;
+      const auto launch = mma == 1 || (mma == 2 && l != 3) ? k::launch_gemv_bf16_mma : k::launch_gemv_bf16_pipelined;
       launch(targets[l], m[std::size_t(launches[l][0])].cols, swiglu ? gate.get() : x.get(), n, stream, swiglu ? up.get() : nullptr,
              l > 0, k::NormInput{});
     }
   });
 }
 BENCHMARK(BM_DecoderLayerChain)
-    ->ArgsProduct({{1, 2, 4, 8}, {0, 1}})
-    ->ArgNames({"n", "mma"})
+    ->ArgsProduct({{1, 2, 4, 8}, {0, 1}, {0}})
+    ->Args({1, 0, 1})
+    ->Args({2, 0, 1})
+    ->Args({4, 2, 0})
+    ->Args({4, 2, 1})
+    ->ArgNames({"n", "mma", "pairs"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

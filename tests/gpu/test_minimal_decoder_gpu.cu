@@ -523,68 +523,139 @@ TEST_CASE("minimal decoder: the RMSNorm fused into the GEMV equals the norm kern
   gpu.set_shape_routing(false);
   std::mt19937 rng(23);
   std::normal_distribution<float> normal(0.f, 1.f);
-  const int dim = 1024;
-  std::vector<md::CudaBackend::Matrix> mats;
-  for (int rows : {1024, 256, 264, 40}) {
-    std::vector<float> w(std::size_t(rows) * dim);
-    for (float& v : w) v = normal(rng);
-    mats.push_back(gpu.make_matrix(w, rows, dim));
+  // 1024 and 4096 columns: the staged norm (rows kept in a ring slot, kNormStageFloats); 4104: the
+  // norm's pass over two segments, the first tile reading its inputs from L2.
+  for (const int dim : {1024, 4096, 4104}) {
+    INFO("dim ", dim);
+    std::vector<md::CudaBackend::Matrix> mats;
+    for (int rows : {1024, 256, 264, 40}) {
+      std::vector<float> w(std::size_t(rows) * dim);
+      for (float& v : w) v = normal(rng);
+      mats.push_back(gpu.make_matrix(w, rows, dim));
+    }
+    std::vector<float> nw(dim);
+    for (float& v : nw) v = 1.f + 0.1f * normal(rng);
+    auto d_nw = gpu.alloc<float>(nw.size());
+    gpu.upload(d_nw.data(), nw.data(), nw.size());
+    for (const auto kernel : {md::CudaBackend::GemvKernel::kPipelined, md::CudaBackend::GemvKernel::kTensorCore,
+                              md::CudaBackend::GemvKernel::kByShape})
+      for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n)
+        for (bool with_delta : {true, false}) {
+          INFO(md::CudaBackend::gemv_kernel_name(kernel), " GEMV, n ", n, (with_delta ? ", x + delta" : ", x alone"));
+          gpu.set_gemv_kernel(kernel);
+          std::vector<float> x(std::size_t(n) * dim), delta(x.size());
+          for (float& v : x) v = 3.f * normal(rng);
+          for (float& v : delta) v = normal(rng);
+          auto dx = gpu.alloc<float>(x.size()), ddelta = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
+          gpu.upload(dx.data(), x.data(), x.size());
+          std::vector<md::CudaBackend::Buffer<float>> ys;
+          for (std::size_t m = 0; m < mats.size(); ++m) ys.push_back(gpu.alloc<float>(std::size_t(n) * mats[m].rows));
+          std::vector<std::vector<float>> first(mats.size() + 1);
+          for (bool fused : {true, false}) {
+            INFO("norm ", (fused ? "fused" : "apart"));
+            gpu.set_norm_fusion(fused);
+            gpu.upload(ddelta.data(), delta.data(), delta.size());  // the unfused path writes its normed rows there
+            const std::vector<float> poison(x.size(), NAN);
+            gpu.upload(dxo.data(), poison.data(), poison.size());
+            for (std::size_t m = 0; m < mats.size(); ++m) {
+              const std::vector<float> py(ys[m].size(), NAN);
+              gpu.upload(ys[m].data(), py.data(), py.size());
+            }
+            const float* dd = with_delta ? ddelta.data() : nullptr;
+            gpu.norm_linear_shared_input(dx.data(), dd, dxo.data(), n, dim, d_nw.data(), 1e-5f, ddelta.data(),
+                                         {{&mats[0], ys[0].data()}, {&mats[1], ys[1].data()}, {&mats[2], ys[2].data()}});
+            std::vector<float> xo(x.size());
+            gpu.download(xo.data(), dxo.data(), xo.size());
+            for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(xo[e] == (with_delta ? x[e] + delta[e] : x[e]));
+            for (std::size_t m = 0; m < 3; ++m) {
+              std::vector<float> y(ys[m].size());
+              gpu.download(y.data(), ys[m].data(), y.size());
+              for (float v : y) REQUIRE(std::isfinite(v));
+              if (first[m].empty()) first[m] = y;
+              else CHECK(y == first[m]);
+            }
+          }
+          // A lone target (one launch of one matrix), fused against apart.
+          std::vector<float> lone[2];
+          for (int fused = 0; fused < 2; ++fused) {
+            gpu.set_norm_fusion(fused == 1);
+            gpu.upload(ddelta.data(), delta.data(), delta.size());
+            gpu.norm_linear_shared_input(dx.data(), with_delta ? ddelta.data() : nullptr, dxo.data(), n, dim, d_nw.data(), 1e-5f,
+                                         ddelta.data(), {{&mats[3], ys[3].data()}});
+            lone[fused].resize(ys[3].size());
+            gpu.download(lone[fused].data(), ys[3].data(), lone[fused].size());
+          }
+          CHECK(lone[0] == lone[1]);
+        }
   }
-  std::vector<float> nw(dim);
-  for (float& v : nw) v = 1.f + 0.1f * normal(rng);
-  auto d_nw = gpu.alloc<float>(nw.size());
-  gpu.upload(d_nw.data(), nw.data(), nw.size());
-  for (const auto kernel : {md::CudaBackend::GemvKernel::kPipelined, md::CudaBackend::GemvKernel::kTensorCore,
-                            md::CudaBackend::GemvKernel::kByShape})
-    for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n)
-      for (bool with_delta : {true, false}) {
-        INFO(md::CudaBackend::gemv_kernel_name(kernel), " GEMV, n ", n, (with_delta ? ", x + delta" : ", x alone"));
-        gpu.set_gemv_kernel(kernel);
-        std::vector<float> x(std::size_t(n) * dim), delta(x.size());
-        for (float& v : x) v = 3.f * normal(rng);
-        for (float& v : delta) v = normal(rng);
-        auto dx = gpu.alloc<float>(x.size()), ddelta = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
-        gpu.upload(dx.data(), x.data(), x.size());
-        std::vector<md::CudaBackend::Buffer<float>> ys;
-        for (std::size_t m = 0; m < mats.size(); ++m) ys.push_back(gpu.alloc<float>(std::size_t(n) * mats[m].rows));
-        std::vector<std::vector<float>> first(mats.size() + 1);
-        for (bool fused : {true, false}) {
-          INFO("norm ", (fused ? "fused" : "apart"));
-          gpu.set_norm_fusion(fused);
-          gpu.upload(ddelta.data(), delta.data(), delta.size());  // the unfused path writes its normed rows there
-          const std::vector<float> poison(x.size(), NAN);
-          gpu.upload(dxo.data(), poison.data(), poison.size());
-          for (std::size_t m = 0; m < mats.size(); ++m) {
-            const std::vector<float> py(ys[m].size(), NAN);
-            gpu.upload(ys[m].data(), py.data(), py.size());
-          }
-          const float* dd = with_delta ? ddelta.data() : nullptr;
-          gpu.norm_linear_shared_input(dx.data(), dd, dxo.data(), n, dim, d_nw.data(), 1e-5f, ddelta.data(),
-                                       {{&mats[0], ys[0].data()}, {&mats[1], ys[1].data()}, {&mats[2], ys[2].data()}});
-          std::vector<float> xo(x.size());
-          gpu.download(xo.data(), dxo.data(), xo.size());
-          for (std::size_t e = 0; e < x.size(); ++e) REQUIRE(xo[e] == (with_delta ? x[e] + delta[e] : x[e]));
-          for (std::size_t m = 0; m < 3; ++m) {
-            std::vector<float> y(ys[m].size());
-            gpu.download(y.data(), ys[m].data(), y.size());
-            for (float v : y) REQUIRE(std::isfinite(v));
-            if (first[m].empty()) first[m] = y;
-            else CHECK(y == first[m]);
-          }
-        }
-        // A lone target (one launch of one matrix), fused against apart.
-        std::vector<float> lone[2];
-        for (int fused = 0; fused < 2; ++fused) {
-          gpu.set_norm_fusion(fused == 1);
-          gpu.upload(ddelta.data(), delta.data(), delta.size());
-          gpu.norm_linear_shared_input(dx.data(), with_delta ? ddelta.data() : nullptr, dxo.data(), n, dim, d_nw.data(), 1e-5f,
-                                       ddelta.data(), {{&mats[3], ys[3].data()}});
-          lone[fused].resize(ys[3].size());
-          gpu.download(lone[fused].data(), ys[3].data(), lone[fused].size());
-        }
-        CHECK(lone[0] == lone[1]);
-      }
   gpu.set_norm_fusion(true);
+}
+
+// The SwiGLU pairs (cuda_gemv_pipelined.cuh: gate/up computing silu(gate) * up in its epilogue and writing
+// it in bf16, down reading it) against the same MLP in float (gate and up written, the SwiGLU in down's
+// input loads): the residual sum and the MLP's output bit for bit, 1-8 rows under every launch setting
+// whose gate/up has pairs (the pipelined GEMV up to kGemvSwiGLUPairsMaxRows rows, the tensor-core one;
+// the norm fused at one row and apart beyond, PDL, claimed tiles, a balanced grid), and with the
+// decoder's aliasing (the norm's delta, its normed rows and the output one buffer); elsewhere the float
+// path serves, checked the same way. Shapes: llama-like (several pair tiles per persistent block, down's
+// input at two chunks a thread), and small ones (fewer tiles than blocks).
+TEST_CASE("minimal decoder: the SwiGLU pairs (gate/up writing silu(gate) * up in bf16, down reading it) equal the float MLP, bit for bit") {
+  md::CudaBackend gpu;
+  std::mt19937 rng(29);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const auto matrix = [&](int rows, int cols) {
+    std::vector<float> w(std::size_t(rows) * cols);
+    for (float& v : w) v = round_bf16(normal(rng));
+    return gpu.make_matrix(w, rows, cols);
+  };
+  for (const auto& shape : {std::pair<int, int>{1024, 2816}, {40, 24}, {64, 8}}) {
+    const int dim = shape.first, inter = shape.second;
+    const md::CudaBackend::Matrix wg = matrix(inter, dim), wu = matrix(inter, dim), wd = matrix(dim, inter);
+    std::vector<float> nw(static_cast<std::size_t>(dim));
+    for (float& v : nw) v = 1.f + 0.1f * normal(rng);
+    auto d_nw = gpu.alloc<float>(nw.size());
+    gpu.upload(d_nw.data(), nw.data(), nw.size());
+    for (int n = 1; n <= md::kernels::kGemvMaxRows; ++n) {
+      std::vector<float> x(std::size_t(n) * dim), delta(x.size());
+      for (float& v : x) v = 3.f * normal(rng);
+      for (float& v : delta) v = normal(rng);
+      auto dx = gpu.alloc<float>(x.size()), dh = gpu.alloc<float>(x.size()), dxo = gpu.alloc<float>(x.size());
+      auto dgate = gpu.alloc<float>(std::size_t(n) * inter), dup = gpu.alloc<float>(std::size_t(n) * inter);
+      gpu.upload(dx.data(), x.data(), x.size());
+      for (const LaunchConfig& lc : kLaunchConfigs) {
+        using Kernel = md::CudaBackend::GemvKernel;
+        const Kernel pairs_kernel = md::CudaBackend::gemv_kernel_for(lc.gemv, n, dim);
+        const bool expected = (pairs_kernel == Kernel::kTensorCore || (pairs_kernel == Kernel::kPipelined && n <= md::kernels::kGemvSwiGLUPairsMaxRows)) &&
+                              md::CudaBackend::gemv_kernel_for(lc.gemv, n, inter) == Kernel::kPipelined && n <= md::kernels::kGemvBf16InputMaxRows;
+        if (kvsift_test::under_tool() && (!lc.pdl || !expected)) continue;  // a plain launch runs the same kernels
+        INFO("dim ", dim, ", intermediate ", inter, ", n ", n, ", ", std::string(lc.name));
+        apply(gpu, lc);
+        std::vector<float> y[2], xo[2];
+        for (int pairs = 0; pairs < 2; ++pairs) {
+          gpu.set_swiglu_pairs(pairs == 1);
+          CHECK(gpu.uses_swiglu_pairs(dx.data(), dh.data(), n, wg, wu, wd, dgate.data()) == (pairs == 1 && expected));
+          gpu.upload(dh.data(), delta.data(), delta.size());
+          const std::vector<float> poison_x(x.size(), NAN), poison_i(std::size_t(n) * inter, NAN);
+          gpu.upload(dxo.data(), poison_x.data(), poison_x.size());
+          gpu.upload(dgate.data(), poison_i.data(), poison_i.size());
+          gpu.upload(dup.data(), poison_i.data(), poison_i.size());
+          gpu.norm_swiglu_mlp(dx.data(), dh.data(), dxo.data(), n, dim, d_nw.data(), 1e-5f, dh.data(), wg, wu, wd, dgate.data(),
+                              dup.data(), dh.data());
+          y[pairs].resize(x.size());
+          xo[pairs].resize(x.size());
+          gpu.download(y[pairs].data(), dh.data(), x.size());
+          gpu.download(xo[pairs].data(), dxo.data(), x.size());
+          for (std::size_t e = 0; e < x.size(); ++e) {
+            REQUIRE(std::isfinite(y[pairs][e]));
+            REQUIRE(xo[pairs][e] == x[e] + delta[e]);
+          }
+        }
+        CHECK(y[1] == y[0]);
+      }
+    }
+  }
+  gpu.set_swiglu_pairs(true);
+  apply(gpu, kLaunchConfigs[0]);
 }
 
 namespace {

@@ -922,9 +922,8 @@ class Decoder {
     attention(q_.data(), attn_.data());
     be_.linear(attn_.data(), n, lw.wo, h_.data());
     all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel o: sum the ranks' parts
-    be_.norm_linear_shared_input(x_mid_.data(), h_.data(), x_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data(),
-                                 {{&lw.w_gate, gate_.data()}, {&lw.w_up, up_.data()}});
-    be_.silu_mul_linear(gate_.data(), up_.data(), n, lw.w_down, h_.data());
+    be_.norm_swiglu_mlp(x_mid_.data(), h_.data(), x_.data(), n, H, lw.mlp_norm.data(), c_.rms_norm_eps, h_.data(), lw.w_gate,
+                        lw.w_up, lw.w_down, gate_.data(), up_.data(), h_.data());
     all_reduce(h_.data(), std::int64_t(n) * H);  // row-parallel down
     if (l + 1 == c_.num_layers) be_.add(x_.data(), h_.data(), std::int64_t(n) * H);
   }

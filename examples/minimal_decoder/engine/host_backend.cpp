@@ -100,6 +100,13 @@ void HostBackend::silu_mul_linear(float* gate, const float* up, int n, const Mat
   linear(gate, n, w, y);
 }
 
+void HostBackend::norm_swiglu_mlp(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                                  float* normed, const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* gate,
+                                  float* up, float* y) const {
+  norm_linear_shared_input(x, delta, x_out, n, dim, w, eps, normed, {{&w_gate, gate}, {&w_up, up}});
+  silu_mul_linear(gate, up, n, w_down, y);
+}
+
 void HostBackend::rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim,
                        float theta) const {
   const int half = head_dim / 2;

@@ -136,6 +136,12 @@ struct HostBackend {
   void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const;
   // y = (silu(gate) * up) W^T, the SwiGLU down projection (one fused kernel on the GPU); gate is overwritten.
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
+  // The MLP after its norm: norm_linear_shared_input's x_out and gate = rms_norm(x_out) W_gate^T,
+  // up = ... W_up^T, then silu_mul_linear(gate, up, n, W_down, y). gate and up are scratch
+  // [n, W_gate.rows] (overwritten, or on the GPU's SwiGLU pairs partly unused); y may alias delta and
+  // normed.
+  void norm_swiglu_mlp(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps, float* normed,
+                       const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* gate, float* up, float* y) const;
   // RoPE in place on x [n, heads, head_dim], "rotate half": pair i is (x[i], x[i + head_dim/2]).
   // RoPE on q [n, q_heads, head_dim] and k [n, k_heads, head_dim] in place (one launch on the GPU).
   void rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) const;

@@ -79,6 +79,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
   side_stream_on_ = env_switch("MINIMAL_DECODER_SIDE_STREAM", true);
   handoff_clusters_ = env_switch("MINIMAL_DECODER_HANDOFF_CLUSTERS", true);
   rope_in_store_ = env_switch("MINIMAL_DECODER_ROPE_STORE", true);
+  swiglu_pairs_ = env_switch("MINIMAL_DECODER_SWIGLU_PAIRS", true);
   const char* schedule = std::getenv("MINIMAL_DECODER_GEMV_SCHEDULE");
   if (schedule && std::strcmp(schedule, "static") == 0) tile_schedule_ = TileSchedule::kNever;
   else if (schedule && std::strcmp(schedule, "dynamic") == 0) tile_schedule_ = TileSchedule::kAlways;
@@ -103,7 +104,7 @@ CudaBackend::CudaBackend(int device) : device_(device) {
           (handoff_clusters_ ? "" : ", handoff without clusters") + ", tiles " + tile_schedule_name(tile_schedule_) +
           (beside_gemvs_ > 0 ? ":" + std::to_string(beside_gemvs_) : std::string()) + (balanced_grid_ ? ", grid balanced" : "") +
           ", RoPE " +
-          (rope_in_store_ ? "in store_kv" : "apart") + ")";
+          (rope_in_store_ ? "in store_kv" : "apart") + (swiglu_pairs_ ? "" : ", SwiGLU in down") + ")";
   cudaStream_t s = nullptr;
   cuda_check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
   stream_.reset(s);
@@ -257,36 +258,80 @@ void CudaBackend::linear_shared_input(const float* x, int n,
   gemv(gemv_targets(outputs), outputs.begin()->first->cols, x, n, nullptr, "gemv_bf16 (shared input)");
 }
 
-void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w,
-                                           float eps, float* normed,
-                                           std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
-  if (n == 0) return;
+bool CudaBackend::norm_fuses(const float* x, const float* delta, const float* x_out, const float* w, int n, int dim) const {
   const auto aligned = [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; };
   const std::size_t optin = exec_.device.max_smem_optin;
   const GemvKernel kernel = gemv_kernel_for(gemv_kernel_, n, dim);
   const bool fits = kernel == GemvKernel::kPipelined    ? kernels::gemv_norm_fits(n, dim, optin)
                     : kernel == GemvKernel::kTensorCore ? kernels::gemv_mma_norm_fits(n, dim, optin)
                                                         : false;  // the blocked GEMV has no norm prologue
-  bool fused = fuse_norms_ && fits && outputs.size() <= std::size_t(kernels::kGemvMaxTargets) && aligned(x) && aligned(delta) &&
-               aligned(x_out) && aligned(w);
+  return fuse_norms_ && fits && aligned(x) && aligned(delta) && aligned(x_out) && aligned(w);
+}
+
+void CudaBackend::norm_gemv(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                            const kernels::GemvTargets& targets) const {
+  kernels::NormInput norm;
+  norm.x = x;
+  norm.delta = delta;
+  norm.x_out = x_out;
+  norm.w = w;
+  norm.eps = eps;
+  const cudaError_t err = gemv_kernel_for(gemv_kernel_, n, dim) == GemvKernel::kTensorCore
+                              ? kernels::launch_gemv_bf16_mma(targets, dim, x, n, stream(), nullptr, pdl_, norm)
+                              : kernels::launch_gemv_bf16_pipelined(scheduled(targets), dim, x, n, stream(), nullptr, pdl_, norm);
+  cuda_check(err, "gemv_bf16 (RMSNorm fused)");
+}
+
+void CudaBackend::norm_linear_shared_input(const float* x, const float* delta, float* x_out, int n, int dim, const float* w,
+                                           float eps, float* normed,
+                                           std::initializer_list<std::pair<const Matrix*, float*>> outputs) const {
+  if (n == 0) return;
+  bool fused = outputs.size() <= std::size_t(kernels::kGemvMaxTargets) && norm_fuses(x, delta, x_out, w, n, dim);
   for (const auto& o : outputs) fused = fused && uses_gemv(x, n, *o.first) && o.first->cols == dim;
   if (fused) {
-    kernels::NormInput norm;
-    norm.x = x;
-    norm.delta = delta;
-    norm.x_out = x_out;
-    norm.w = w;
-    norm.eps = eps;
-    const cudaError_t err = kernel == GemvKernel::kTensorCore
-                                ? kernels::launch_gemv_bf16_mma(gemv_targets(outputs), dim, x, n, stream(), nullptr, pdl_, norm)
-                                : kernels::launch_gemv_bf16_pipelined(scheduled(gemv_targets(outputs)), dim, x, n, stream(), nullptr,
-                                                                      pdl_, norm);
-    cuda_check(err, "gemv_bf16 (RMSNorm fused)");
+    norm_gemv(x, delta, x_out, n, dim, w, eps, gemv_targets(outputs));
     return;
   }
   // The same arithmetic in two launches: the add and norm (into x_out and normed), the projections.
   launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(n), kernels::kThreads, x, delta, x_out, dim, w, eps, normed);
   linear_shared_input(normed, n, outputs);
+}
+
+bool CudaBackend::uses_swiglu_pairs(const float* x, const float* normed, int n, const Matrix& w_gate, const Matrix& w_up,
+                                    const Matrix& w_down, const float* gate) const {
+  // gate/up as pairs: the pipelined GEMV's up to kGemvSwiGLUPairsMaxRows rows, the tensor-core GEMV's
+  // wherever it caches its input; down from their bf16 output: the pipelined GEMV's kGemvBf16InputMaxRows.
+  const GemvKernel pairs_kernel = gemv_kernel_for(gemv_kernel_, n, w_gate.cols);
+  const bool pairs_apply = pairs_kernel == GemvKernel::kPipelined    ? n <= kernels::kGemvSwiGLUPairsMaxRows
+                           : pairs_kernel == GemvKernel::kTensorCore ? kernels::gemv_mma_caches_input(n, w_gate.cols, exec_.device.max_smem_optin)
+                                                                     : false;
+  const bool bf16_down = gemv_kernel_for(gemv_kernel_, n, w_down.cols) == GemvKernel::kPipelined && n <= kernels::kGemvBf16InputMaxRows;
+  return swiglu_pairs_ && pairs_apply && bf16_down && w_gate.rows == w_up.rows && w_gate.cols == w_up.cols &&
+         w_down.cols == w_gate.rows && uses_gemv(x, n, w_gate) && uses_gemv(normed, n, w_gate) && uses_gemv(gate, n, w_down);
+}
+
+void CudaBackend::norm_swiglu_mlp(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                                  float* normed, const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* gate,
+                                  float* up, float* y) const {
+  if (n == 0) return;
+  if (!uses_swiglu_pairs(x, normed, n, w_gate, w_up, w_down, gate) || w_gate.cols != dim) {
+    norm_linear_shared_input(x, delta, x_out, n, dim, w, eps, normed, {{&w_gate, gate}, {&w_up, up}});
+    silu_mul_linear(gate, up, n, w_down, y);
+    return;
+  }
+  // The pairs' bf16 output [n, intermediate] in the first half of gate's room; up is not written.
+  auto* const h = reinterpret_cast<__nv_bfloat16*>(gate);
+  kernels::GemvTargets pairs = gemv_targets({{&w_gate, gate}, {&w_up, up}});
+  pairs.swiglu = h;
+  if (norm_fuses(x, delta, x_out, w, n, dim)) {
+    norm_gemv(x, delta, x_out, n, dim, w, eps, pairs);
+  } else {
+    launch("add_rms_norm", kernels::add_rms_norm<float>, unsigned(n), kernels::kThreads, x, delta, x_out, dim, w, eps, normed);
+    gemv(pairs, dim, normed, n, nullptr, "gemv_bf16 (SwiGLU pairs)");
+  }
+  cuda_check(kernels::launch_gemv_bf16_pipelined_bf16_input(scheduled(kernels::single_gemv_target(w_down.data.data(), w_down.rows, y)),
+                                                            w_down.cols, h, n, stream(), pdl_),
+             "gemv_bf16 (bf16 SwiGLU input)");
 }
 
 double CudaBackend::streaming_read_tbps() const {

@@ -157,6 +157,17 @@ class CudaBackend {
   // kernel, then the GEMV. Changes timing only, never a result.
   void set_norm_fusion(bool on) { fuse_norms_ = on; }
   bool norm_fusion() const { return fuse_norms_; }
+  // norm_swiglu_mlp's SwiGLU pairs (cuda_gemv_pipelined.cuh, GemvTargets::swiglu): where gate/up runs
+  // on a GEMV with pairs (the pipelined one at 1-2 rows, the tensor-core one) and down on the pipelined
+  // GEMV, gate/up writes silu(gate) * up in bf16 and down reads it. Off
+  // (MINIMAL_DECODER_SWIGLU_PAIRS=0): gate and up in float, the SwiGLU in down's input loads. Changes
+  // timing only, never a result.
+  void set_swiglu_pairs(bool on) { swiglu_pairs_ = on; }
+  bool swiglu_pairs() const { return swiglu_pairs_; }
+  // Whether norm_swiglu_mlp takes the SwiGLU pairs for these arguments (x: the norm's input, normed: its
+  // output when the norm runs apart, gate: the pairs' output).
+  bool uses_swiglu_pairs(const float* x, const float* normed, int n, const Matrix& w_gate, const Matrix& w_up,
+                         const Matrix& w_down, const float* gate) const;
   // How the pipelined GEMV's blocks share its tiles (cuda_gemv_pipelined.cuh): claimed as they go, so
   // a block that a side-stream kernel delays takes fewer, or a fixed share per block, which costs no
   // claims. kBeside (the default) claims while the side stream is forked (fork_side .. join_side: the
@@ -343,6 +354,10 @@ class CudaBackend {
   void add(float* x, const float* y, std::int64_t n) const;
   void add_rms_norm(float* x, const float* y, std::int64_t rows, int dim, const float* w, float eps, float* out) const;
   void silu_mul_linear(float* gate, const float* up, int n, const Matrix& w, float* y) const;
+  // HostBackend's contract (norm_linear_shared_input for gate/up, then silu_mul_linear), with the
+  // SwiGLU pairs where they apply (uses_swiglu_pairs): same bits either way.
+  void norm_swiglu_mlp(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps, float* normed,
+                       const Matrix& w_gate, const Matrix& w_up, const Matrix& w_down, float* gate, float* up, float* y) const;
   void rope(float* q, int q_heads, float* k, int k_heads, const std::int32_t* positions, int n, int head_dim, float theta) const;
   // Every KV type the decoder offers can be attended on this backend (fp8 through decode attention's
   // fp16 tensor-core path; a compressing policy's window scores over fp8 take cuda::window_scores'
@@ -376,6 +391,11 @@ class CudaBackend {
   // only after the one two launches back has finished, so four pairs in turn are never shared.
   kernels::GemvTargets scheduled(kernels::GemvTargets targets) const;
   static constexpr int kGemvSchedules = 4;
+  // Whether norm_linear_shared_input's norm can run in the GEMV's prologue (the projections aside).
+  bool norm_fuses(const float* x, const float* delta, const float* x_out, const float* w, int n, int dim) const;
+  // The GEMV of `targets` with the norm in its prologue (norm_fuses true).
+  void norm_gemv(const float* x, const float* delta, float* x_out, int n, int dim, const float* w, float eps,
+                 const kernels::GemvTargets& targets) const;
   // The decode GEMV chosen by gemv_kernel_ for `targets` (block ranges filled by the launcher).
   void gemv(const kernels::GemvTargets& targets, int cols, const float* x, int n, const float* up, const char* what) const;
   // kernel<<<grid, block, 0, stream()>>>(args...), with PDL when pdl_; throws on a launch error.
@@ -390,6 +410,7 @@ class CudaBackend {
   bool uses_gemv(const float* x, int n, const Matrix& w) const;
   bool pdl_ = true;
   bool fuse_norms_ = true;
+  bool swiglu_pairs_ = true;
   TileSchedule tile_schedule_ = TileSchedule::kBeside;
   int beside_gemvs_ = 0;
   bool balanced_grid_ = false;

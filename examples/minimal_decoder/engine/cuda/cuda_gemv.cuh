@@ -49,11 +49,12 @@ __device__ inline void unpack8(const uint4& w, float (&out)[8]) {
   }
 }
 
-// silu(g) * u for four gate/up pairs, with kernels::silu_mul's expression: both GEMVs' SwiGLU-fused
-// input loads call it, so the fused and unfused paths agree bit for bit.
+// silu(g) * u with kernels::silu_mul's expression: the GEMVs' SwiGLU-fused input loads and the
+// pipelined GEMV's SwiGLU pairs (cuda_gemv_pipelined.cuh) call it, so every path agrees bit for bit.
+__device__ inline float swiglu1(float g, float u) { return g / (1.f + expf(-g)) * u; }
+// The same for four gate/up pairs.
 __device__ inline float4 swiglu4(float4 g, float4 u) {
-  auto f = [](float a, float b) { return a / (1.f + expf(-a)) * b; };
-  return make_float4(f(g.x, u.x), f(g.y, u.y), f(g.z, u.z), f(g.w, u.w));
+  return make_float4(swiglu1(g.x, u.x), swiglu1(g.y, u.y), swiglu1(g.z, u.z), swiglu1(g.w, u.w));
 }
 
 // The GEMV's input chunk i of a row: x itself, or for the SwiGLU down projection silu(gate) * up
@@ -90,6 +91,11 @@ struct GemvTargets {
   // A persistent GEMV's grid (launch_persistent_gemv): false, every block that fits at once; true, the
   // fewest blocks that take the same number of rounds of tiles, so the last round is (nearly) full.
   bool balanced = false;
+  // The pipelined GEMV's SwiGLU pairs (cuda_gemv_pipelined.cuh, launch_gemv_bf16_pipelined): set,
+  // targets 0 and 1 are the gate and up projections of one MLP (same rows), every tile computes the same
+  // rows of both, and the GEMV writes swiglu[n, rows] = bf16(silu(gate) * up) instead of y: the down
+  // projection's input, rounded as the SwiGLU-fused GEMV rounds it. Null: y, as always.
+  __nv_bfloat16* swiglu = nullptr;
 };
 
 // Requires cols % 8 == 0 and 16-byte aligned w and x (the caller checks; cudaMalloc'd rows of a

@@ -80,12 +80,14 @@ __device__ inline void mma_m16n8k16_bf16(float (&c)[4], std::uint32_t a0, std::u
 // The launch bounds' blocks an SM are the ones the shared memory allows (3 at one input row, else 2 or
 // fewer): told them, ptxas keeps the prologue's loads in flight together within the registers that
 // leaves; told none, it held them to ~40 registers and put each chunk's rounding before the next
-// chunk's loads.
-template <int N, int S, bool kSwiGLU, bool kCacheInput, bool kNorm>
+// chunk's loads. kPairs: the SwiGLU pairs (GemvTargets::swiglu): a tile's rows 0-7 are 8 rows of the gate,
+// rows 8-15 the same rows of the up, so lane (g, t)'s accumulators hold both factors of row g.
+template <int N, int S, bool kSwiGLU, bool kCacheInput, bool kNorm, bool kPairs = false>
 __global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(const __grid_constant__ GemvTargets targets, int cols,
                                                               const float* __restrict__ x, const float* __restrict__ up,
                                                               const __grid_constant__ NormInput norm) {
   static_assert(N >= 1 && N <= kMmaInputs, "input rows: the mma's N");
+  static_assert(!kPairs || (kCacheInput && !kSwiGLU), "the pairs' gate/up read a cached input");
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two, at least 2");
   static_assert(!kNorm || (kCacheInput && !kSwiGLU), "the norm is computed once, into the input cache");
   static_assert(kGemvThreads == kThreads, "the norm's partial sums follow the norm kernel's thread layout");
@@ -116,11 +118,12 @@ __global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(co
   int issued = 0, issue_j = 0, issue_tile = int(blockIdx.x);
   const uint4* issue_rows[kMmaSlots];
   const auto aim = [&](int tile) {
-    const GemvTile gt = gemv_tile<R>(targets, tile);
+    const GemvTile gt = gemv_tile<R, kPairs>(targets, tile);
     const int rows = targets.rows[gt.target];
-    for (int h = 0; h < kMmaSlots; ++h)  // rows past the end re-read the last row and are not written
-      issue_rows[h] = reinterpret_cast<const uint4*>(targets.w[gt.target] +
-                                                     std::int64_t(min(gt.first_row + 4 * h + copy_row, rows - 1)) * cols);
+    for (int h = 0; h < kMmaSlots; ++h) {  // rows past the end re-read the last row and are not written
+      const int r = 4 * h + copy_row, target = kPairs ? r / (R / 2) : gt.target, row = kPairs ? gt.first_row + r % (R / 2) : gt.first_row + r;
+      issue_rows[h] = reinterpret_cast<const uint4*>(targets.w[target] + std::int64_t(min(row, rows - 1)) * cols);
+    }
   };
   const auto issue = [&] {
     if (issued < steps) {
@@ -228,7 +231,19 @@ __global__ void __launch_bounds__(kGemvThreads, N == 1 ? 3 : 2) gemv_bf16_mma(co
         part[warp][g + 8][2 * t + e] = acc[2 + e];
       }
     __syncthreads();
-    if (tid < R * N) {
+    if constexpr (kPairs) {
+      // Both factors of a row in the order a lone tile sums them, then the down GEMV's SwiGLU and rounding.
+      if (tid < (R / 2) * N) {
+        const GemvTile gt = gemv_tile<R, true>(targets, int(blockIdx.x) + k * int(gridDim.x));
+        const int rows = targets.rows[0];
+        const int r = tid / N, i = tid % N;
+        float gate = 0.f, up_sum = 0.f;
+        for (int w = 0; w < kWarps; ++w) gate += part[w][r][i];
+        for (int w = 0; w < kWarps; ++w) up_sum += part[w][r + R / 2][i];
+        if (gt.first_row + r < rows)
+          targets.swiglu[std::int64_t(i) * rows + gt.first_row + r] = __float2bfloat16_rn(swiglu1(gate, up_sum));
+      }
+    } else if (tid < R * N) {
       const GemvTile gt = gemv_tile<R>(targets, int(blockIdx.x) + k * int(gridDim.x));
       const int rows = targets.rows[gt.target];
       const int r = tid / N, i = tid % N;
@@ -260,10 +275,10 @@ inline bool gemv_mma_caches_input(int n, int cols, std::size_t optin_smem) {
   return gemv_mma_ring_bytes() + gemv_mma_input_bytes(n, cols) + gemv_mma_static_smem(n, false) <= optin_smem;
 }
 
-template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
+template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false, bool kPairs = false>
 cudaError_t launch_gemv_mma_kernel(const GemvTargets& targets, int cols, const float* x, const float* up, const NormInput& norm,
                                    std::size_t smem, cudaStream_t stream, bool pdl) {
-  return launch_persistent_gemv<gemv_bf16_mma<N, kMmaStages, kSwiGLU, kCacheInput, kNorm>, gemv_mma_static_smem(N, kNorm)>(
+  return launch_persistent_gemv<gemv_bf16_mma<N, kMmaStages, kSwiGLU, kCacheInput, kNorm, kPairs>, gemv_mma_static_smem(N, kNorm)>(
       targets, cols, x, up, norm, smem, stream, pdl);
 }
 
@@ -271,8 +286,14 @@ template <int N>
 cudaError_t launch_gemv_mma_n(GemvTargets targets, int cols, const float* x, const float* up, const NormInput& norm,
                               cudaStream_t stream, bool pdl) {
   constexpr int R = kMmaTileRows;
+  const bool pairs = targets.swiglu != nullptr;
+  if (pairs && (targets.count != 2 || targets.rows[0] != targets.rows[1] || up)) return cudaErrorInvalidValue;
   targets.first_block[0] = 0;  // tiles here, not blocks
-  for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  if (pairs) {                 // one range: tile t holds rows t * R/2 .. of both targets (gemv_tile)
+    targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
+  } else {
+    for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  }
   if (targets.first_block[targets.count] == 0) return cudaSuccess;
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -282,9 +303,15 @@ cudaError_t launch_gemv_mma_n(GemvTargets targets, int cols, const float* x, con
   const std::size_t cached = ring + gemv_mma_input_bytes(N, cols);
   if (norm.x) {  // the norm needs the input cache
     if (up || !gemv_mma_norm_fits(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
-    if constexpr (N <= kGemvNormMaxRows)
+    if constexpr (N <= kGemvNormMaxRows) {
+      if (pairs) return launch_gemv_mma_kernel<N, false, true, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
       return launch_gemv_mma_kernel<N, false, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    }
     return cudaErrorInvalidValue;
+  }
+  if (pairs) {  // the pairs keep their input in shared memory (gemv_mma_caches_input)
+    if (!gemv_mma_caches_input(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
+    return launch_gemv_mma_kernel<N, false, true, false, true>(targets, cols, x, up, norm, cached, stream, pdl);
   }
   // Inputs that do not fit beside the ring (the down projection's 14336 columns from 6 rows on) are
   // re-read from L2 in every step, an L2 round trip each: correct but slow (gemv_mma_caches_input; the
@@ -297,7 +324,8 @@ cudaError_t launch_gemv_mma_n(GemvTargets targets, int cols, const float* x, con
   return launch_gemv_mma_kernel<N, false, false>(targets, cols, x, up, norm, ring, stream, pdl);
 }
 
-// launch_gemv_bf16_pipelined's contract, with gemv_bf16_mma.
+// launch_gemv_bf16_pipelined's contract, with gemv_bf16_mma; the SwiGLU pairs (targets.swiglu) at any n
+// whose input the kernel caches (gemv_mma_caches_input).
 inline cudaError_t launch_gemv_bf16_mma(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
                                         const float* up = nullptr, bool pdl = false, const NormInput& norm = {}) {
   switch (n) {

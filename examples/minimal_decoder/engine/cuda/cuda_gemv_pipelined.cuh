@@ -28,7 +28,12 @@
 //     the weights do not depend on the previous kernel, so the stream starts while it drains;
 //   - the RMSNorm before q/k/v and gate/up (with its residual add) can run in the prologue
 //     (NormInput): every block derives the normalized input itself with the norm kernel's
-//     arithmetic, so the norm's own launch and its round trip leave the step.
+//     arithmetic, so the norm's own launch and its round trip leave the step;
+//   - the gate/up GEMV can compute the SwiGLU in its epilogue (GemvTargets::swiglu: a tile holds the
+//     same rows of gate and up) and write the down projection's input in bf16, which down then reads
+//     as it is (GemvIo::kBf16): every down block used to read the two float vectors (4x the bytes: 114 KB
+//     a block at 14336 columns, ~30 MB of L2 reads a launch at one row) and compute its own SwiGLU of
+//     all of them before its first tile's products.
 //
 // The arithmetic is gemv_bf16's: thread tid owns chunks tid, tid + kGemvThreads, ... of every
 // row, accumulates them in that order with the same fmaf sequence, then the same warp shuffles and
@@ -153,8 +158,10 @@ constexpr std::size_t kNormStaticSmem = sizeof(float) * (kThreads / 32);
 // this loop, which put every block's loads in series behind those stores: 16 L2 round trips for 4096
 // columns, while the weight stream idled behind its first stages). The residual sum x_out is written
 // after, a slice by each block.
+// stage (optional, rows of one segment only): the rows' values x (+ delta) as float, [N][cols], published
+// by block_inverse_rms' barrier.
 template <int N>
-__device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, float (&inv)[N]) {
+__device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, float (&inv)[N], float* stage = nullptr) {
   for (int i = 0; i < N; ++i) {
     const float* xr = norm.x + std::int64_t(i) * cols;
     const float* dr = norm.delta ? norm.delta + std::int64_t(i) * cols : nullptr;
@@ -165,6 +172,7 @@ __device__ inline void fused_norm_inverse_rms(const NormInput& norm, int cols, f
       else load_row_segment([&](int e) { return __ldcg(xr + e); }, cols, base, v);
 #pragma unroll
       for (int k = 0; k < kRowSlots; ++k) ss += v[k] * v[k];  // 0 past cols: adds nothing
+      if (stage) store_row_segment([&](int e, float value) { stage[std::int64_t(i) * cols + e] = value; }, cols, base, v);
     }
     inv[i] = block_inverse_rms(ss, cols, norm.eps);
     __syncthreads();  // block_inverse_rms' shared sums are reused by the next row
@@ -236,12 +244,66 @@ __device__ inline uint4 load_normed_bf16(const NormInput& norm, float inv, std::
   return round_normed(v, w, inv);
 }
 
-// The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here).
+// What a pipelined GEMV reads and writes: its input, and y or the SwiGLU pairs' bf16 output.
+enum class GemvIo {
+  kFloat,       // x -> y
+  kSwiGLU,      // silu(x) * up -> y (the down projection from gate and up as the GEMVs wrote them)
+  kNorm,        // rms_norm(x (+ delta)) (NormInput) -> y
+  kBf16,        // x holding bf16 values (the SwiGLU pairs' output) -> y
+  kFloatPairs,  // x -> GemvTargets::swiglu (gate and up of one MLP, paired)
+  kNormPairs,   // rms_norm(x (+ delta)) -> GemvTargets::swiglu
+};
+__host__ __device__ constexpr bool gemv_io_norm(GemvIo io) { return io == GemvIo::kNorm || io == GemvIo::kNormPairs; }
+__host__ __device__ constexpr bool gemv_io_pairs(GemvIo io) { return io == GemvIo::kFloatPairs || io == GemvIo::kNormPairs; }
+
+// The staged norm (the pipelined GEMV, kNorm): rows of at most kNormStageFloats values (llama3-8b's
+// 4096) are kept, as the norm's pass loads them, in the ring slot the prologue leaves free (the loop's
+// first copy is the first to fill it), and the input cache is filled from there: the first tile then
+// reads its inputs from shared memory like every later one. It read x, delta and the norm weight again
+// from L2 (48 KB a block at 4096 columns, on top of the pass's 32 KB; ~19 MB a launch over 396 blocks,
+// twice a layer), one step at a time, while the weight stream waited on each. Same values, same
+// expression, same rounding: the same bits.
+constexpr int kNormStageFloats = kPipelinedRows * kGemvThreads * int(sizeof(uint4) / sizeof(float));
+static_assert(kNormStageFloats <= kRowSlots * kThreads, "a staged row is one segment of the norm's pass");
+constexpr int kNormStageChunks = kNormStageFloats / 8 / kGemvThreads;  // input chunks of a thread, at most
+
+// The input cache's chunks of this thread (c = tid + j * kGemvThreads, j < per_tile) from the staged rows
+// and the norm weight. The weight's chunks are loaded here, after the pass: loaded before the dependency
+// wait (a model weight) they were live across the pass, and ptxas spilled one right behind its load,
+// which put their round trip in series before the pass's loads of x and delta.
+template <int N>
+__device__ inline void fill_normed_input(const float* stage, const float* norm_w, const float (&inv)[N], int cols, int per_tile,
+                                         uint4* input) {
+  const int chunks = cols / 8;
+  float4 w[kNormStageChunks][2];
+#pragma unroll
+  for (int j = 0; j < kNormStageChunks; ++j)
+    if (j < per_tile) {
+      const float4* wr = reinterpret_cast<const float4*>(norm_w + 8 * (int(threadIdx.x) + j * kGemvThreads));
+      w[j][0] = __ldg(wr), w[j][1] = __ldg(wr + 1);
+    }
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < kNormStageChunks; ++j)
+      if (j < per_tile) {  // a guard, not a break: the loop unrolls and w stays in registers
+        const int c = int(threadIdx.x) + j * kGemvThreads;
+        const float4* v8 = reinterpret_cast<const float4*>(stage + std::int64_t(i) * cols + 8 * c);
+        const float4 a = v8[0], b = v8[1];
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        const float wv[8] = {w[j][0].x, w[j][0].y, w[j][0].z, w[j][0].w, w[j][1].x, w[j][1].y, w[j][1].z, w[j][1].w};
+        input[i * chunks + c] = round_normed(v, wv, inv[i]);
+      }
+}
+
+// The target, first row and rows of a tile of R rows (GemvTargets' ranges count tiles here). With
+// SwiGLU pairs (kPairs) a tile is rows first_row .. first_row + R/2 - 1 of both targets: rows r < R/2 of
+// the tile are the gate's, the others the up's same rows, so one tile's sums give both factors.
 struct GemvTile {
   int target, first_row;
 };
-template <int R>
+template <int R, bool kPairs = false>
 __device__ inline GemvTile gemv_tile(const GemvTargets& targets, int tile) {
+  if constexpr (kPairs) return {0, tile * (R / 2)};
   int t = 0;
   while (t + 1 < targets.count && tile >= targets.first_block[t + 1]) ++t;
   return {t, (tile - targets.first_block[t]) * R};
@@ -277,13 +339,17 @@ __device__ inline int gemv_claim_lead(int steps_per_tile, int stages) {
 // o-projection 672 -> 936 instructions), and the commit that added it made every batch-1 decode step
 // ~0.5 ms slower on the H200 (128K: dense 8.79 -> 9.31 ms, ClusterAttn 4.78 -> 5.29; docs/performance.md,
 // thirty-first session). The fixed-share instantiation is the kernel as it was before the claims.
-template <int N, int R, int S, bool kSwiGLU, bool kCacheInput, bool kNorm, bool kClaims>
+// kIo: GemvIo (x holds bf16 values for kBf16: the launcher passes the bf16 rows through the float
+// pointer, so every instantiation has one signature).
+template <int N, int R, int S, GemvIo kIo, bool kCacheInput, bool kClaims>
 __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid_constant__ GemvTargets targets, int cols,
                                                                     const float* __restrict__ x, const float* __restrict__ up,
                                                                     const __grid_constant__ NormInput norm) {
+  constexpr bool kSwiGLU = kIo == GemvIo::kSwiGLU, kNorm = gemv_io_norm(kIo), kPairs = gemv_io_pairs(kIo);
   static_assert((S & (S - 1)) == 0 && S >= 2, "stages: a power of two, at least 2");
   static_assert(S + 1 < kGemvClaimRing, "the claim ring holds a block's lead of tiles (at most S + 1)");
-  static_assert(!kNorm || (kCacheInput && !kSwiGLU), "the norm is computed once, into the input cache");
+  static_assert(!kNorm || kCacheInput, "the norm is computed once, into the input cache");
+  static_assert(!kPairs || R % 2 == 0, "a pair tile holds the same rows of the gate and the up");
   static_assert(kGemvThreads == kThreads, "the norm's partial sums follow the norm kernel's thread layout");
   static_assert(kGemvThreads > 32 && R * N <= 32, "warp 0 writes a tile's sums, warp 1 counts the block done");
   constexpr int kWarps = kGemvThreads / 32;
@@ -313,10 +379,12 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   int issue_j = 0, issue_q = 0, issue_tile = int(blockIdx.x);  // tile 0 is blockIdx.x in both schedules
   const uint4* issue_rows[R];
   const auto aim = [&](int tile) {
-    const GemvTile g = gemv_tile<R>(targets, tile);
+    const GemvTile g = gemv_tile<R, kPairs>(targets, tile);
     const int rows = targets.rows[g.target];
-    for (int r = 0; r < R; ++r)  // rows past the end re-read the last row and are not written
-      issue_rows[r] = reinterpret_cast<const uint4*>(targets.w[g.target] + std::int64_t(min(g.first_row + r, rows - 1)) * cols);
+    for (int r = 0; r < R; ++r) {  // rows past the end re-read the last row and are not written
+      const int t = kPairs ? r / (R / 2) : g.target, row = kPairs ? g.first_row + r % (R / 2) : g.first_row + r;
+      issue_rows[r] = reinterpret_cast<const uint4*>(targets.w[t] + std::int64_t(min(row, rows - 1)) * cols);
+    }
   };
   int issued = 0;
   const auto issue = [&] {
@@ -359,9 +427,20 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
   wait_for_previous_kernel();
   allow_next_kernel_launch();
 
-  // The norm of each input row (add_rms_norm's arithmetic; the residual sum written too).
+  // The norm of each input row (add_rms_norm's arithmetic; the residual sum written too), staged rows
+  // filling the input cache before the first tile (kNormStageFloats).
+  const bool staged = kNorm && N * cols <= kNormStageFloats;
   float inv[N];
-  if constexpr (kNorm) fused_norm_inverse_rms<N>(norm, cols, inv);
+  if constexpr (kNorm) {
+    if (staged) {
+      float* const stage = reinterpret_cast<float*>(ring + (S - 1) * R * kGemvThreads);  // the free ring slot
+      fused_norm_inverse_rms<N>(norm, cols, inv, stage);
+      fill_normed_input<N>(stage, norm.w, inv, cols, per_tile, input);
+      __syncthreads();  // the stage is read by every thread before the loop's first copy refills the slot
+    } else {
+      fused_norm_inverse_rms<N>(norm, cols, inv);
+    }
+  }
 
   const int warp = tid / 32, lane = tid % 32;
   int s = 0;
@@ -386,10 +465,11 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
       const int c = tid + j * kGemvThreads;
       for (int i = 0; i < N; ++i) {
         uint4 packed;
-        if (kCacheInput && k > 0) {
+        if (kCacheInput && (k > 0 || staged)) {
           packed = input[i * chunks + c];
         } else {
           if constexpr (kNorm) packed = load_normed_bf16(norm, inv[i], std::int64_t(i) * chunks + c, 8 * c);
+          else if constexpr (kIo == GemvIo::kBf16) packed = __ldcg(reinterpret_cast<const uint4*>(x) + std::int64_t(i) * chunks + c);
           else packed = load_input_bf16<kSwiGLU>(x, up, std::int64_t(i) * chunks + c);
           if (kCacheInput) input[i * chunks + c] = packed;  // read back by this thread only
         }
@@ -424,7 +504,19 @@ __global__ void __launch_bounds__(kGemvThreads) gemv_bf16_pipelined(const __grid
         schedule[1] = 0;
       }
     }
-    if (tid < R * N) {
+    if constexpr (kPairs) {
+      // Both factors of a row in the order a lone tile sums them, then the down GEMV's SwiGLU and rounding.
+      if (tid < (R / 2) * N) {
+        const GemvTile g = gemv_tile<R, true>(targets, kClaims ? tile : int(blockIdx.x) + k * int(gridDim.x));
+        const int rows = targets.rows[0];
+        const int r = tid / N, i = tid % N;
+        float gate = 0.f, up_sum = 0.f;
+        for (int w = 0; w < kWarps; ++w) gate += part[w][r][i];
+        for (int w = 0; w < kWarps; ++w) up_sum += part[w][r + R / 2][i];
+        if (g.first_row + r < rows)
+          targets.swiglu[std::int64_t(i) * rows + g.first_row + r] = __float2bfloat16_rn(swiglu1(gate, up_sum));
+      }
+    } else if (tid < R * N) {
       const GemvTile g = gemv_tile<R>(targets, kClaims ? tile : int(blockIdx.x) + k * int(gridDim.x));
       const int rows = targets.rows[g.target];
       const int r = tid / N, i = tid % N;
@@ -502,22 +594,40 @@ cudaError_t launch_persistent_gemv(const GemvTargets& targets, int cols, const f
   return launch_kernel(Kernel, unsigned(grid), kGemvThreads, smem, stream, pdl, targets, cols, x, up, norm);
 }
 
-template <int N, bool kSwiGLU, bool kCacheInput, bool kNorm = false>
+// The pipelined GEMV's SwiGLU pairs (GemvTargets::swiglu) are instantiated up to this many input rows:
+// the row counts at which the decoder runs gate/up on it by shape (CudaBackend::uses_gemv sends them to
+// cuBLAS from 3 rows, the tensor-core GEMV, which has pairs at every row count, from 4). Its bf16 input
+// (the down projection from the pairs' output) up to kGemvBf16InputMaxRows: down stays on the pipelined
+// GEMV by shape up to 7 rows (cuBLAS from 8).
+constexpr int kGemvSwiGLUPairsMaxRows = 2;
+constexpr int kGemvBf16InputMaxRows = 7;
+
+template <int N, GemvIo kIo, bool kCacheInput>
 cudaError_t launch_gemv_pipelined_kernel(const GemvTargets& targets, int cols, const float* x, const float* up,
                                          const NormInput& norm, std::size_t smem, cudaStream_t stream, bool pdl) {
+  constexpr std::size_t kStatic = gemv_pipelined_static_smem(N, gemv_io_norm(kIo));
   if (targets.schedule)
-    return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm, true>,
-                                  gemv_pipelined_static_smem(N, kNorm)>(targets, cols, x, up, norm, smem, stream, pdl);
-  return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kSwiGLU, kCacheInput, kNorm, false>,
-                                gemv_pipelined_static_smem(N, kNorm)>(targets, cols, x, up, norm, smem, stream, pdl);
+    return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kIo, kCacheInput, true>, kStatic>(
+        targets, cols, x, up, norm, smem, stream, pdl);
+  return launch_persistent_gemv<gemv_bf16_pipelined<N, kPipelinedRows, kPipelinedStages, kIo, kCacheInput, false>, kStatic>(
+      targets, cols, x, up, norm, smem, stream, pdl);
 }
 
+// x_bf16: the input is bf16 rows (the SwiGLU pairs' output) instead of x, up or norm.
 template <int N>
 cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* x, const float* up, const NormInput& norm,
-                                    cudaStream_t stream, bool pdl) {
+                                    const __nv_bfloat16* x_bf16, cudaStream_t stream, bool pdl) {
   constexpr int R = kPipelinedRows;
+  const bool pairs = targets.swiglu != nullptr;
+  if (pairs && (targets.count != 2 || targets.rows[0] != targets.rows[1] || up || N > kGemvSwiGLUPairsMaxRows))
+    return cudaErrorInvalidValue;
+  if (x_bf16 && (up || norm.x || pairs || N > kGemvBf16InputMaxRows)) return cudaErrorInvalidValue;
   targets.first_block[0] = 0;  // tiles here, not blocks
-  for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  if (pairs) {                 // one range: tile t holds rows t * R/2 .. of both targets (gemv_tile)
+    targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
+  } else {
+    for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+  }
   if (targets.first_block[targets.count] == 0) return cudaSuccess;
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -528,36 +638,68 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
   const std::size_t limit = std::size_t(optin) - gemv_pipelined_static_smem(N, false);
   if (norm.x) {  // the norm needs the input cache (gemv_norm_fits)
     if (up || !gemv_norm_fits(N, cols, std::size_t(optin))) return cudaErrorInvalidValue;
-    if constexpr (N <= kGemvNormMaxRows)
-      return launch_gemv_pipelined_kernel<N, false, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    if constexpr (N <= kGemvNormMaxRows && N <= kGemvSwiGLUPairsMaxRows) {
+      if (pairs) return launch_gemv_pipelined_kernel<N, GemvIo::kNormPairs, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    }
+    if constexpr (N <= kGemvNormMaxRows) {
+      return launch_gemv_pipelined_kernel<N, GemvIo::kNorm, true>(targets, cols, x, up, norm, cached, stream, pdl);
+    }
     return cudaErrorInvalidValue;
   }
   // Inputs that do not fit (the down projection's 14336 columns at 6-8 rows) are re-read from L2
   // for every tile, as gemv_bf16 does.
-  if (cached <= limit) {
-    if (up) return launch_gemv_pipelined_kernel<N, true, true>(targets, cols, x, up, norm, cached, stream, pdl);
-    return launch_gemv_pipelined_kernel<N, false, true>(targets, cols, x, up, norm, cached, stream, pdl);
+  const bool cache = cached <= limit;
+  const std::size_t smem = cache ? cached : ring;
+  if constexpr (N <= kGemvSwiGLUPairsMaxRows) {
+    if (pairs)
+      return cache ? launch_gemv_pipelined_kernel<N, GemvIo::kFloatPairs, true>(targets, cols, x, up, norm, smem, stream, pdl)
+                   : launch_gemv_pipelined_kernel<N, GemvIo::kFloatPairs, false>(targets, cols, x, up, norm, smem, stream, pdl);
   }
-  if (up) return launch_gemv_pipelined_kernel<N, true, false>(targets, cols, x, up, norm, ring, stream, pdl);
-  return launch_gemv_pipelined_kernel<N, false, false>(targets, cols, x, up, norm, ring, stream, pdl);
+  if constexpr (N <= kGemvBf16InputMaxRows) {
+    // The bf16 rows travel through the float pointer (gemv_bf16_pipelined's one signature).
+    const float* xb = reinterpret_cast<const float*>(x_bf16);
+    if (x_bf16)
+      return cache ? launch_gemv_pipelined_kernel<N, GemvIo::kBf16, true>(targets, cols, xb, up, norm, smem, stream, pdl)
+                   : launch_gemv_pipelined_kernel<N, GemvIo::kBf16, false>(targets, cols, xb, up, norm, smem, stream, pdl);
+  }
+  if (cache) {
+    if (up) return launch_gemv_pipelined_kernel<N, GemvIo::kSwiGLU, true>(targets, cols, x, up, norm, smem, stream, pdl);
+    return launch_gemv_pipelined_kernel<N, GemvIo::kFloat, true>(targets, cols, x, up, norm, smem, stream, pdl);
+  }
+  if (up) return launch_gemv_pipelined_kernel<N, GemvIo::kSwiGLU, false>(targets, cols, x, up, norm, smem, stream, pdl);
+  return launch_gemv_pipelined_kernel<N, GemvIo::kFloat, false>(targets, cols, x, up, norm, smem, stream, pdl);
+}
+
+inline cudaError_t launch_gemv_pipelined_rows(const GemvTargets& targets, int cols, const float* x, int n, const float* up,
+                                       const NormInput& norm, const __nv_bfloat16* x_bf16, cudaStream_t stream, bool pdl) {
+  switch (n) {
+    case 1: return launch_gemv_pipelined_n<1>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 2: return launch_gemv_pipelined_n<2>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 3: return launch_gemv_pipelined_n<3>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 4: return launch_gemv_pipelined_n<4>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 5: return launch_gemv_pipelined_n<5>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 6: return launch_gemv_pipelined_n<6>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 7: return launch_gemv_pipelined_n<7>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    case 8: return launch_gemv_pipelined_n<8>(targets, cols, x, up, norm, x_bf16, stream, pdl);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // launch_gemv_bf16's contract (y_t = x W_t^T, or silu(x) * up W_t^T with `up`; n in
 // 1..kGemvMaxRows), with gemv_bf16_pipelined. pdl: launch with programmatic stream serialization.
 // norm: the input is the RMSNorm of norm.x (+ norm.delta) instead of x (NormInput; no `up`).
+// targets.swiglu set (n <= kGemvSwiGLUPairsMaxRows, two targets of the same rows, no `up`): the SwiGLU
+// pairs, bf16(silu(x W_0^T) * x W_1^T) into targets.swiglu instead of y.
 inline cudaError_t launch_gemv_bf16_pipelined(const GemvTargets& targets, int cols, const float* x, int n, cudaStream_t stream,
                                               const float* up = nullptr, bool pdl = false, const NormInput& norm = {}) {
-  switch (n) {
-    case 1: return launch_gemv_pipelined_n<1>(targets, cols, x, up, norm, stream, pdl);
-    case 2: return launch_gemv_pipelined_n<2>(targets, cols, x, up, norm, stream, pdl);
-    case 3: return launch_gemv_pipelined_n<3>(targets, cols, x, up, norm, stream, pdl);
-    case 4: return launch_gemv_pipelined_n<4>(targets, cols, x, up, norm, stream, pdl);
-    case 5: return launch_gemv_pipelined_n<5>(targets, cols, x, up, norm, stream, pdl);
-    case 6: return launch_gemv_pipelined_n<6>(targets, cols, x, up, norm, stream, pdl);
-    case 7: return launch_gemv_pipelined_n<7>(targets, cols, x, up, norm, stream, pdl);
-    case 8: return launch_gemv_pipelined_n<8>(targets, cols, x, up, norm, stream, pdl);
-    default: return cudaErrorInvalidValue;
-  }
+  return launch_gemv_pipelined_rows(targets, cols, x, n, up, norm, nullptr, stream, pdl);
+}
+
+// y_t = x W_t^T for bf16 input rows x [n, cols] (the SwiGLU pairs' output), n <= kGemvBf16InputMaxRows:
+// the SwiGLU-fused GEMV's products bit for bit, from a quarter of its input bytes.
+inline cudaError_t launch_gemv_bf16_pipelined_bf16_input(const GemvTargets& targets, int cols, const __nv_bfloat16* x, int n,
+                                                         cudaStream_t stream, bool pdl = false) {
+  return launch_gemv_pipelined_rows(targets, cols, nullptr, n, nullptr, NormInput{}, x, stream, pdl);
 }
 
 }  // namespace kernels
