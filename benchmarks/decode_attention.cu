@@ -17,7 +17,9 @@ namespace {
 using BF16 = __nv_bfloat16;
 constexpr int kHq = 32, kHkv = 8, kD = 128;
 
-enum class Mode { kDense, kGatherToken, kGatherBlock, kMixed };
+// kMixed: KV head 0 retrieval, the others sparse; kMixed2: heads 0 and 4 retrieval (LycheeDecode's layers
+// with one or two retrieval heads, where the split cap rather than the wave sizes the grid at batch 1).
+enum class Mode { kDense, kGatherToken, kGatherBlock, kMixed, kMixed2 };
 
 struct Inputs {
   int batch, seq;
@@ -37,7 +39,8 @@ template <class View>
 void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block,
          double kv_bytes_per_element = sizeof(BF16)) {
   auto p = kvsift::make_decode_attention_params<BF16>(in.q.get(), in.out.get(), 1, kHq, kD);
-  const int gblock = mode == Mode::kGatherBlock || mode == Mode::kMixed ? block : 1;
+  const bool mixed = mode == Mode::kMixed || mode == Mode::kMixed2;
+  const int gblock = mode == Mode::kGatherBlock || mixed ? block : 1;
   const int per_row = selected / gblock;
   kvsift_bench::DeviceArray<std::int32_t> idx(std::size_t(in.batch) * kHkv * std::max(per_row, 1)),
       counts(std::size_t(in.batch) * kHkv);
@@ -51,8 +54,9 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
                                       gblock > 1 ? kvsift::Granularity::kBlock : kvsift::Granularity::kToken, gblock);
     p.index_set = kvsift::as_const(set);
     p.roles = kvsift::HeadRoleMask::all_sparse(kHkv);
-    if (mode == Mode::kMixed) p.roles.set_sparse(0, false);
-    const int dense_heads = mode == Mode::kMixed ? 1 : 0;
+    if (mixed) p.roles.set_sparse(0, false);
+    if (mode == Mode::kMixed2) p.roles.set_sparse(4, false);
+    const int dense_heads = mode == Mode::kMixed2 ? 2 : mixed ? 1 : 0;
     kv_tokens = double(in.batch) * (dense_heads * double(in.seq) + (kHkv - dense_heads) * double(selected));
   }
   kvsift_bench::DeviceArray<float> scores(std::size_t(in.batch) * kHkv * (in.seq / std::max(score_block, 1) + 1));
@@ -173,6 +177,9 @@ KVSIFT_DECODE_BENCH(gather_block64_4096, BM_Contiguous, batch_shapes, Mode::kGat
 KVSIFT_DECODE_BENCH(mixed_1dense_7block64, BM_Contiguous, batch_shapes, Mode::kMixed, 64, 0);
 // LycheeDecode's layer in the minimal decoder: one retrieval head, seven heads gathering 4096 tokens.
 KVSIFT_DECODE_BENCH(mixed_1dense_7token, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed, 1, 0);
+// The same layers as the decoder runs them: the retrieval heads also write per-token scores for top-k.
+KVSIFT_DECODE_BENCH(mixed_1dense_7token_scores, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed, 1, 1);
+KVSIFT_DECODE_BENCH(mixed_2dense_6token_scores, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed2, 1, 1);
 KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerTokenBHT);
