@@ -195,7 +195,9 @@ TEST_CASE("store_kv names its errors") {
 namespace {
 
 // |got - want| within a few roundings of float at the pair's magnitude, plus the narrowing to the
-// stored type (half an ulp relative, and for fp8 half its smallest subnormal step times the scale).
+// stored type (half an ulp relative, and half its subnormal step: for fp8 times the scale). A pair's
+// rotation can cancel to a value far below both inputs, where the stored type's step is absolute: a
+// half Q row's dim at 2.7e-5 (subnormal in half, below 2^-14) is 2.5e-8 from the double rotation.
 bool close(double got, double want, double mag, double narrow_rel, double narrow_abs = 0.0) {
   return std::fabs(got - want) <= 4.0 * FLT_EPSILON * mag + narrow_rel * std::fabs(want) + narrow_abs + 1e-30;
 }
@@ -245,8 +247,9 @@ void check_rotary(std::mt19937_64& rng, StoreLayout layout, int head_dim, int ro
         cos_sin(i, j, &cs, &sn);
         const double x1 = kvsift::to_float(q0[at + j]), x2 = kvsift::to_float(q0[at + j + half]);
         const double mag = std::fabs(x1) + std::fabs(x2);
-        REQUIRE(close(kvsift::to_float(q[at + j]), x1 * cs - x2 * sn, mag, narrowing<T>()));
-        REQUIRE(close(kvsift::to_float(q[at + j + half]), x2 * cs + x1 * sn, mag, narrowing<T>()));
+        const double q_sub = kvsift_test::subnormal_half_step<T>();
+        REQUIRE(close(kvsift::to_float(q[at + j]), x1 * cs - x2 * sn, mag, narrowing<T>(), q_sub));
+        REQUIRE(close(kvsift::to_float(q[at + j + half]), x2 * cs + x1 * sn, mag, narrowing<T>(), q_sub));
       }
       for (int e = rotary_dim; e < c.head_dim; ++e) REQUIRE(std::memcmp(&q[at + e], &q0[at + e], sizeof(T)) == 0);
     }
@@ -262,7 +265,8 @@ void check_rotary(std::mt19937_64& rng, StoreLayout layout, int head_dim, int ro
         cos_sin(i, j, &cs, &sn);
         const double x1 = kvsift::to_float(src[j]), x2 = kvsift::to_float(src[j + half]);
         const double mag = std::fabs(x1) + std::fabs(x2);
-        const double sub = kvsift::is_fp8_dtype<KT>::value ? scale / 1024 : 0.0;  // E4M3's smallest step 2^-9, halved
+        // E4M3's smallest step 2^-9, halved (times the row's scale); a 16-bit type's subnormal half-step.
+        const double sub = kvsift::is_fp8_dtype<KT>::value ? scale / 1024 : kvsift_test::subnormal_half_step<KT>();
         REQUIRE(close(kvsift::to_float(got[j]) * scale, x1 * cs - x2 * sn, mag, narrowing<KT>(), sub));
         REQUIRE(close(kvsift::to_float(got[j + half]) * scale, x2 * cs + x1 * sn, mag, narrowing<KT>(), sub));
       }

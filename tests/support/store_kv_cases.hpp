@@ -145,4 +145,14 @@ constexpr double epsilon_of() {
   else return 1.0 / 8;  // fp8 E4M3
 }
 
+// Half the spacing of X's subnormal values: the absolute part of a rounding to X near zero (half 2^-25
+// below 2^-14, bfloat16 2^-134; float's 2^-150 is below every tolerance here). A rotated value can
+// cancel to far below its inputs, where the relative half-ulp of epsilon_of no longer bounds it.
+template <class X>
+constexpr double subnormal_half_step() {
+  if constexpr (std::is_same_v<X, kvsift::half_t>) return 1.0 / (1 << 25);
+  else if constexpr (std::is_same_v<X, kvsift::bfloat16_t>) return 0x1p-134;
+  else return 0.0;
+}
+
 }  // namespace kvsift_test
