@@ -290,12 +290,7 @@ cudaError_t launch_gemv_mma_n(GemvTargets targets, int cols, const float* x, con
   constexpr int R = kMmaTileRows;
   const bool pairs = targets.swiglu != nullptr;
   if (pairs && (targets.count != 2 || targets.rows[0] != targets.rows[1] || up)) return cudaErrorInvalidValue;
-  targets.first_block[0] = 0;  // tiles here, not blocks
-  if (pairs) {                 // one range: tile t holds rows t * R/2 .. of both targets (gemv_tile)
-    targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
-  } else {
-    for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
-  }
+  gemv_tile_ranges<R>(targets);  // tiles here, not blocks
   if (targets.first_block[targets.count] == 0) return cudaSuccess;
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);

@@ -309,6 +309,18 @@ __device__ inline GemvTile gemv_tile(const GemvTargets& targets, int tile) {
   return {t, (tile - targets.first_block[t]) * R};
 }
 
+// The launchers' tile ranges (gemv_tile's first_block, in tiles of R rows): one range per target, or
+// with the SwiGLU pairs one range of tiles of R/2 rows of both targets.
+template <int R>
+inline void gemv_tile_ranges(GemvTargets& targets) {
+  targets.first_block[0] = 0;
+  if (targets.swiglu) {
+    targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
+    return;
+  }
+  for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
+}
+
 // The dynamic tile schedule (GemvTargets::schedule). A persistent block used to take tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ...: a fixed share, so a block that starts late ends late, and the whole
 // GEMV with it. That is what a kernel beside the GEMV does to it: LycheeDecode's top-k handoff runs on a
@@ -622,12 +634,7 @@ cudaError_t launch_gemv_pipelined_n(GemvTargets targets, int cols, const float* 
   if (pairs && (targets.count != 2 || targets.rows[0] != targets.rows[1] || up || N > kGemvSwiGLUPairsMaxRows))
     return cudaErrorInvalidValue;
   if (x_bf16 && (up || norm.x || pairs || N > kGemvBf16InputMaxRows)) return cudaErrorInvalidValue;
-  targets.first_block[0] = 0;  // tiles here, not blocks
-  if (pairs) {                 // one range: tile t holds rows t * R/2 .. of both targets (gemv_tile)
-    targets.first_block[1] = targets.first_block[2] = (targets.rows[0] + R / 2 - 1) / (R / 2);
-  } else {
-    for (int t = 0; t < targets.count; ++t) targets.first_block[t + 1] = targets.first_block[t] + (targets.rows[t] + R - 1) / R;
-  }
+  gemv_tile_ranges<R>(targets);  // tiles here, not blocks
   if (targets.first_block[targets.count] == 0) return cudaSuccess;
   int device = 0, optin = 0;
   cudaError_t err = cudaGetDevice(&device);
