@@ -144,6 +144,8 @@ struct Coverage {
   int cases = 0, cases_with_cut_rows = 0, rows = 0, cut_rows = 0;
   int clustered = 0;        // cases whose splits merged in clusters (DecodePlan::cluster)
   int clustered_alike = 0;  // of those, cases compared bit for bit with the merge kernel on the same splits
+  int most_splits = 0;      // the most splits one head of a case had (DecodePlan::retrieval_splits / sparse_splits)
+  int most_merge_parts = 0; // the most merge threads per output float4 (DecodePlan::merge_parts)
 };
 inline Coverage& coverage() {
   static Coverage c;
@@ -385,6 +387,9 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   kvsift::detail::DecodePlan plan;
   REQUIRE(kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan).ok());
   if (plan.cluster > 1) ++coverage().clustered;
+  coverage().most_splits = std::max({coverage().most_splits, plan.num_retrieval > 0 ? plan.retrieval_splits : 0,
+                                     plan.num_sparse > 0 ? plan.sparse_splits : 0});
+  if (plan.merge_kernel()) coverage().most_merge_parts = std::max(coverage().most_merge_parts, plan.merge_parts);
   auto unclustered = exec;
   unclustered.device.clusters = false;
   kvsift::detail::DecodePlan flat;
@@ -575,6 +580,49 @@ void run_boundary(std::uint64_t salt) {
     run_case<KT, QT>(c, rng);
   }
   report_coverage("split boundaries");
+}
+
+// Heads cut into as many splits as the plan allows (kDecodeMaxSplits): a long retrieval head beside
+// seven token-gathered ones, as in a LycheeDecode layer with one retrieval head, and a lone dense head
+// with a partial last split, as on a tensor-parallel rank with one KV head. The merge kernel then gives
+// each output float4 more threads than smaller calls do (kDecodeMaxSplits / kDecodeMergeBatch: 8 at
+// 128 splits); many "SMs" let the short sequences reach the cap.
+template <class KT, class QT>
+void run_many_splits(std::uint64_t salt) {
+  namespace d = kvsift::detail;
+  coverage() = Coverage();
+  auto rng = kvsift_test::make_rng(salt);
+  Case mixed;
+  mixed.label = "many splits, mixed";
+  mixed.batch = 1;
+  mixed.hkv = 8;
+  mixed.cap = 64 * d::kDecodeMaxSplits;
+  mixed.lengths = {mixed.cap};
+  mixed.roles = kvsift::HeadRoleMask::all_sparse(8);
+  mixed.roles.set_sparse(3, false);
+  mixed.gather = Gather::kToken;
+  mixed.idx_cap = 4096;
+  mixed.score_block = 1;
+  mixed.num_sms = 1000;
+  run_case<KT, QT>(mixed, rng);
+  CHECK(coverage().most_splits == d::kDecodeMaxSplits);
+  Case lone;
+  lone.label = "many splits, one dense head";
+  lone.batch = 2;
+  lone.hkv = 1;
+  lone.group = 8;
+  lone.d = 64;
+  lone.layout = Layout::kPagedNHD;
+  lone.page_size = 64;
+  lone.cap = 64 * d::kDecodeMaxSplits * 5 / 4;  // past the cap: chunks of 128, the last one partial
+  lone.lengths = {lone.cap - 37, lone.cap / 3};
+  lone.score_block = 64;
+  lone.num_sms = 1000;
+  run_case<KT, QT>(lone, rng);
+  const int splits = coverage().most_splits;
+  CHECK(splits > d::kDecodeMaxSplits / 2);
+  CHECK(coverage().most_merge_parts * d::kDecodeMergeBatch >= splits);
+  CHECK(coverage().most_merge_parts >= (d::kDecodeMaxSplits + d::kDecodeMergeBatch - 1) / d::kDecodeMergeBatch);
 }
 
 // A regression case from issue 14: it must hold index rows the pre-9b81d59 plan cut (else it no

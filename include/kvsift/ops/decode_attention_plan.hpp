@@ -29,7 +29,11 @@ inline constexpr int kDecodeCtaTokens = 64;    ///< tokens one block consumes pe
 inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch in shared memory
 /// Splits per head at most: every split costs a partial written and read back through L2. Measured on
 /// the H200, 1 retrieval + 7 sparse heads, B = 1, 128K (with an earlier merge done by the head's last
-/// block): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us.
+/// block): ~300 splits 80.8 us, at most 128 splits 61.2 us, at most 64 69.4 us. With the merge kernel,
+/// 256 and 512 were measured again, since a layer with one or two retrieval heads then leaves half its
+/// block slots empty (177 blocks of 396 at B = 1, 128K, each streaming 16 stages): the same times or
+/// 1-2.5% slower in bench_decode_attention, and LycheeDecode's decode step at 128K within noise
+/// (docs/performance.md, twenty-seventh, thirtieth and thirty-seventh sessions).
 inline constexpr int kDecodeMaxSplits = 128;
 /// What one position of a token-gathered sparse head costs a split, against one of a retrieval head's
 /// contiguous tokens: each gathered row is its own random 256-byte read, and a stage of them takes
