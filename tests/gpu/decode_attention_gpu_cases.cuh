@@ -146,6 +146,7 @@ struct Coverage {
   int clustered_alike = 0;  // of those, cases compared bit for bit with the merge kernel on the same splits
   int most_splits = 0;      // the most splits one head of a case had (DecodePlan::retrieval_splits / sparse_splits)
   int most_merge_parts = 0; // the most merge threads per output float4 (DecodePlan::merge_parts)
+  int backfilled = 0;       // cases whose grid backfilled its wave (DecodePlan::backfill)
 };
 inline Coverage& coverage() {
   static Coverage c;
@@ -387,6 +388,7 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   kvsift::detail::DecodePlan plan;
   REQUIRE(kvsift::detail::plan_decode_attention(exec.device, kv, p, &plan).ok());
   if (plan.cluster > 1) ++coverage().clustered;
+  if (plan.backfill) ++coverage().backfilled;
   coverage().most_splits = std::max({coverage().most_splits, plan.num_retrieval > 0 ? plan.retrieval_splits : 0,
                                      plan.num_sparse > 0 ? plan.sparse_splits : 0});
   if (plan.merge_kernel()) coverage().most_merge_parts = std::max(coverage().most_merge_parts, plan.merge_parts);
@@ -623,6 +625,50 @@ void run_many_splits(std::uint64_t salt) {
   CHECK(splits > d::kDecodeMaxSplits / 2);
   CHECK(coverage().most_merge_parts * d::kDecodeMergeBatch >= splits);
   CHECK(coverage().most_merge_parts >= (d::kDecodeMaxSplits + d::kDecodeMergeBatch - 1) / d::kDecodeMergeBatch);
+}
+
+// Backfilling grids (DecodePlan::backfill): mixed calls whose sparse splits end early, planned for 12
+// SMs so that four short sequences already backfill (more blocks than the wave, the retrieval blocks
+// first in the grid's linear order, the block -> (sequence, row tile, split) map of
+// decode_backfill_place). One and two row tiles, token and block gathers, per-token scores, contiguous
+// and paged views, ragged lengths with an empty sequence; every case must backfill.
+template <class KT, class QT>
+void run_backfill(std::uint64_t salt) {
+  coverage() = Coverage();
+  auto rng = kvsift_test::make_rng(salt);
+  struct Shape {
+    Gather gather;
+    int block, group, retrieval, score_block;
+    Layout layout;
+  };
+  const Shape shapes[] = {
+      {Gather::kToken, 1, 4, 1, 1, Layout::kBHSD},
+      {Gather::kBlock, 64, 4, 2, 0, Layout::kPagedNHD},
+      {Gather::kBlock, 16, 16, 1, 1, Layout::kBSHD},  // 16 query rows and the score row: two row tiles
+      {Gather::kToken, 1, 16, 3, 0, Layout::kPagedHND},
+  };
+  for (const Shape& s : shapes) {
+    Case c;
+    c.label = "backfill";
+    c.batch = 4;
+    c.hkv = 8;
+    c.group = s.group;
+    c.cap = 8192;
+    c.layout = s.layout;
+    c.page_size = 64;
+    c.lengths = {8192, 5001, 3, 0};
+    c.roles = kvsift::HeadRoleMask::all_sparse(8);
+    const int retrieval_heads[] = {2, 5, 7};
+    for (int i = 0; i < s.retrieval; ++i) c.roles.set_sparse(retrieval_heads[i], false);
+    c.gather = s.gather;
+    c.gather_block = s.block;
+    c.idx_cap = 1024 / s.block;
+    c.score_block = s.score_block;
+    c.num_sms = 12;
+    run_case<KT, QT>(c, rng);
+  }
+  CHECK(coverage().backfilled == int(std::size(shapes)));
+  report_coverage("backfill");
 }
 
 // A regression case from issue 14: it must hold index rows the pre-9b81d59 plan cut (else it no

@@ -579,8 +579,11 @@ TEST_CASE("decode_attention plan: one wave, and a merge grid that covers every s
           const std::int64_t wave = 132 * d::decode_ctas_per_sm(true, hd, hd * 2);
           const bool floor_r = plan.retrieval_splits == 1 || plan.chunk >= d::kDecodeMaxChunk;
           const bool floor_s = plan.sparse_splits == 1 || plan.sparse_chunk >= d::kDecodeMaxChunk;
-          const bool one_wave = blocks <= wave || (floor_r && floor_s);
+          // A backfilling plan starts a wave of its retrieval blocks and more sparse blocks than the rest.
+          const std::int64_t first_wave = plan.backfill ? std::int64_t(b) * plan.row_tiles * plan.num_retrieval * plan.retrieval_splits : blocks;
+          const bool one_wave = first_wave <= wave || (floor_r && floor_s);
           CHECK(one_wave);
+          if (plan.backfill) CHECK(blocks > wave);
           CHECK(plan.chunk % d::kDecodeCtaTokens == 0);
           CHECK(plan.sparse_chunk % d::kDecodeCtaTokens == 0);
           CHECK(plan.retrieval_splits * plan.chunk >= plan.max_len);
@@ -665,6 +668,71 @@ TEST_CASE("decode_attention plan: small calls merge their splits in clusters, la
   CHECK(p.cluster == 0);
   CHECK(p.retrieval_splits == 16);
   CHECK(p.merge_kernel());
+}
+
+TEST_CASE("decode_attention plan: a mixed call whose sparse blocks end early backfills its wave") {
+  using kvsift::bfloat16_t;
+  namespace d = kvsift::detail;
+  std::vector<std::int32_t> idx(8 * 8 * 4096), cnt(8 * 8, 4096);
+  // One retrieval head beside seven sparse ones over 4096 positions (a LycheeDecode layer), 128K.
+  auto plan_for = [&](int batch, int block) {
+    auto kv = kvsift::make_bhsd<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256), reinterpret_cast<bfloat16_t*>(256), batch, 8,
+                                            131072, 128, reinterpret_cast<const std::int32_t*>(256));
+    auto p = kvsift::make_decode_attention_params<bfloat16_t>(reinterpret_cast<bfloat16_t*>(256),
+                                                              reinterpret_cast<bfloat16_t*>(256), 1, 32, 128);
+    auto set = kvsift::make_index_set(idx.data(), cnt.data(), batch * 8, 4096 / block,
+                                      block > 1 ? Granularity::kBlock : Granularity::kToken, block);
+    p.index_set = kvsift::as_const(set);
+    p.roles = kvsift::HeadRoleMask::all_sparse(8);
+    p.roles.set_sparse(0, false);
+    d::DecodePlan plan;
+    REQUIRE(d::plan_decode_attention(kH200.device, kv, p, &plan).ok());
+    return plan;
+  };
+  // Block-64 gathers at batch 8: one wave would be 35 x 3776 + 2 x 2048 a head (392 blocks), its sparse
+  // blocks ending at 54% of its retrieval ones. Backfilled: the retrieval head takes 396 x 131072 /
+  // (131072 + 7 x 4096) = 324 slots, 40 splits of 3328 a sequence (320 blocks), and the sparse heads
+  // 8 splits of 512 (448 blocks for the 76 slots left).
+  auto p = plan_for(8, 64);
+  CHECK(p.backfill);
+  CHECK(p.retrieval_splits == 40);
+  CHECK(p.chunk == 3328);
+  CHECK(p.sparse_splits == 8);
+  CHECK(p.sparse_chunk == d::kDecodeBackfillChunk);
+  CHECK(p.ctas_per_tile == 40 + 7 * 8);
+  // Token gathers cost 1.5 a position: 2 x 2048 x 1.5 = 3072 of 3776 is above the ratio, no backfill.
+  p = plan_for(8, 1);
+  CHECK_FALSE(p.backfill);
+  CHECK(p.retrieval_splits == 35);
+  CHECK(p.sparse_splits == 2);
+  // Batch 1: the retrieval head's blocks are capped at kDecodeMaxSplits, the wave is not full, and there
+  // is nothing to fill it with.
+  p = plan_for(1, 64);
+  CHECK_FALSE(p.backfill);
+}
+
+TEST_CASE("decode_attention plan: the backfilling grid order places every block once") {
+  namespace d = kvsift::detail;
+  for (int batch : {1, 3, 8})
+    for (int row_tiles : {1, 2, 3})
+      for (int retrieval_ctas : {1, 5, 40})
+        for (int sparse_ctas : {1, 7, 56}) {
+          const int ctas = retrieval_ctas + sparse_ctas, total = ctas * row_tiles * batch;
+          std::vector<int> seen(std::size_t(total), 0);
+          for (int linear = 0; linear < total; ++linear) {
+            const d::DecodeBlockPlace at = d::decode_backfill_place(linear, ctas, retrieval_ctas, row_tiles, batch);
+            REQUIRE(at.x >= 0);
+            REQUIRE(at.x < ctas);
+            REQUIRE(at.tile >= 0);
+            REQUIRE(at.tile < row_tiles);
+            REQUIRE(at.b >= 0);
+            REQUIRE(at.b < batch);
+            // Retrieval blocks come first, in (sequence, row tile, split) order.
+            CHECK((linear < retrieval_ctas * row_tiles * batch) == (at.x < retrieval_ctas));
+            ++seen[std::size_t((at.b * row_tiles + at.tile) * ctas + at.x)];
+          }
+          for (int n : seen) REQUIRE(n == 1);
+        }
 }
 
 TEST_CASE("decode_attention plan: the SM count comes from the Exec, never a default") {
@@ -863,7 +931,7 @@ TEST_CASE("decode_attention plan: invariants over random shapes, devices and rol
   auto rng = kvsift_test::make_rng(402);
   auto pick = [&](int lo, int hi) { return int(std::uniform_int_distribution<int>(lo, hi)(rng)); };
   std::vector<std::int32_t> idx(1), cnt(1);
-  int clustered = 0, merged = 0;
+  int clustered = 0, merged = 0, backfilled = 0;
   for (int it = 0; it < 4000; ++it) {
     const int b = pick(1, 12), hkv = 1 << pick(0, 3), group = 1 << pick(0, 3), q_len = pick(1, 3);
     const int hd = 64 << pick(0, 2), S = pick(0, 1) ? pick(1, 4096) : pick(1, 200000);
@@ -909,6 +977,22 @@ TEST_CASE("decode_attention plan: invariants over random shapes, devices and rol
     if (plan.num_sparse > 0) CHECK(std::int64_t(plan.sparse_splits) * plan.sparse_chunk >= plan.sparse_tokens);
     CHECK(plan.ctas_per_tile == plan.num_retrieval * plan.retrieval_splits + plan.num_sparse * plan.sparse_splits);
     const std::int64_t blocks = std::int64_t(b) * plan.row_tiles * plan.ctas_per_tile;
+    if (plan.backfill) {
+      ++backfilled;
+      CHECK(plan.cluster <= 1);
+      CHECK(plan.num_retrieval > 0);
+      CHECK(plan.num_sparse > 0);
+      CHECK(plan.merge_kernel());
+      const std::int64_t wave = std::int64_t(dev.num_sms) * d::decode_ctas_per_sm(true, hd, hd * 2);
+      const std::int64_t retrieval_blocks = std::int64_t(b) * plan.row_tiles * plan.num_retrieval * plan.retrieval_splits;
+      CHECK(wave >= 2 * dev.num_sms);
+      CHECK(retrieval_blocks < wave);
+      CHECK(blocks > wave);
+      CHECK(plan.chunk <= d::kDecodeMaxChunk);
+      CHECK(plan.sparse_chunk <= d::kDecodeMaxChunk);
+      CHECK(plan.retrieval_splits <= d::kDecodeMaxSplits);
+      CHECK(plan.sparse_splits <= d::kDecodeMaxSplits);
+    }
     if (plan.cluster > 1) {
       ++clustered;
       CHECK(dev.clusters);
@@ -936,7 +1020,9 @@ TEST_CASE("decode_attention plan: invariants over random shapes, devices and rol
     REQUIRE(kvsift::decode_attention_workspace_bytes(facts, kv, p, &query).ok());
     CHECK(query >= plan.workspace_bytes());
   }
-  MESSAGE("random plans: " << clustered << " merge in clusters, " << merged << " in the merge kernel");
+  MESSAGE("random plans: " << clustered << " merge in clusters, " << merged << " in the merge kernel, " << backfilled
+                            << " backfill");
+  CHECK(backfilled > 10);
   CHECK(clustered > 100);
   CHECK(merged > 100);
 }

@@ -40,6 +40,15 @@ inline constexpr int kDecodeMaxSplits = 128;
 /// ~1.5x as long (H200, batch 8: 4.5 us per 64-row stage of a 4096-token gather against 3.0 us per stage
 /// of dense 32K streaming). Block-gathered heads (block size > 1) stream runs and count 1.
 inline constexpr double kDecodeTokenGatherCost = 1.5;
+/// Backfill (DecodePlan::backfill): a one-wave mixed plan whose sparse blocks are shorter than this
+/// share of its retrieval blocks (cost-weighted) is replanned, since its wave otherwise thins out when
+/// the sparse blocks end and the retrieval blocks stream the rest alone: a block streams at a pace of
+/// its own (~13 GB/s), so HBM's rate needs ~342 blocks streaming on an H200 (docs/performance.md,
+/// thirty-ninth session).
+inline constexpr double kDecodeBackfillRatio = 0.75;
+/// Positions per split of a sparse head in a backfilling plan: short, so that the blocks the retrieval
+/// heads leave free keep turning over to the end of the call (a 64-position stage is one ring step).
+inline constexpr int kDecodeBackfillChunk = 512;
 /// Splits one merge thread reads with all its loads in flight (the merge is a chain of L2 round trips).
 inline constexpr int kDecodeMergeBatch = 16;
 /// Threads of a merge block.
@@ -100,6 +109,12 @@ struct DecodePlan {
   /// SM at most), where the merge kernel's launch, the partials' round trip through L2 and the wait for
   /// the whole grid were a fixed cost comparable to the call itself.
   int cluster = 0;
+  /// When true, the grid holds more blocks than one wave: the retrieval heads take their cost-weighted
+  /// share of the wave's slots in long splits, the sparse heads come in many short ones
+  /// (kDecodeBackfillChunk), and the grid's linear order (the order the hardware starts blocks in) puts
+  /// every tile's retrieval blocks first (decode_backfill_place), so they all start together and the
+  /// short sparse blocks fill the other slots as they free, keeping the wave full to the end.
+  bool backfill = false;
   float scale_log2 = 0.f; ///< sm_scale * log2(e): the kernels run the softmax in base 2
   std::uint8_t head_at[kMaxKvHeads] = {};  ///< retrieval heads first, then sparse, by head index
   std::uint8_t rank_of[kMaxKvHeads] = {};  ///< position of a head among those of its role
@@ -123,6 +138,31 @@ struct DecodePlan {
     return ws.required_bytes();
   }
 };
+
+/// A block of the split kernel: its split slot x in [0, ctas_per_tile), its row tile and its sequence.
+struct DecodeBlockPlace {
+  int x, tile, b;
+};
+
+/// Where the block at `linear` (blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)) works
+/// in a backfilling plan: the first row_tiles * batch * retrieval_ctas blocks are every (sequence, row
+/// tile)'s retrieval splits, the rest their sparse splits, each group ordered by (sequence, row tile,
+/// split slot). A bijection of [0, batch * row_tiles * ctas_per_tile) (tested on the host).
+KVSIFT_HD inline DecodeBlockPlace decode_backfill_place(int linear, int ctas_per_tile, int retrieval_ctas, int row_tiles,
+                                                        int batch) {
+  const int retrieval_blocks = retrieval_ctas * row_tiles * batch;
+  int t, x;  // t: the (sequence, row tile) pair, b * row_tiles + tile
+  if (linear < retrieval_blocks) {
+    t = linear / retrieval_ctas;
+    x = linear - t * retrieval_ctas;
+  } else {
+    const int sparse_ctas = ctas_per_tile - retrieval_ctas;
+    const int l = linear - retrieval_blocks;
+    t = l / sparse_ctas;
+    x = retrieval_ctas + (l - t * sparse_ctas);
+  }
+  return DecodeBlockPlace{x, t % row_tiles, t / row_tiles};
+}
 
 /// Sizes the grid for about one wave of kDecodeCtasPerSm blocks per SM with equal tokens per block;
 /// a retrieval head gets proportionally more splits than a sparse one.
@@ -223,6 +263,33 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
       pl.sparse_chunk = chunk_s;
       pl.retrieval_splits = c;  // a role may end with empty splits: they carry LSE -inf and weigh nothing
       pl.sparse_splits = c;
+    }
+  }
+  // Backfill (DecodePlan::backfill): a mixed one-wave plan of at least two blocks an SM whose sparse
+  // blocks end well before its retrieval blocks. The retrieval heads get their cost-weighted share of
+  // the slots, the sparse heads splits of kDecodeBackfillChunk, more than the slots left to them; only
+  // when that leaves the retrieval blocks under one wave and gives the sparse heads more blocks than
+  // their slots (else there is nothing to fill).
+  const int per_sm = decode_ctas_per_sm(mma, p.head_dim, row_bytes);
+  if (mma && pl.cluster <= 1 && per_sm >= 2 && pl.num_retrieval > 0 && pl.num_sparse > 0 &&
+      double(pl.sparse_chunk) * sparse_cost < kDecodeBackfillRatio * pl.chunk) {
+    const double work_r = double(pl.num_retrieval) * pl.max_len;
+    const double work_s = double(pl.num_sparse) * pl.sparse_tokens * sparse_cost;
+    const std::int64_t share = std::int64_t(double(target) * work_r / (work_r + work_s));
+    const int d = int(std::clamp<std::int64_t>(share / (tiles * pl.num_retrieval), 1, most_d));
+    const int chunk_r = std::min(round_up(ceil_div(pl.max_len, d), quantum_r), std::max(kDecodeMaxChunk, quantum_r));
+    const int chunk_s = std::min(round_up(std::max(kDecodeBackfillChunk, ceil_div(pl.sparse_tokens, kDecodeMaxSplits)), quantum_s),
+                                 std::max(kDecodeMaxChunk, quantum_s));
+    const int splits_r = std::max(1, ceil_div(pl.max_len, chunk_r));
+    const int splits_s = std::max(1, ceil_div(pl.sparse_tokens, chunk_s));
+    const std::int64_t blocks_r = tiles * pl.num_retrieval * splits_r;
+    const std::int64_t blocks_s = tiles * pl.num_sparse * splits_s;
+    if (blocks_r < target && blocks_s > target - blocks_r) {
+      pl.backfill = true;
+      pl.chunk = chunk_r;
+      pl.sparse_chunk = chunk_s;
+      pl.retrieval_splits = splits_r;
+      pl.sparse_splits = splits_s;
     }
   }
   pl.ctas_per_tile = pl.num_retrieval * pl.retrieval_splits + pl.num_sparse * pl.sparse_splits;

@@ -88,9 +88,20 @@ __device__ void record_bad_entry(const DecodeLaunch<View, QT>& a, const DecodeWo
 template <class View, class QT>
 __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& a) {
   DecodeWork w;
-  const int x = blockIdx.x;
-  w.tile = blockIdx.y;
-  w.b = blockIdx.z;
+  int x;
+  if (a.plan.backfill) {  // the whole call's retrieval blocks first (DecodePlan::backfill)
+    const int linear = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const DecodeBlockPlace at = decode_backfill_place(linear, a.plan.ctas_per_tile,
+                                                      a.plan.num_retrieval * a.plan.retrieval_splits, a.plan.row_tiles,
+                                                      int(gridDim.z));
+    x = at.x;
+    w.tile = at.tile;
+    w.b = at.b;
+  } else {
+    x = blockIdx.x;
+    w.tile = blockIdx.y;
+    w.b = blockIdx.z;
+  }
   const int retrieval_ctas = a.plan.num_retrieval * a.plan.retrieval_splits;
   int rank;
   if (x < retrieval_ctas) {
