@@ -18,10 +18,6 @@ TEST_CASE("decode_attention fp16: shapes at the split boundaries, graph replay b
   decode_test::run_boundary<half_t, half_t>(422);
 }
 
-TEST_CASE("decode_attention fp16: backfilling grids (retrieval blocks first, short sparse splits), graph replay bit-identical") {
-  decode_test::run_backfill<half_t, half_t>(424);
-}
-
 // Issue 14 case 2: a view of 64 tokens, block 64, capacity 3: the pre-fix plan covered one entry per
 // row, so a row whose in-range block 0 sits after an out-of-range entry returned 0 (at [b 1, q head
 // 8]: row 9 = [1, 0, 0]; block 1 lies past the view).

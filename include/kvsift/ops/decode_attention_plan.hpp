@@ -40,7 +40,13 @@ inline constexpr int kDecodeMaxSplits = 128;
 /// ~1.5x as long (H200, batch 8: 4.5 us per 64-row stage of a 4096-token gather against 3.0 us per stage
 /// of dense 32K streaming). Block-gathered heads (block size > 1) stream runs and count 1.
 inline constexpr double kDecodeTokenGatherCost = 1.5;
-/// Backfill (DecodePlan::backfill): a one-wave mixed plan whose sparse blocks are shorter than this
+/// Backfill (DecodePlan::backfill) is built and tested but off until an A/B on the GPU says it is
+/// faster: a build with KVSIFT_DECODE_BACKFILL=1 plans it (docs/ops/decode_attention.md).
+#ifndef KVSIFT_DECODE_BACKFILL
+#define KVSIFT_DECODE_BACKFILL 0
+#endif
+inline constexpr bool kDecodeBackfill = KVSIFT_DECODE_BACKFILL != 0;
+/// Backfill: a one-wave mixed plan whose sparse blocks are shorter than this
 /// share of its retrieval blocks (cost-weighted) is replanned, since its wave otherwise thins out when
 /// the sparse blocks end and the retrieval blocks stream the rest alone: a block streams at a pace of
 /// its own (~13 GB/s), so HBM's rate needs ~342 blocks streaming on an H200 (docs/performance.md,
@@ -271,7 +277,7 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   // when that leaves the retrieval blocks under one wave and gives the sparse heads more blocks than
   // their slots (else there is nothing to fill).
   const int per_sm = decode_ctas_per_sm(mma, p.head_dim, row_bytes);
-  if (mma && pl.cluster <= 1 && per_sm >= 2 && pl.num_retrieval > 0 && pl.num_sparse > 0 &&
+  if (kDecodeBackfill && mma && pl.cluster <= 1 && per_sm >= 2 && pl.num_retrieval > 0 && pl.num_sparse > 0 &&
       double(pl.sparse_chunk) * sparse_cost < kDecodeBackfillRatio * pl.chunk) {
     const double work_r = double(pl.num_retrieval) * pl.max_len;
     const double work_s = double(pl.num_sparse) * pl.sparse_tokens * sparse_cost;
