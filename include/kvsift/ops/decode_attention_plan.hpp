@@ -40,8 +40,10 @@ inline constexpr int kDecodeMaxSplits = 128;
 /// ~1.5x as long (H200, batch 8: 4.5 us per 64-row stage of a 4096-token gather against 3.0 us per stage
 /// of dense 32K streaming). Block-gathered heads (block size > 1) stream runs and count 1.
 inline constexpr double kDecodeTokenGatherCost = 1.5;
-/// Backfill (DecodePlan::backfill) is built and tested but off until an A/B on the GPU says it is
-/// faster: a build with KVSIFT_DECODE_BACKFILL=1 plans it (docs/ops/decode_attention.md).
+/// Backfill (DecodePlan::backfill) is built and tested but off: on an H100 it was 0.5-1% slower (280
+/// retrieval blocks already hold that GPU's rate, so it only adds partials); on an H200, which needs more
+/// blocks streaming, the pace model predicts a gain that is not measured yet. A build with
+/// KVSIFT_DECODE_BACKFILL=1 plans it (docs/ops/decode_attention.md; docs/performance.md, fortieth session).
 #ifndef KVSIFT_DECODE_BACKFILL
 #define KVSIFT_DECODE_BACKFILL 0
 #endif
