@@ -211,7 +211,8 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   const int quantum_r = std::max(kDecodeCtaTokens, p.scores ? p.score_block_size : 1);
   const int quantum_s = std::max(kDecodeCtaTokens, pl.num_sparse > 0 ? p.index_set.block_size : 1);
   const int row_bytes = p.head_dim * int(sizeof(typename View::value_type));
-  const std::int64_t target = std::int64_t(device.num_sms) * decode_ctas_per_sm(mma, p.head_dim, row_bytes);
+  const int per_sm = decode_ctas_per_sm(mma, p.head_dim, row_bytes);
+  const std::int64_t target = std::int64_t(device.num_sms) * per_sm;
   const std::int64_t tiles = std::int64_t(std::max(kv.batch, 1)) * pl.row_tiles;
   // Split counts (d per retrieval head, s per sparse head) for one wave of `target` blocks that all
   // finish together: the sparse heads' s is searched, the retrieval heads share the blocks left, and the
@@ -278,7 +279,6 @@ Status plan_decode_attention(const DeviceFacts& device, const View& kv, const De
   // the slots, the sparse heads splits of kDecodeBackfillChunk, more than the slots left to them; only
   // when that leaves the retrieval blocks under one wave and gives the sparse heads more blocks than
   // their slots (else there is nothing to fill).
-  const int per_sm = decode_ctas_per_sm(mma, p.head_dim, row_bytes);
   if (kDecodeBackfill && mma && pl.cluster <= 1 && per_sm >= 2 && pl.num_retrieval > 0 && pl.num_sparse > 0 &&
       double(pl.sparse_chunk) * sparse_cost < kDecodeBackfillRatio * pl.chunk) {
     const double work_r = double(pl.num_retrieval) * pl.max_len;
