@@ -141,6 +141,37 @@ void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block, Fp8Scales l
   run(state, in, kv, mode, 4096, block, 0, sizeof(E4M3) + (layout == Fp8Scales::kPerHead ? 0.0 : 4.0 / kD));
 }
 
+// Dense attention over a cache of range(0) KV heads (group 4, BHSD, one sequence of range(1) tokens):
+// how fast one, two or three retrieval heads stream when they are all a call holds. LycheeDecode's
+// batch-1 layers have one or two, whose blocks (at most kDecodeMaxSplits a head) leave most of the
+// wave's slots empty; set beside the 8-head row, it separates a lone block's pace from the cost of
+// the sparse heads' gathers in the mixed rows.
+void BM_DenseHeads(benchmark::State& state) {
+  const int heads = int(state.range(0)), S = int(state.range(1)), hq = heads * (kHq / kHkv);
+  const std::size_t n = std::size_t(heads) * S * kD;
+  kvsift_bench::DeviceArray<BF16> k(n), v(n), q(std::size_t(hq) * kD), out(q.n);
+  kvsift_bench::DeviceArray<std::int32_t> lengths(1);
+  kvsift_bench::fill_uniform_bf16(k.get(), k.n, -1.f, 1.f, 11);
+  kvsift_bench::fill_uniform_bf16(v.get(), v.n, -1.f, 1.f, 12);
+  kvsift_bench::fill_uniform_bf16(q.get(), q.n, -1.f, 1.f, 13);
+  KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), &S, 4, cudaMemcpyHostToDevice));
+  const auto kv = kvsift::make_bhsd(k.get(), v.get(), 1, heads, S, kD, lengths.get());
+  const auto p = kvsift::make_decode_attention_params<BF16>(q.get(), out.get(), 1, hq, kD);
+  std::size_t bytes = 0;
+  auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  kvsift_bench::time_gpu(state, 2.0 * n * sizeof(BF16) + 2.0 * q.bytes(), [&](cudaStream_t s) {
+    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
+    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
+  });
+  kvsift::detail::DecodePlan plan;
+  if (kvsift::detail::plan_decode_attention(kvsift_bench::gpu().device, kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile;
+}
+
 void dense_shapes(benchmark::internal::Benchmark* b) {
   b->Args({1, 1024, 0});  // a short context: the fixed cost of a call
   b->Args({1, 1040, 1});  // a compressed prompt (1024 kept + 16 new tokens), BHSD as the minimal decoder keeps it
@@ -180,6 +211,7 @@ KVSIFT_DECODE_BENCH(mixed_1dense_7token, BM_Contiguous, bhsd_batch_shapes, Mode:
 // The same layers as the decoder runs them: the retrieval heads also write per-token scores for top-k.
 KVSIFT_DECODE_BENCH(mixed_1dense_7token_scores, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed, 1, 1);
 KVSIFT_DECODE_BENCH(mixed_2dense_6token_scores, BM_Contiguous, bhsd_batch_shapes, Mode::kMixed2, 1, 1);
+BENCHMARK(BM_DenseHeads)->ArgsProduct({{1, 2, 3, 8}, {131072}})->UseManualTime()->Unit(benchmark::kMicrosecond);
 KVSIFT_DECODE_BENCH(dense, BM_Paged, paged_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1);
 KVSIFT_DECODE_BENCH(dense_fp8_head_major_scales, BM_ContiguousFp8, batch_shapes, Mode::kDense, 1, Fp8Scales::kPerTokenBHT);
