@@ -33,26 +33,27 @@ inline constexpr int kDecodeMaxChunk = 32768;  ///< bounds the block-max scratch
 /// 256 and 512 were measured again, since a layer with one or two retrieval heads then leaves half its
 /// block slots empty (177 blocks of 396 at B = 1, 128K, each streaming 16 stages): the same times or
 /// 1-2.5% slower in bench_decode_attention, and LycheeDecode's decode step at 128K within noise
-/// (docs/performance.md, twenty-seventh, thirtieth and thirty-seventh sessions).
+/// (docs/performance.md, twenty-seventh, thirtieth and thirty-seventh sessions). A lone 128K head takes
+/// the same time in 128 blocks as in 342: such calls are their bytes at the read ceiling plus a fixed
+/// cost per call, whatever the block count (forty-first session).
 inline constexpr int kDecodeMaxSplits = 128;
 /// What one position of a token-gathered sparse head costs a split, against one of a retrieval head's
 /// contiguous tokens: each gathered row is its own random 256-byte read, and a stage of them takes
 /// ~1.5x as long (H200, batch 8: 4.5 us per 64-row stage of a 4096-token gather against 3.0 us per stage
 /// of dense 32K streaming). Block-gathered heads (block size > 1) stream runs and count 1.
 inline constexpr double kDecodeTokenGatherCost = 1.5;
-/// Backfill (DecodePlan::backfill) is built and tested but off: on an H100 it was 0.5-1% slower (280
-/// retrieval blocks already hold that GPU's rate, so it only adds partials); on an H200, which needs more
-/// blocks streaming, the pace model predicts a gain that is not measured yet. A build with
-/// KVSIFT_DECODE_BACKFILL=1 plans it (docs/ops/decode_attention.md; docs/performance.md, fortieth session).
+/// Backfill (DecodePlan::backfill) is built and tested but off: on an H100 it was 0.5-1% slower in two
+/// runs, and its premise (a block streams at a pace of its own, so too few blocks cannot hold HBM's
+/// rate) is refuted there (docs/performance.md, fortieth and forty-first sessions). An H200 A/B is the
+/// one measurement left; a build with KVSIFT_DECODE_BACKFILL=1 plans it (docs/ops/decode_attention.md).
 #ifndef KVSIFT_DECODE_BACKFILL
 #define KVSIFT_DECODE_BACKFILL 0
 #endif
 inline constexpr bool kDecodeBackfill = KVSIFT_DECODE_BACKFILL != 0;
 /// Backfill: a one-wave mixed plan whose sparse blocks are shorter than this
-/// share of its retrieval blocks (cost-weighted) is replanned, since its wave otherwise thins out when
-/// the sparse blocks end and the retrieval blocks stream the rest alone: a block streams at a pace of
-/// its own (~13 GB/s), so HBM's rate needs ~342 blocks streaming on an H200 (docs/performance.md,
-/// thirty-ninth session).
+/// share of its retrieval blocks (cost-weighted) is replanned, since its wave thins out when the sparse
+/// blocks end and the retrieval blocks stream the rest alone (the thirty-ninth session's reason, that
+/// too few blocks then fall below HBM's rate, did not survive the forty-first).
 inline constexpr double kDecodeBackfillRatio = 0.75;
 /// Positions per split of a sparse head in a backfilling plan: short, so that the blocks the retrieval
 /// heads leave free keep turning over to the end of the call (a 64-position stage is one ring step).
