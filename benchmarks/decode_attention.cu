@@ -35,6 +35,26 @@ struct Inputs {
   }
 };
 
+// Times one decode_attention call (workspace sized by its query, cold L2) and reports the plan's
+// block count; `traffic` is the bytes the rate is computed from.
+template <class View>
+void time_decode(benchmark::State& state, const View& kv, const kvsift::DecodeAttentionParams<BF16>& p, double traffic,
+                 int batch) {
+  std::size_t bytes = 0;
+  auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
+  if (!st.ok()) {
+    state.SkipWithError(st.to_string().c_str());
+    return;
+  }
+  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
+  kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
+    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
+    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
+  });
+  kvsift::detail::DecodePlan plan;
+  if (kvsift::detail::plan_decode_attention(kvsift_bench::gpu().device, kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile * batch;
+}
+
 template <class View>
 void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int selected, int block, int score_block,
          double kv_bytes_per_element = sizeof(BF16)) {
@@ -65,21 +85,9 @@ void run(benchmark::State& state, Inputs& in, const View& kv, Mode mode, int sel
     p.score_block_size = score_block;
     p.score_row_stride = in.seq / score_block + 1;
   }
-  std::size_t bytes = 0;
-  auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
-  if (!st.ok()) {
-    state.SkipWithError(st.to_string().c_str());
-    return;
-  }
-  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
   const double traffic = kv_tokens * 2.0 * kD * kv_bytes_per_element + 2.0 * in.q.bytes() +
                          (mode != Mode::kDense ? double(idx.bytes()) : 0.0);
-  kvsift_bench::time_gpu(state, traffic, [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
-    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
-  });
-  kvsift::detail::DecodePlan plan;
-  if (kvsift::detail::plan_decode_attention(kvsift_bench::gpu().device, kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile * in.batch;
+  time_decode(state, kv, p, traffic, in.batch);
 }
 
 // Contiguous [B, S, Hkv, d] (BSHD, as a static cache keeps it) or BHSD when range(2) == 1.
@@ -157,19 +165,7 @@ void BM_DenseHeads(benchmark::State& state) {
   KVSIFT_BENCH_CUDA(cudaMemcpy(lengths.get(), &S, 4, cudaMemcpyHostToDevice));
   const auto kv = kvsift::make_bhsd(k.get(), v.get(), 1, heads, S, kD, lengths.get());
   const auto p = kvsift::make_decode_attention_params<BF16>(q.get(), out.get(), 1, hq, kD);
-  std::size_t bytes = 0;
-  auto st = kvsift::decode_attention_workspace_bytes(kvsift_bench::gpu(), kv, p, &bytes);
-  if (!st.ok()) {
-    state.SkipWithError(st.to_string().c_str());
-    return;
-  }
-  kvsift_bench::DeviceArray<unsigned char> ws(bytes);
-  kvsift_bench::time_gpu(state, 2.0 * n * sizeof(BF16) + 2.0 * q.bytes(), [&](cudaStream_t s) {
-    const auto r = kvsift::cuda::decode_attention(kvsift_bench::gpu().on(s), kv, p, kvsift::Workspace{ws.get(), bytes});
-    if (!r.ok()) std::fprintf(stderr, "decode_attention: %s\n", r.to_string().c_str());
-  });
-  kvsift::detail::DecodePlan plan;
-  if (kvsift::detail::plan_decode_attention(kvsift_bench::gpu().device, kv, p, &plan).ok()) state.counters["ctas"] = plan.ctas_per_tile;
+  time_decode(state, kv, p, 2.0 * n * sizeof(BF16) + 2.0 * q.bytes(), 1);
 }
 
 void dense_shapes(benchmark::internal::Benchmark* b) {
