@@ -150,10 +150,10 @@ void BM_ContiguousFp8(benchmark::State& state, Mode mode, int block, Fp8Scales l
 }
 
 // Dense attention over a cache of range(0) KV heads (group 4, BHSD, one sequence of range(1) tokens):
-// how fast one, two or three retrieval heads stream when they are all a call holds. LycheeDecode's
-// batch-1 layers have one or two, whose blocks (at most kDecodeMaxSplits a head) leave most of the
-// wave's slots empty; set beside the 8-head row, it separates a lone block's pace from the cost of
-// the sparse heads' gathers in the mixed rows.
+// what one, two or three retrieval heads cost when they are all a call holds (LycheeDecode's batch-1
+// layers have one or two, whose blocks leave most of the wave's slots empty). The rows differ by their
+// bytes at the read ceiling; what the one-head row has beyond that is the call's fixed cost
+// (docs/performance.md, forty-first session).
 void BM_DenseHeads(benchmark::State& state) {
   const int heads = int(state.range(0)), S = int(state.range(1)), hq = heads * (kHq / kHkv);
   const std::size_t n = std::size_t(heads) * S * kD;
