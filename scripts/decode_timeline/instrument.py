@@ -1,31 +1,61 @@
 #!/usr/bin/env python3
 """Patches a kvsift tree (argv[1]) so every split block of the tensor-core decode kernel writes
-%globaltimer at its start, when its first stage has landed, at its loop's end and at its exit, and its
-SM, to kvsift::detail::g_kvsift_tl[5 * linear block id]. A measurement build for timeline.cu beside it:
-the patched tree is never committed; the patterns below fail loudly when the kernel's text moves."""
+%globaltimer marks to kvsift::detail::g_kvsift_tl[kTlSlots * linear block id]:
+  0 work bounded (its length or count read; after the early stage's issue)   1 first stage landed   2 loop's end   3 exit
+  4 the SM                                     5 entry                6 epilogue: the block's own rows merged and stored
+  7 cluster merge: every rank's partial visible (cluster splits only)
+  8, 9 clock64() at entry and at exit (the SM clock the block ran at)
+A measurement build for timeline.cu beside it: the patched tree is never committed; the patterns below
+fail loudly when the kernel's text moves."""
 import sys
-p = sys.argv[1] + '/include/kvsift/ops/detail/decode_attention_mma.cuh'
-s = open(p).read()
-def sub(old, new):
-    global s
-    assert s.count(old) == 1, old
-    s = s.replace(old, new)
-sub('namespace kvsift {\nnamespace detail {\n',
-    'namespace kvsift {\nnamespace detail {\n__device__ unsigned long long* g_kvsift_tl = nullptr;\n'
-    '__device__ __forceinline__ unsigned long long tl_now() { unsigned long long t; '
-    'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n')
-sub('  const DecodeWork w = locate_work(a);\n',
-    '  const DecodeWork w = locate_work(a);\n  const unsigned long long tl0 = tl_now();\n  unsigned long long tl1 = 0;\n')
-sub('      __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again\n',
-    '      __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again\n      if (st == 0) tl1 = tl_now();\n')
-sub('  cp_async_wait<0>();\n  __syncthreads();  // the ring becomes the epilogue\'s SplitSmem\n',
-    '  cp_async_wait<0>();\n  __syncthreads();  // the ring becomes the epilogue\'s SplitSmem\n  const unsigned long long tl2 = tl_now();\n')
-sub('  if (score_tile) finish_scores(a, w, scratch);\n}\n',
-    '  if (score_tile) finish_scores(a, w, scratch);\n'
-    '  if (threadIdx.x == 0 && g_kvsift_tl != nullptr) {\n'
-    '    const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n'
-    '    unsigned smid;\n    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));\n'
-    '    unsigned long long* r = g_kvsift_tl + 5ull * linear;\n'
-    '    r[0] = tl0; r[1] = tl1; r[2] = tl2; r[3] = tl_now(); r[4] = smid;\n  }\n}\n')
-open(p, 'w').write(s)
-print('instrumented', p)
+
+def patch(path, subs):
+    """subs: (old, new) pairs, or lists of such pairs of which the first whose old text the file holds
+    applies (the kernel before and after the early stage)."""
+    s = open(path).read()
+    for sub in subs:
+        alts = sub if isinstance(sub, list) else [sub]
+        for old, new in alts:
+            if s.count(old) == 1:
+                s = s.replace(old, new)
+                break
+        else:
+            raise AssertionError((path, alts[0][0]))
+    open(path, 'w').write(s)
+    print('instrumented', path)
+
+root = sys.argv[1] + '/include/kvsift/ops/detail/'
+patch(root + 'decode_attention_common.cuh', [
+    ('namespace kvsift {\nnamespace detail {\n',
+     'namespace kvsift {\nnamespace detail {\n'
+     'constexpr int kTlSlots = 10;\n'
+     '__device__ unsigned long long* g_kvsift_tl = nullptr;\n'
+     '__device__ __forceinline__ unsigned long long tl_now() { unsigned long long t; '
+     'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n'
+     '__device__ __forceinline__ void tl_mark(int slot, unsigned long long t) {\n'
+     '  if (threadIdx.x != 0 || g_kvsift_tl == nullptr) return;\n'
+     '  const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n'
+     '  g_kvsift_tl[(unsigned long long)kTlSlots * linear + slot] = t;\n}\n'),
+    ('  cluster.sync();  // every split\'s partial is written and visible to the cluster\n',
+     '  cluster.sync();  // every split\'s partial is written and visible to the cluster\n  tl_mark(7, tl_now());\n'),
+    ('  if (in_cluster) {\n    merge_in_cluster<D>(',
+     '  tl_mark(6, tl_now());\n  if (in_cluster) {\n    merge_in_cluster<D>('),
+])
+patch(root + 'decode_attention_mma.cuh', [
+    [('  DecodeWork w = locate_split(a);\n',
+      '  tl_mark(5, tl_now());\n  tl_mark(8, clock64());\n  DecodeWork w = locate_split(a);\n'),
+     ('  const DecodeWork w = locate_work(a);\n',
+      '  tl_mark(5, tl_now());\n  tl_mark(8, clock64());\n  const DecodeWork w = locate_work(a);\n  tl_mark(0, tl_now());\n')],
+    [('  bound_work(a, w, bounds);\n  const int steps',
+      '  bound_work(a, w, bounds);\n  tl_mark(0, tl_now());\n  const int steps'),
+     ('  const int d_lo = ', '  const int d_lo = ')],
+    ('      __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again\n',
+     '      __syncthreads();  // stage st landed for every thread; slot (st - 1) % kStages is free again\n'
+     '      if (st == 0) tl_mark(1, tl_now());\n'),
+    ('  cp_async_wait<0>();\n  __syncthreads();  // the ring becomes the epilogue\'s SplitSmem\n',
+     '  cp_async_wait<0>();\n  __syncthreads();  // the ring becomes the epilogue\'s SplitSmem\n  tl_mark(2, tl_now());\n'),
+    ('  if (score_tile) finish_scores(a, w, scratch);\n}\n',
+     '  if (score_tile) finish_scores(a, w, scratch);\n'
+     '  unsigned smid;\n  asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));\n'
+     '  tl_mark(4, smid);\n  tl_mark(9, clock64());\n  tl_mark(3, tl_now());\n}\n'),
+])

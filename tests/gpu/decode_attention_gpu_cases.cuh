@@ -283,6 +283,34 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
 
   const std::size_t n_out = q.size(), n_lse = std::size_t(B) * QL * Hq, n_scores = std::size_t(B) * H * (score_cols + 3);
 
+  // The device cache's rows past each sequence's visible length hold NaN (the host reference keeps
+  // the random values and never reads them): a kernel that copies such a row and weighs it by zero
+  // (a masked position, the early stage's rows past a split's end) must zero it first, or the NaN
+  // reaches the output.
+  {
+    std::vector<KT> pk = cache.k, pv = cache.v;
+    const KT nan = kvsift::from_float<KT>(NAN);
+    for (int b = 0; b < B; ++b)
+      for (int t = visible(b); t < cache.S; ++t)
+        for (int h = 0; h < H; ++h) {
+          std::size_t at = 0;
+          if (cache.layout == Layout::kBHSD) {
+            at = ((std::size_t(b) * H + h) * cache.S + t) * D;
+          } else if (cache.layout == Layout::kBSHD) {
+            at = ((std::size_t(b) * cache.S + t) * H + h) * D;
+          } else {
+            const std::size_t page = std::size_t(cache.table[std::size_t(b) * cache.max_pages + t / cache.page_size]);
+            const std::size_t slot = std::size_t(t % cache.page_size);
+            at = cache.layout == Layout::kPagedNHD ? ((page * cache.page_size + slot) * H + h) * D
+                                                   : ((page * H + h) * cache.page_size + slot) * D;
+          }
+          std::fill(pk.begin() + std::ptrdiff_t(at), pk.begin() + std::ptrdiff_t(at + D), nan);
+          std::fill(pv.begin() + std::ptrdiff_t(at), pv.begin() + std::ptrdiff_t(at + D), nan);
+        }
+    dk.upload(pk);
+    dv.upload(pv);
+  }
+
   // Host reference.
   std::vector<QT> out_ref(n_out, kvsift::from_float<QT>(NAN));
   std::vector<float> lse_ref(n_lse, NAN), scores_ref(n_scores, poison_float());

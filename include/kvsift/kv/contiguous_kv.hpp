@@ -55,10 +55,9 @@ struct ContiguousKV {
     return v + b * v_batch_stride + h * v_head_stride + t * v_token_stride;
   }
   /// Length of sequence b, clamped to [0, capacity] so a bad length can never address out of bounds.
-  KVSIFT_HD int length(int b) const {
-    const int n = lengths[b];
-    return n < 0 ? 0 : (n > capacity ? capacity : n);
-  }
+  KVSIFT_HD int length(int b) const { return clamp_length(lengths[b]); }
+  /// A length as length() clamps it (a kernel can load lengths[b] early and clamp it where it uses it).
+  KVSIFT_HD int clamp_length(int n) const { return n < 0 ? 0 : (n > capacity ? capacity : n); }
   /// Index into scales.k / scales.v of the scale of sequence `b`, KV head `h`, token `t`: h per head,
   /// b * batch_stride + t * token_stride + h * head_stride per token. No bounds check.
   KVSIFT_HD std::int64_t scale_offset(int b, int h, int t) const {

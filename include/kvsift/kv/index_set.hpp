@@ -36,10 +36,9 @@ struct IndexSetT {
   /// The first entry of row `r`; no bounds check.
   KVSIFT_HD Index* row(int r) const { return indices + r * row_stride; }
   /// Entries in row r, clamped to [0, capacity].
-  KVSIFT_HD int count(int r) const {
-    const int n = counts[r];
-    return n < 0 ? 0 : (n > capacity ? capacity : n);
-  }
+  KVSIFT_HD int count(int r) const { return clamp_count(counts[r]); }
+  /// A count as count() clamps it.
+  KVSIFT_HD int clamp_count(int n) const { return n < 0 ? 0 : (n > capacity ? capacity : n); }
 
   /// Host-side check: rows, capacity >= 0, row_stride >= capacity, block_size 1 for tokens or a power
   /// of two for blocks, non-null indices and counts when rows > 0; kInvalidArgument or kNullPointer,

@@ -94,8 +94,9 @@ struct PagedKV {
   /// The head_dim contiguous V elements of sequence `b`, KV head `h`, token `t`.
   KVSIFT_HD T* v_row(int b, int h, int t) const { return v_pages + row_offset(b, h, t); }
   /// Length of sequence b, clamped to [0, capacity()] so a bad length can never address out of bounds.
-  KVSIFT_HD int length(int b) const {
-    const int n = lengths[b];
+  KVSIFT_HD int length(int b) const { return clamp_length(lengths[b]); }
+  /// A length as length() clamps it (a kernel can load lengths[b] early and clamp it where it uses it).
+  KVSIFT_HD int clamp_length(int n) const {
     const int cap = capacity();
     return n < 0 ? 0 : (n > cap ? cap : n);
   }

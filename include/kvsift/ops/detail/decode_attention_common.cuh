@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kvsift/core/data_error.cuh"
 #include "kvsift/core/dependent_launch.cuh"
@@ -85,8 +86,11 @@ __device__ void record_bad_entry(const DecodeLaunch<View, QT>& a, const DecodeWo
                     w.first_entry + j, w.entries[j]);
 }
 
+// A block's place in the call from its index and the plan alone: b, tile, head, role, split, the
+// split's first token (retrieval) and its partial's slot. It reads no global memory, so a kernel can
+// address its first copies before the lengths arrive (decode_split_mma_kernel's early stage).
 template <class View, class QT>
-__device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& a) {
+__device__ __forceinline__ DecodeWork locate_split(const DecodeLaunch<View, QT>& a) {
   DecodeWork w;
   int x;
   if (a.plan.backfill) {  // the whole call's retrieval blocks first (DecodePlan::backfill)
@@ -115,9 +119,42 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
     w.split = x - retrieval_ctas - rank * a.plan.sparse_splits;
     w.h = a.plan.head_at[a.plan.num_retrieval + rank];
   }
-  const int n = a.kv.length(w.b);
-  w.len = n < a.plan.max_len ? n : a.plan.max_len;
   w.base = w.split * a.plan.chunk;
+  w.partial = (std::size_t(w.b) * a.plan.row_tiles + w.tile) * a.plan.ctas_per_tile + x;
+  return w;
+}
+
+// Views whose length(b) is lengths[b] clamped by clamp_length (ContiguousKV, PagedKV): a kernel can
+// load the number early and clamp it where it uses it; other views' length(b) is called there.
+template <class View, class = void>
+struct SplitLengthLoad : std::false_type {};
+template <class View>
+struct SplitLengthLoad<View, std::void_t<decltype(std::declval<const View&>().clamp_length(0))>> : std::true_type {};
+
+// What bound_work needs from memory, as loaded: the sequence's length and, for a sparse head, its
+// index count, both unclamped. A kernel issues these loads first and uses them later (bound_work), so
+// copies it issues in between neither queue ahead of them nor wait for them: a use right after the
+// load (a clamp, a branch on the count) would stall the block there.
+struct WorkBounds {
+  int length, count;
+};
+template <class View, class QT>
+__device__ __forceinline__ WorkBounds load_bounds(const DecodeLaunch<View, QT>& a, const DecodeWork& w) {
+  WorkBounds wb;
+  if constexpr (SplitLengthLoad<View>::value)
+    wb.length = a.kv.lengths[w.b];
+  else
+    wb.length = a.kv.length(w.b);
+  wb.count = w.sparse ? a.p.index_set.counts[w.b * a.kv.num_kv_heads + w.h] : 0;
+  return wb;
+}
+
+// The rest of the block's work, from its bounds: len, positions, and a sparse split's entries.
+template <class View, class QT>
+__device__ __forceinline__ void bound_work(const DecodeLaunch<View, QT>& a, DecodeWork& w, const WorkBounds& wb) {
+  int n = wb.length;
+  if constexpr (SplitLengthLoad<View>::value) n = a.kv.clamp_length(n);
+  w.len = n < a.plan.max_len ? n : a.plan.max_len;
   if (!w.sparse) {
     const int left = w.len - w.base;
     w.positions = left <= 0 ? 0 : (left < a.plan.chunk ? left : a.plan.chunk);
@@ -129,19 +166,24 @@ __device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& 
     w.block_shift = __ffs(a.p.index_set.block_size) - 1;
     const int per_split = a.plan.sparse_chunk >> w.block_shift;
     const int first = w.split * per_split;
-    const int left = a.p.index_set.count(row) - first;
+    const int left = a.p.index_set.clamp_count(wb.count) - first;
     const int entries = left <= 0 ? 0 : (left < per_split ? left : per_split);
     w.positions = entries << w.block_shift;
     w.entries = a.p.index_set.row(row) + first;
     w.first_entry = first;
     if (w.split == 0 && w.tile == 0 && threadIdx.x == 0) {
-      const int raw = a.p.index_set.counts[row];
+      const int raw = wb.count;
       if (raw < 0 || raw > a.p.index_set.capacity)
         record_data_error(a.data_error, DataErrorOp::kDecodeAttention, DataErrorKind::kCountOutOfRange, w.b, w.h, -1,
                           raw);
     }
   }
-  w.partial = (std::size_t(w.b) * a.plan.row_tiles + w.tile) * a.plan.ctas_per_tile + x;
+}
+
+template <class View, class QT>
+__device__ __forceinline__ DecodeWork locate_work(const DecodeLaunch<View, QT>& a) {
+  DecodeWork w = locate_split(a);
+  bound_work(a, w, load_bounds(a, w));
   return w;
 }
 

@@ -225,7 +225,10 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   };
 
   dependent_kernel_start();  // Exec::dependent_launch: q and the new K/V rows are earlier kernels' output; the merge waits
-  const DecodeWork w = locate_work(a);
+  // The block's place, then its length: loaded first, used (bound_work) once the early stage below is
+  // in flight.
+  DecodeWork w = locate_split(a);
+  const WorkBounds bounds = load_bounds(a, w);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane >> 2, j = lane & 3;
   const KvRows<View> rows(a.kv, w.b, w.h);
   using Handle = typename KvRows<View>::Handle;
@@ -250,7 +253,6 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
 
   // ---- the copy side: this thread's positions and chunks within every stage ----
   const int load_row = tid / kLoadThreadsPerRow, load_chunk = tid % kLoadThreadsPerRow;
-  const int steps = (w.positions + kStageTokens - 1) / kStageTokens;
   int tok_next[kLoadTokensPerThread];   // token ids of the stage after the one to issue
   int tok_issue[kLoadTokensPerThread];  // token ids of the stage to issue
   Handle hdl_issue[kLoadTokensPerThread];
@@ -338,7 +340,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // in the last stage only) are zero-filled as above; compute() derives the token ids from positions.
   const bool affine = KvRows<View>::kAffine && !w.sparse;
   static_assert(kDecodeThreads == 2 * kStageTokens, "one per-token scale per thread and stage");
-  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, w.positions - load_row, kLoadRowsPerPass) : AffineCursor{};
+  // Such a split's first stage is issued before its length is known (the early stage, below), as if
+  // the sequence ran to the most tokens the call covers that have an address: min(max_len, capacity)
+  // bounds every length, so the early positions are never fewer than the split's own.
+  int early_positions = 0;
+  if constexpr (KvRows<View>::kAffine) {
+    const int end = a.plan.max_len < a.kv.capacity ? a.plan.max_len : a.kv.capacity;
+    early_positions = affine ? max(0, min(a.plan.chunk, end - w.base)) : 0;
+  }
+  AffineCursor cur = affine ? affine_cursor(rows, w.base + load_row, early_positions - load_row, kLoadRowsPerPass) : AffineCursor{};
   if constexpr (kFp8)
     if (affine && per_token_scales) affine_scales(cur, rows, a.kv.scales, w.base, tid);
   auto issue_affine = [&](int stage) {
@@ -405,6 +415,35 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
 
+  // The early stage: an affine split's stage 0 goes out before the length is read, so the length's
+  // round trip overlaps the first rows' instead of preceding it (the block timeline, H100, B = 1: the
+  // length landed 1.0-1.5 us into the kernel, the first stage 1.3-2.3 us after that). Rows it copies
+  // past the split's real end are zeroed once the length says so (a zero weight must not meet a NaN
+  // in V); they are valid memory, below the capacity.
+  if (affine) {
+    issue_affine(0);
+    cp_async_commit();
+  }
+  bound_work(a, w, bounds);
+  const int steps = (w.positions + kStageTokens - 1) / kStageTokens;
+  if (affine) {
+    cur.left += w.positions - early_positions;  // the cursor now ends at the split's real end
+    const int early_rows = min(early_positions, kStageTokens), real_rows = min(w.positions, kStageTokens);
+    if (real_rows > 0 && real_rows < early_rows) {  // the rare split whose sequence ends in its first stage
+      cp_async_wait<0>();
+      __syncthreads();  // every thread's early copies landed; no other copy is in flight yet
+      for (int i = tid; i < (early_rows - real_rows) * L::kChunks; i += blockDim.x) {
+        const int p = real_rows + i / L::kChunks, c = i % L::kChunks;
+        *reinterpret_cast<uint4*>(smem_raw + L::at(p, c)) = make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4*>(smem_raw + L::kKBytes + L::at(p, c)) = make_uint4(0u, 0u, 0u, 0u);
+      }
+      if constexpr (kFp8)
+        if (per_token_scales)
+          for (int p = real_rows + tid; p < early_rows; p += blockDim.x) slot_scale(0)[p] = slot_scale(0)[kStageTokens + p] = 0.f;
+      // Stage 0 is read after the stream loop's first barrier, which orders these stores before it.
+    }
+  }
+
   // The prologue issues the first kStages - 1 stages; a split of exactly kStages stages (the ring's
   // depth) is issued whole, so its last stage does not wait for the first to land: small calls merged
   // in clusters are cut into such splits (DecodePlan::cluster). Measured on an H100, 1024 tokens at
@@ -414,7 +453,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   const int ahead = whole ? kStages : kStages - 1;  // stages the prologue issues
   if (affine) {
 #pragma unroll
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 1; s < kStages; ++s) {  // stage 0 is the early stage, its group committed
       if (s == ahead) break;
       if (s < steps) issue_affine(s);
       cp_async_commit();
