@@ -87,8 +87,9 @@ __device__ void record_bad_entry(const DecodeLaunch<View, QT>& a, const DecodeWo
 }
 
 // A block's place in the call from its index and the plan alone: b, tile, head, role, split, the
-// split's first token (retrieval) and its partial's slot. It reads no global memory, so a kernel can
-// address its first copies before the lengths arrive (decode_split_mma_kernel's early stage).
+// split's first token (retrieval) or first index entry (sparse) and its partial's slot. It reads no
+// global memory, so a kernel can address its first copies before the lengths and counts arrive
+// (decode_split_mma_kernel's early stage).
 template <class View, class QT>
 __device__ __forceinline__ DecodeWork locate_split(const DecodeLaunch<View, QT>& a) {
   DecodeWork w;
@@ -121,6 +122,14 @@ __device__ __forceinline__ DecodeWork locate_split(const DecodeLaunch<View, QT>&
   }
   w.base = w.split * a.plan.chunk;
   w.partial = (std::size_t(w.b) * a.plan.row_tiles + w.tile) * a.plan.ctas_per_tile + x;
+  w.entries = nullptr;
+  w.block_shift = 0;
+  w.first_entry = 0;
+  if (w.sparse) {
+    w.block_shift = __ffs(a.p.index_set.block_size) - 1;
+    w.first_entry = w.split * (a.plan.sparse_chunk >> w.block_shift);
+    w.entries = a.p.index_set.row(w.b * a.kv.num_kv_heads + w.h) + w.first_entry;
+  }
   return w;
 }
 
@@ -158,19 +167,11 @@ __device__ __forceinline__ void bound_work(const DecodeLaunch<View, QT>& a, Deco
   if (!w.sparse) {
     const int left = w.len - w.base;
     w.positions = left <= 0 ? 0 : (left < a.plan.chunk ? left : a.plan.chunk);
-    w.entries = nullptr;
-    w.block_shift = 0;
-    w.first_entry = 0;
   } else {
-    const int row = w.b * a.kv.num_kv_heads + w.h;
-    w.block_shift = __ffs(a.p.index_set.block_size) - 1;
     const int per_split = a.plan.sparse_chunk >> w.block_shift;
-    const int first = w.split * per_split;
-    const int left = a.p.index_set.clamp_count(wb.count) - first;
+    const int left = a.p.index_set.clamp_count(wb.count) - w.first_entry;
     const int entries = left <= 0 ? 0 : (left < per_split ? left : per_split);
     w.positions = entries << w.block_shift;
-    w.entries = a.p.index_set.row(row) + first;
-    w.first_entry = first;
     if (w.split == 0 && w.tile == 0 && threadIdx.x == 0) {
       const int raw = wb.count;
       if (raw < 0 || raw > a.p.index_set.capacity)

@@ -420,8 +420,16 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   // length landed 1.0-1.5 us into the kernel, the first stage 1.3-2.3 us after that). Rows it copies
   // past the split's real end are zeroed once the length says so (a zero weight must not meet a NaN
   // in V); they are valid memory, below the capacity.
+  // A sparse split's early stage is its index entries: those of the first kStages + 1 stages, copied
+  // as if its row held `capacity` entries (valid memory: a row has row_stride >= capacity). Entries
+  // past the real count are never turned into tokens (read_tokens masks positions by the count).
   if (affine) {
     issue_affine(0);
+    cp_async_commit();
+  } else if (w.sparse) {
+    const int per_split = a.plan.sparse_chunk >> w.block_shift;
+    w.positions = max(0, min(per_split, a.p.index_set.capacity - w.first_entry)) << w.block_shift;
+    for (int y = 0; y <= kStages; ++y) stage_entries(y);
     cp_async_commit();
   }
   bound_work(a, w, bounds);
@@ -459,9 +467,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
       cp_async_commit();
     }
   } else {
-    if (w.sparse) {  // the entries of the first kStages + 1 stages, before any row can be addressed
-      for (int y = 0; y <= kStages; ++y) stage_entries(y);
-      cp_async_commit();
+    if (w.sparse) {  // the early stage's entries (above) land before any row can be addressed
       cp_async_wait<0>();
       __syncthreads();
     }
