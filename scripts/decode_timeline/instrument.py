@@ -5,6 +5,8 @@
   4 the SM                                     5 entry                6 epilogue: the block's own rows merged and stored
   7 cluster merge: every rank's partial visible (cluster splits only)
   8, 9 clock64() at entry and at exit (the SM clock the block ran at)
+  10, 11 finish_split: past its first barrier (the warps' states in shared memory), past its second
+         (the rows' weights and LSEs computed)
 A measurement build for timeline.cu beside it: the patched tree is never committed; the patterns below
 fail loudly when the kernel's text moves."""
 import sys
@@ -28,7 +30,7 @@ root = sys.argv[1] + '/include/kvsift/ops/detail/'
 patch(root + 'decode_attention_common.cuh', [
     ('namespace kvsift {\nnamespace detail {\n',
      'namespace kvsift {\nnamespace detail {\n'
-     'constexpr int kTlSlots = 10;\n'
+     'constexpr int kTlSlots = 12;\n'
      '__device__ unsigned long long* g_kvsift_tl = nullptr;\n'
      '__device__ __forceinline__ unsigned long long tl_now() { unsigned long long t; '
      'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n'
@@ -38,6 +40,10 @@ patch(root + 'decode_attention_common.cuh', [
      '  g_kvsift_tl[(unsigned long long)kTlSlots * linear + slot] = t;\n}\n'),
     ('  cluster.sync();  // every split\'s partial is written and visible to the cluster\n',
      '  cluster.sync();  // every split\'s partial is written and visible to the cluster\n  tl_mark(7, tl_now());\n'),
+    ('  __shared__ float lse2[R];\n  __syncthreads();\n',
+     '  __shared__ float lse2[R];\n  __syncthreads();\n  tl_mark(10, tl_now());\n'),
+    ('    lse2[r] = l > 0.f ? m + log2f(l) : -INFINITY;\n  }\n  __syncthreads();\n',
+     '    lse2[r] = l > 0.f ? m + log2f(l) : -INFINITY;\n  }\n  __syncthreads();\n  tl_mark(11, tl_now());\n'),
     ('  if (in_cluster) {\n    merge_in_cluster<D>(',
      '  tl_mark(6, tl_now());\n  if (in_cluster) {\n    merge_in_cluster<D>('),
 ])

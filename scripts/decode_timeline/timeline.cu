@@ -95,9 +95,10 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
   // Per block: entry, located, first stage landed, loop end (from the first entry); the epilogue's own
   // part, the wait for the cluster's ranks, the rest to exit (between the block's own marks); exit.
-  enum { kEntry, kLocate, kFirst, kLoop, kOwn, kSync, kRest, kExit, kCols };
+  enum { kEntry, kLocate, kFirst, kLoop, kOwn, kOwn1, kOwn2, kSync, kRest, kExit, kCols };
   static const char* names[kCols] = {"entry", "length read (entry->located)", "first stage landed", "loop end",
-                                     "own epilogue (loop end->stored)", "cluster wait (stored->ranks visible)",
+                                     "own epilogue (loop end->stored)", "  of it: to finish_split's 1st barrier",
+                                     "  of it: weights, to its 2nd barrier", "cluster wait (stored->ranks visible)",
                                      "rest (->exit)", "exit"};
   struct Rep { float ev; double span, mhz; std::vector<double> col[kCols]; };
   std::vector<Rep> runs;
@@ -130,6 +131,8 @@ int main(int argc, char** argv) {
       if (x[1]) rep.col[kFirst].push_back(us(x[1], t0));
       rep.col[kLoop].push_back(us(x[2], t0));
       rep.col[kOwn].push_back(us(x[6], x[2]));
+      rep.col[kOwn1].push_back(us(x[10], x[2]));
+      rep.col[kOwn2].push_back(us(x[11], x[10]));
       if (x[7]) rep.col[kSync].push_back(us(x[7], x[6]));
       rep.col[kRest].push_back(us(x[3], x[7] ? x[7] : x[6]));
       rep.col[kExit].push_back(us(x[3], t0));
