@@ -6,7 +6,8 @@
 // negative, past the capacity and at the split plan's chunk boundaries (chunk - 1, chunk, chunk + 1
 // of the very launch's plan); index rows from the adversarial mix of support/index_rows.hpp; value
 // fills of support/fuzz_values.hpp; optional block-max scores; num_sms varied so other split plans
-// run on the same GPU. Outputs and workspace are poisoned before every launch.
+// run on the same GPU. Outputs and workspace are poisoned before every launch, and the device cache's
+// rows past each visible length hold NaN.
 //
 // Tolerances follow the arithmetic (the reference accumulates in double): fp32 K/V run the softmax and
 // both products in fp32 (1e-5); 16-bit K/V round P to 16 bits for P.V and the output to 16 bits (bf16
@@ -222,6 +223,30 @@ void fuzz_case(std::mt19937_64& rng, std::string* what) {
   auto visible = [&](int b) { return std::min(std::max(lengths[std::size_t(b)], 0), std::min(S, M)); };
   for (int b = 0; b < B; ++b)
     if (visible(b) > 0 && visible(b) < QL) lengths[std::size_t(b)] = QL;  // q_len fits every non-empty sequence
+  // On the device, the rows past each sequence's visible length hold NaN, and so do their per-token fp8
+  // scales (the host reference reads the finite values): a kernel that copies such a row and weighs it
+  // by zero must zero it first, or the NaN reaches the output.
+  {
+    std::vector<KT> pk = k, pv = v;
+    std::vector<float> pks = ks, pvs = vs;
+    const KT nan = kvsift::from_float<KT>(NAN);
+    const auto st = make_view(pk.data(), pv.data(), pks.data(), pvs.data(), table.data(), lengths.data(), [&](const auto& kv) {
+      for (int b = 0; b < B; ++b)
+        for (int t = visible(b); t < S; ++t)
+          for (int h = 0; h < H; ++h) {
+            std::fill_n(kv.k_row(b, h, t), D, nan);
+            std::fill_n(kv.v_row(b, h, t), D, nan);
+            if constexpr (fp8)
+              if (per_token) pks[std::size_t(kv.scale_offset(b, h, t))] = pvs[std::size_t(kv.scale_offset(b, h, t))] = NAN;
+          }
+      return kvsift::Status();
+    });
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    dk.upload(pk);
+    dv.upload(pv);
+    dks.upload(pks);
+    dvs.upload(pvs);
+  }
 
   std::vector<std::int32_t> idx, counts;
   if (any_sparse)
