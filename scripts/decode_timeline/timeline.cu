@@ -1,10 +1,12 @@
 // Block timeline of one decode_attention call over H KV heads (BHSD, group 4, bf16, d 128), dense or,
 // with GATHER > 0, every head gathering GATHER random sorted tokens, after an L2 flush by memset (the
-// benchmarks' default) or by reading, built against a tree that instrument.py patched. Prints, for the
-// median of REPS calls by event time: the event time, the split kernel's span (first block entry to
-// last block exit), and per-block percentiles (from the first entry, or between a block's own marks)
-// of each mark instrument.py names.
-//   timeline HEADS SEQ FLUSH(memset|read) [REPS] [GATHER] [BATCH]
+// benchmarks' default), by reading (a clean cold L2), by reading then a 16-token call of the same
+// kernel (`warm`: its code back in L2, the data cold) or not at all (`none`), built against a tree
+// that instrument.py patched. Prints, for the median of REPS calls by event time: the event time, the
+// split kernel's span (first block entry to last block exit), the SM clock the blocks ran at, and
+// per-block percentiles (from the first entry, or between a block's own marks) of each mark
+// instrument.py names. KVSIFT_TL_SPIN=1 spins every SM ~200 us before each call (clocks held up).
+//   timeline HEADS SEQ FLUSH(memset|read|warm|none) [REPS] [GATHER] [BATCH]
 // A measurement tool, not part of the library. On the GPU machine (no git there: make the tree here):
 //   git archive HEAD | (mkdir -p .ab/tl && tar -x -C .ab/tl) && scripts/decode_timeline/instrument.py .ab/tl
 //   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a -I.ab/tl/include scripts/decode_timeline/timeline.cu -o /tmp/tl
