@@ -290,22 +290,12 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   {
     std::vector<KT> pk = cache.k, pv = cache.v;
     const KT nan = kvsift::from_float<KT>(NAN);
+    const auto kv = make_view(pk.data(), pv.data(), cache.table.data(), lengths.data());  // the view's own addressing
     for (int b = 0; b < B; ++b)
       for (int t = visible(b); t < cache.S; ++t)
         for (int h = 0; h < H; ++h) {
-          std::size_t at = 0;
-          if (cache.layout == Layout::kBHSD) {
-            at = ((std::size_t(b) * H + h) * cache.S + t) * D;
-          } else if (cache.layout == Layout::kBSHD) {
-            at = ((std::size_t(b) * cache.S + t) * H + h) * D;
-          } else {
-            const std::size_t page = std::size_t(cache.table[std::size_t(b) * cache.max_pages + t / cache.page_size]);
-            const std::size_t slot = std::size_t(t % cache.page_size);
-            at = cache.layout == Layout::kPagedNHD ? ((page * cache.page_size + slot) * H + h) * D
-                                                   : ((page * H + h) * cache.page_size + slot) * D;
-          }
-          std::fill(pk.begin() + std::ptrdiff_t(at), pk.begin() + std::ptrdiff_t(at + D), nan);
-          std::fill(pv.begin() + std::ptrdiff_t(at), pv.begin() + std::ptrdiff_t(at + D), nan);
+          std::fill_n(kv.k_row(b, h, t), D, nan);
+          std::fill_n(kv.v_row(b, h, t), D, nan);
         }
     dk.upload(pk);
     dv.upload(pv);
