@@ -415,14 +415,15 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
 
-  // The early stage: an affine split's stage 0 goes out before the length is read, so the length's
-  // round trip overlaps the first rows' instead of preceding it (the block timeline, H100, B = 1: the
+  // The early stage: an affine split's stage 0 goes out after the length's load is issued and before
+  // it is used, so the length's round trip overlaps the first rows' instead of preceding it (the block timeline, H100, B = 1: the
   // length landed 1.0-1.5 us into the kernel, the first stage 1.3-2.3 us after that). Rows it copies
   // past the split's real end are zeroed once the length says so (a zero weight must not meet a NaN
   // in V); they are valid memory, below the capacity.
   // A sparse split's early stage is its index entries: those of the first kStages + 1 stages, copied
-  // as if its row held `capacity` entries (valid memory: a row has row_stride >= capacity). Entries
-  // past the real count are never turned into tokens (read_tokens masks positions by the count).
+  // as if its row held `capacity` entries (valid memory: a row has row_stride >= capacity), through
+  // w.positions set to that bound until bound_work sets the real one. Entries past the real count are
+  // never turned into tokens (read_tokens masks positions by the count).
   if (affine) {
     issue_affine(0);
     cp_async_commit();
