@@ -167,13 +167,14 @@ void BM_TopKGroup(benchmark::State& state) {
   if (shape.time_plan(state, plan)) plan_counters(state, plan);
 }
 
-// The register select in a forced CTA group (args: rows, n, k, 0, 0, group, exact): detail::
-// plan_topk_register, with `exact` 1 running its exact search only (no bracket). Where the plan takes
-// it, and with which group, is read off this table beside BM_TopK.
+// The register select in a forced CTA group and CTA size (args: rows, n, k, 0, 0, group, exact,
+// threads; threads 0 is the plan's choice): detail::plan_topk_register, with `exact` 1 running its
+// exact search only (no bracket).
+// Where the plan takes it, and with which group, is read off this table beside BM_TopK.
 void BM_TopKRegister(benchmark::State& state) {
   const TopkShape shape(state);
   auto plan = kvsift::detail::plan_topk_register<std::uint32_t>(shape.rows, shape.n, int(state.range(5)),
-                                                                kvsift_bench::gpu().device);
+                                                                kvsift_bench::gpu().device, int(state.range(7)));
   if (plan.kernel != kvsift::detail::TopkKernel::kRegisterSelect) {
     state.SkipWithError("the register select does not take this shape in this group");
     return;
@@ -224,7 +225,7 @@ void retrieval_shapes(benchmark::internal::Benchmark* b) {
           for (int all_rows : {0, 1}) b->Args({batch * 8, n, 4096, 0, 0, r, bracket, all_rows});
 }
 void selected_row_shapes(benchmark::internal::Benchmark* b) {
-  for (int rows : {1, 2, 16})
+  for (int rows : {1, 2, 12, 16})
     for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0});
 }
 
@@ -240,12 +241,15 @@ void register_shapes(benchmark::internal::Benchmark* b) {
     for (int n : {32768, 131072})
       for (int k : {1024, 4096})
         for (int group : {8, 16})
-          if (rows * group <= 128) b->Args({rows, n, k, 0, 0, group, 0});
+          for (int threads : {256, 512})
+            if (rows * group <= 128) b->Args({rows, n, k, 0, 0, group, 0, threads});
   for (int rows : {16, 32})
-    for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0, 64 / rows * 2, 0});
-  b->Args({8, 32768, 4096, 0, 0, 8, 1});  // the exact search alone
-  b->Args({4, 131072, 4096, 0, 0, 16, 1});
-  b->Args({4, 131072, 4096, 128, 256, 16, 0});  // LycheeDecode token mode
+    for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0, 64 / rows * 2, 0, 0});
+  for (int threads : {256, 512}) {
+    b->Args({8, 32768, 4096, 0, 0, 8, 1, threads});  // the exact search alone
+    b->Args({4, 131072, 4096, 0, 0, 16, 1, threads});
+    b->Args({4, 131072, 4096, 128, 256, 16, 0, threads});  // LycheeDecode token mode
+  }
 }
 
 // Short rows beyond the block-score case: 16 keys a thread (4096 positions), a budget of a quarter
@@ -310,7 +314,7 @@ BENCHMARK(BM_TopKCtaGroups)
 
 BENCHMARK(BM_TopKRegister)
     ->Apply(register_shapes)
-    ->ArgNames({"rows", "n", "k", "sink", "recent", "group", "exact"})
+    ->ArgNames({"rows", "n", "k", "sink", "recent", "group", "exact", "threads"})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

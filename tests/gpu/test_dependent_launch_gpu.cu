@@ -342,7 +342,7 @@ TEST_CASE("Exec::dependent_launch: topk waits for the kernel before it, on every
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.f, 1.f);
   struct Shape { int rows, cols, k; };
-  // The short-row select, the register select (groups of 8; of 16 packed two CTAs an SM), the
+  // The short-row select, the register select (256-thread groups of 8; 512-thread groups of 8), the
   // candidate select in CTA groups and the stream select (H200 plans).
   for (const Shape s : {Shape{8, 2048, 64}, Shape{8, 32768, 1024}, Shape{8, 131072, 4096}, Shape{48, 32768, 1024},
                         Shape{256, 32768, 512}}) {

@@ -327,19 +327,26 @@ namespace {
 // sample again) and the row edges.
 struct RegisterShape {
   int rows, cols, capacity, k, group;
+  int threads = 256;    // the CTA size the plan gives (or the forced one)
+  bool forced = false;  // run `threads` where the plan would not (Case::register_threads)
 };
 
 void check_register_shape(std::mt19937_64& rng, const RegisterShape& s) {
   CAPTURE(s.rows);
   CAPTURE(s.cols);
-  Case c = shape(s.rows, s.cols, s.capacity, s.k);
-  require_path<float>(c, kReg, s.group, 256);
+  CAPTURE(s.threads);
+  auto sized = [&](Case c) {
+    if (s.forced) c.register_threads = s.threads;
+    return c;
+  };
+  Case c = sized(shape(s.rows, s.cols, s.capacity, s.k));
+  require_path<float>(c, kReg, s.group, s.threads);
   check_all_fills<float>(rng, c);
   check_with_and_without_bracket(rng, c,
                                  {Fill::kSampledHigh, Fill::kStrideHigh, Fill::kRandom, Fill::kConstant, Fill::kFewValues});
-  check_all_fills<float>(rng, with_forced_ranges(rng, shape(s.rows, s.cols, s.capacity, s.k)));
-  const Case edges = edge_rows(rng, s.rows, s.cols, s.capacity);
-  require_path<float>(edges, kReg, s.group, 256);
+  check_all_fills<float>(rng, sized(with_forced_ranges(rng, shape(s.rows, s.cols, s.capacity, s.k))));
+  const Case edges = sized(edge_rows(rng, s.rows, s.cols, s.capacity));
+  require_path<float>(edges, kReg, s.group, s.threads);
   check_edges<float>(rng, edges);
 }
 
@@ -355,32 +362,45 @@ TEST_CASE("topk gpu paths: register select, 32K rows in groups of 8 (benchmark s
 }
 
 // Long rows in groups of 16, one case per shape or two (each fits one racecheck run): two and four
-// rows of 128K (32 keys a thread), one row of 64K and two of 100000 (a short last slice).
+// rows of 128K (512 threads, 16 keys a thread), one row of 64K (256 threads, 16 keys) and two of
+// 100000 (512 threads, a short last slice).
 TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (two rows of 128K)") {
   auto rng = kvsift_test::make_rng(510);
-  check_register_shape(rng, RegisterShape{2, 131072, 4096, 4096, 16});
+  check_register_shape(rng, RegisterShape{2, 131072, 4096, 4096, 16, 512});
 }
 
 TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (four rows of 128K)") {
   auto rng = kvsift_test::make_rng(514);
-  check_register_shape(rng, RegisterShape{4, 131072, 4096, 4096, 16});
+  check_register_shape(rng, RegisterShape{4, 131072, 4096, 4096, 16, 512});
 }
 
 TEST_CASE("topk gpu paths: register select, long rows in groups of 16 (64K and 100000 positions)") {
   auto rng = kvsift_test::make_rng(515);
-  for (const RegisterShape s : {RegisterShape{1, 65536, 2048, 2000, 16}, RegisterShape{2, 100000, 4096, 3000, 16}})
+  for (const RegisterShape s : {RegisterShape{1, 65536, 2048, 2000, 16}, RegisterShape{2, 100000, 4096, 3000, 16, 512}})
     check_register_shape(rng, s);
 }
 
-TEST_CASE("topk gpu paths: register select, 5-8 long rows in groups of 16 packed two CTAs an SM") {
+TEST_CASE("topk gpu paths: register select, 5-14 long rows in 512-thread groups of 8") {
   auto rng = kvsift_test::make_rng(517);
-  // Eight rows of 128K (LycheeDecode's retrieval rows at batch 8) and five of 100000 (a short last
-  // slice), on the packed lists: a smaller copy of the group's lists.
-  for (const RegisterShape s : {RegisterShape{8, 131072, 4096, 4096, 16}, RegisterShape{5, 100000, 4096, 3000, 16}}) {
-    const Case c = shape(s.rows, s.cols, s.capacity, s.k);
-    REQUIRE(plan_of<float>(c).bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
+  // Eight rows of 128K (LycheeDecode's retrieval rows at batch 8: 32 keys a thread), five of 100000 (a
+  // short last slice) and twelve of 128K.
+  for (const RegisterShape s : {RegisterShape{8, 131072, 4096, 4096, 8, 512}, RegisterShape{5, 100000, 4096, 3000, 8, 512},
+                                RegisterShape{12, 131072, 1024, 1024, 8, 512}})
     check_register_shape(rng, s);
-  }
+}
+
+TEST_CASE("topk gpu paths: register select, 512-thread CTAs forced on shorter rows") {
+  auto rng = kvsift_test::make_rng(518);
+  // Rows the plan gives 256-thread CTAs, in 512-thread CTAs with 16 keys a thread (groups of 4 and 2),
+  // with 32-bit and narrow keys.
+  for (const RegisterShape s : {RegisterShape{8, 32768, 1024, 1000, 4, 512, true}, RegisterShape{3, 16384, 512, 500, 2, 512, true}})
+    check_register_shape(rng, s);
+  Case c = shape(8, 32768, 1024, 1000);
+  c.register_threads = 512;
+  check_all_fills<half_t>(rng, c);
+  check_all_fills<bfloat16_t>(rng, c);
+  c.flagged = true;
+  check_all_fills<half_t>(rng, c);
 }
 
 TEST_CASE("topk gpu paths: register select, forced groups, budget ends, unaligned rows") {
@@ -406,9 +426,9 @@ TEST_CASE("topk gpu paths: register select, forced groups, budget ends, unaligne
     c.fill = Fill::kAscending;
     check_case<float>(rng, c);
   }
-  Case odd = shape(5, 32771, 1500, 1500);
+  Case odd = shape(5, 32771, 1500, 1500);  // 8 x 256 x 16 keys fall 3 positions short: 512 threads
   odd.stride_pad = 3;
-  require_path<float>(odd, kReg, 8, 256);
+  require_path<float>(odd, kReg, 8, 512);
   check_all_fills<float>(rng, odd);
   Case tail = shape(4, 20001, 700, 650);
   tail.stride_pad = 3;
@@ -422,11 +442,11 @@ namespace {
 // register-select shape.
 void check_narrow_register_keys(std::mt19937_64& rng, const RegisterShape& s) {
   Case c = shape(s.rows, s.cols, s.capacity, s.k);
-  require_path<half_t>(c, kReg, s.group, 256);
+  require_path<half_t>(c, kReg, s.group, s.threads);
   check_all_fills<half_t>(rng, c);
   check_all_fills<bfloat16_t>(rng, c);
   c.flagged = true;
-  require_path<half_t>(c, kReg, s.group, 256);
+  require_path<half_t>(c, kReg, s.group, s.threads);
   check_all_fills<half_t>(rng, c);
   check_all_fills<bfloat16_t>(rng, c);
   c.bracket = false;
@@ -445,7 +465,7 @@ TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag
 
 TEST_CASE("topk gpu paths: register select, 16- to 20-bit keys (fp16, bf16, flag-first) on 128K rows") {
   auto rng = kvsift_test::make_rng(516);
-  check_narrow_register_keys(rng, RegisterShape{4, 131072, 4096, 4096, 16});
+  check_narrow_register_keys(rng, RegisterShape{4, 131072, 4096, 4096, 16, 512});
 }
 
 TEST_CASE("topk gpu paths: stream select, one CTA per row streaming it twice (many long rows)") {

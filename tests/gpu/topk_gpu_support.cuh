@@ -80,12 +80,15 @@ struct Case {
   // false: the plan without the register and short-row selects (plan_topk_cta_groups), so the
   // candidate select stays tested on the few-row and short-row shapes those kernels now take.
   bool register_kernels = true;
+  // > 0: the register select in CTAs of this many threads (plan_topk_register's own group for it).
+  int register_threads = 0;
 };
 
 // The plan cuda::topk makes for the case's key width, or plan_topk_cta_groups for a case that turns
 // the register kernels off.
 template <class KeyT>
 kvsift::detail::TopkPlan case_plan(const Case& c, std::int64_t rows, const kvsift::DeviceFacts& device) {
+  if (c.register_threads > 0) return kvsift::detail::plan_topk_register<KeyT>(rows, c.cols, 0, device, c.register_threads);
   return c.register_kernels ? kvsift::detail::plan_topk<KeyT>(rows, c.cols, device)
                            : kvsift::detail::plan_topk_cta_groups<KeyT>(rows, c.cols, device);
 }
@@ -217,7 +220,7 @@ struct DeviceCase {
     const auto exec = exec_for(c, stream);
     auto run = [&](auto key) {
       using Key = decltype(key);
-      if (!c.bracket || !c.register_kernels) {
+      if (!c.bracket || !c.register_kernels || c.register_threads > 0) {
         KVSIFT_TRY(kvsift::detail::validate_topk(view, p, out, static_cast<const T*>(values.get()), key));
         auto plan = case_plan<typename Key::key_type>(c, kvsift::topk_written_rows(p, c.rows), exec.device);
         if (!c.bracket) plan.bracket_capacity = 0;

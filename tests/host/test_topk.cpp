@@ -477,52 +477,47 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
     CHECK(p.smem_bytes == std::size_t(p.bitmap_words) * 4 + std::size_t(p.list_capacity) * 8);  // ties in the histogram
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkStreamStaticSmem + 1024) <= 233472);
   }
-  // A few long rows with 32-bit keys: the register select, 256 threads, the smallest of 8, 16 or 32
-  // keys a thread that covers the row in the largest group whose grid fits: groups of 16 up to half
-  // the SMs, smaller ones up to 7/8 of them.
-  struct Reg { std::int64_t rows; int cols; int group, keys; };
-  for (const Reg w : {Reg{1, 32768, 16, 8}, Reg{4, 32768, 16, 8}, Reg{8, 32768, 8, 16}, Reg{14, 32768, 8, 16},
-                      Reg{4, 131072, 16, 32}, Reg{1, 131072, 16, 32}, Reg{2, 65536, 16, 16}, Reg{3, 16384, 8, 8},
-                      Reg{14, 65536, 8, 32}}) {
+  // A few long rows with 32-bit keys: the register select in the largest group whose grid fits
+  // (groups of 16 up to half the SMs, smaller ones up to 7/8 of them), 256 threads with 8 or 16 keys
+  // a thread where that covers the row, else 512 threads with 16 or 32 (8 rows of 128K in groups of
+  // 8, LycheeDecode's retrieval rows at batch 8); rows of up to 131072 positions, one CTA an SM.
+  struct Reg { std::int64_t rows; int cols; int group, threads, keys; };
+  for (const Reg w : {Reg{1, 32768, 16, 256, 8}, Reg{4, 32768, 16, 256, 8}, Reg{8, 32768, 8, 256, 16},
+                      Reg{14, 32768, 8, 256, 16}, Reg{4, 131072, 16, 512, 16}, Reg{1, 131072, 16, 512, 16},
+                      Reg{2, 65536, 16, 256, 16}, Reg{3, 16384, 8, 256, 8}, Reg{14, 65536, 8, 512, 16},
+                      Reg{5, 65544, 8, 512, 32}, Reg{8, 131072, 8, 512, 32}, Reg{14, 131072, 8, 512, 32},
+                      Reg{5, 32771, 8, 512, 16}}) {
     const auto p = kvsift::detail::plan_topk<std::uint32_t>(w.rows, w.cols, h200);
     CAPTURE(w.rows);
     CAPTURE(w.cols);
     CHECK(p.kernel == TopkKernel::kRegisterSelect);
     CHECK(p.ctas_per_row == w.group);
-    CHECK(p.threads == 256);
-    CHECK(p.slice == 256 * w.keys);
+    CHECK(p.threads == w.threads);
+    CHECK(p.slice == w.threads * w.keys);
+    CHECK(p.list_capacity == kvsift::detail::kTopkRegOwnListKeys);
+    CHECK(p.bracket_capacity == kvsift::detail::kTopkRegCopyKeys);
+    CHECK(p.smem_bytes == std::size_t(p.list_capacity + p.bracket_capacity) * 4);
     CHECK(p.smem_bytes + kvsift::detail::kTopkRegStaticSmem <= h200.max_smem_optin);
     CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) > 233472);  // one CTA per SM
   }
-  // 5-8 rows longer than groups of 8 hold (8 x 256 x 32 positions): groups of 16 packed two CTAs an SM
-  // (smaller lists), where one CTA an SM would need two waves.
-  for (const std::int64_t rows : {5, 8}) {
-    for (const int cols : {65544, 131072}) {
-      const auto p = kvsift::detail::plan_topk<std::uint32_t>(rows, cols, h200);
-      CAPTURE(rows);
-      CAPTURE(cols);
-      CHECK(p.kernel == TopkKernel::kRegisterSelect);
-      CHECK(p.ctas_per_row == 16);
-      CHECK(p.slice == 256 * 32);
-      CHECK(p.list_capacity == kvsift::detail::kTopkRegOwnListKeys);
-      CHECK(p.bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
-      CHECK(p.smem_bytes == std::size_t(p.list_capacity + p.bracket_capacity) * 4);
-      CHECK(2 * (p.smem_bytes + kvsift::detail::kTopkRegStaticSmem + 1024) <= 233472);  // two CTAs per SM
-    }
-  }
-  // Not where two such CTAs do not fit one SM's shared memory.
-  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131072, kvsift::DeviceFacts{132, 200 * 1024, true, 9, 0}).kernel ==
-        TopkKernel::kCandidateSelect);
-  // Forcing groups of 16 on 8 rows of 32K packs them too; 4 rows keep one CTA an SM.
-  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 16, h200).bracket_capacity ==
-        kvsift::detail::kTopkRegPackedCopyKeys);
-  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(4, 131072, 16, h200).bracket_capacity ==
-        kvsift::detail::kTopkRegCopyKeys);
-  // Not taken: 64-bit keys, rows past 16 x 256 x 32 positions, more than 8 rows longer than groups of
-  // 8 hold, more rows than groups of 8 fit one CTA per SM on 7/8 of the SMs, no clusters.
+  // Not where the lists do not fit beside the static histograms (a 100 KiB opt-in).
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131072, kvsift::DeviceFacts{132, 100 * 1024, true, 9, 0}).kernel !=
+        TopkKernel::kRegisterSelect);
+  // Forced groups and CTA sizes: groups of 16 on 8 rows of 32K (two waves: measurement only), 512
+  // threads where 256 would do, 256 threads where they cannot cover the row, other CTA sizes.
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 16, h200).ctas_per_row == 16);
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 16, h200).threads == 256);
+  const auto wide = kvsift::detail::plan_topk_register<std::uint32_t>(8, 32768, 8, h200, 512);
+  CHECK(wide.kernel == TopkKernel::kRegisterSelect);
+  CHECK(wide.threads == 512);
+  CHECK(wide.ctas_per_row == 4);  // 4 x 512 x 16 keys cover 32K
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(1, 131072, 16, h200, 256).kernel != TopkKernel::kRegisterSelect);
+  CHECK(kvsift::detail::plan_topk_register<std::uint32_t>(1, 32768, 16, h200, 1024).kernel != TopkKernel::kRegisterSelect);
+  // Not taken: 64-bit keys, rows past kTopkRegMaxCols positions, more rows than groups of 8 fit one
+  // CTA per SM on 7/8 of the SMs, no clusters.
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 32768, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 131080, h200).kernel == TopkKernel::kCandidateSelect);
-  CHECK(kvsift::detail::plan_topk<std::uint32_t>(9, 131072, h200).kernel == TopkKernel::kCandidateSelect);
+  CHECK(kvsift::detail::plan_topk<std::uint32_t>(15, 131072, h200).kernel != TopkKernel::kRegisterSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(15, 32768, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(8, 32768, kvsift::DeviceFacts{132, 232448, false, 9, 0}).kernel ==
         TopkKernel::kCandidateSelect);
@@ -553,16 +548,17 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   CHECK(kvsift::detail::plan_topk<std::uint64_t>(8, 4097, h200).kernel == TopkKernel::kCandidateSelect);
   CHECK(kvsift::detail::plan_topk_short_row<std::uint32_t>(0).kernel != TopkKernel::kShortRowSelect);
   // LycheeDecode's retrieval layer at batch 8, 128K, one retrieval head of 8: the call has 64 rows
-  // (the stream select's shape) but writes 8, and is planned as 8 rows (the register select in packed
-  // groups of 16).
+  // (the stream select's shape) but writes 8, and is planned as 8 rows (the register select in
+  // 512-thread groups of 8).
   kvsift::TopKParams filtered;
   filtered.num_kv_heads = 8;
   for (int h = 1; h < 8; ++h) filtered.roles.set_sparse(h, true);
   const auto layer = kvsift::detail::plan_topk<std::uint32_t>(kvsift::topk_written_rows(filtered, 64), 131072, h200);
   CHECK(kvsift::topk_written_rows(filtered, 64) == 8);
   CHECK(layer.kernel == TopkKernel::kRegisterSelect);
-  CHECK(layer.ctas_per_row == 16);
-  CHECK(layer.bracket_capacity == kvsift::detail::kTopkRegPackedCopyKeys);
+  CHECK(layer.ctas_per_row == 8);
+  CHECK(layer.threads == 512);
+  CHECK(layer.bracket_capacity == kvsift::detail::kTopkRegCopyKeys);
   // Rows too long for two CTAs per SM get one, with the largest list that fits.
   const auto longest = kvsift::detail::plan_topk_stream<std::uint32_t>(1 << 19, h200);
   CHECK(longest.list_capacity > 0);

@@ -69,16 +69,19 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                                                            : topk_candidate_select_kernel<T, Key, 512>;
   if constexpr (kTopkRegHasSentinel<T, Key>) {
     if (plan.kernel == TopkKernel::kRegisterSelect) {
-      const int keys = plan.slice / kTopkRegThreads;
-      KVSIFT_REQUIRE(plan.threads == kTopkRegThreads && plan.slice % kTopkRegThreads == 0 &&
-                         (keys == 8 || keys == 16 || keys == 32) && plan.ctas_per_row >= 2 &&
+      const int keys = plan.threads > 0 ? plan.slice / plan.threads : 0;
+      // 8 or 16 keys a thread at 256 threads, 16 or 32 at 512 (plan_topk_register).
+      const bool narrow = plan.threads == kTopkRegThreads, wide = plan.threads == kTopkRegWideThreads;
+      KVSIFT_REQUIRE((narrow || wide) && plan.slice == keys * plan.threads &&
+                         (narrow ? keys == 8 || keys == 16 : keys == 16 || keys == 32) && plan.ctas_per_row >= 2 &&
                          plan.ctas_per_row <= kTopkRegMaxGroup && exec.device.clusters &&
                          std::int64_t(plan.slice) * plan.ctas_per_row >= plan.cols,
                      kInternal, "topk plan: a register select with slice ", plan.slice, " in groups of ",
                      plan.ctas_per_row);
-      kernel = keys == 8    ? topk_register_select_kernel<T, Key, 8>
-               : keys == 16 ? topk_register_select_kernel<T, Key, 16>
-                            : topk_register_select_kernel<T, Key, 32>;
+      kernel = narrow ? (keys == 8 ? topk_register_select_kernel<T, Key, 8, kTopkRegThreads>
+                                   : topk_register_select_kernel<T, Key, 16, kTopkRegThreads>)
+                      : (keys == 16 ? topk_register_select_kernel<T, Key, 16, kTopkRegWideThreads>
+                                    : topk_register_select_kernel<T, Key, 32, kTopkRegWideThreads>);
     }
   } else {
     KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
@@ -107,7 +110,7 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                                         "topk: cluster size"));
     if (!fits) {
       using K = typename Key::key_type;
-      launch.plan = plan_topk_register<K>(rows, plan.cols, kTopkMaxCtasPerRow, exec.device);
+      launch.plan = plan_topk_register<K>(rows, plan.cols, kTopkMaxCtasPerRow, exec.device, plan.threads);
       if (launch.plan.kernel != TopkKernel::kRegisterSelect) launch.plan = plan_topk_cta_groups<K>(rows, plan.cols, exec.device);
       return launch_topk(exec, launch);
     }

@@ -47,25 +47,23 @@ enum class TopkKernel : int {
   kShortRowSelect = 4,   ///< ops/detail/topk_short_row_select.cuh: rows up to 4096 positions, one CTA, keys in registers
 };
 
-/// The register select: 256-thread CTAs holding 8, 16 or 32 keys a thread in registers, in CTA groups
-/// of up to 16 (a non-portable cluster size on sm_90), every CTA drawing the row's whole sample of
-/// kTopkRegSamples keys itself.
+/// The register select: CTAs of 256 threads holding 8 or 16 keys a thread in registers, or of 512
+/// threads holding 16 or 32 (rows that 256 x 16 keys a CTA do not cover), in CTA groups of up to 16 (a
+/// non-portable cluster size on sm_90), every CTA drawing the row's whole sample of kTopkRegSamples
+/// keys itself. Rows of more than kTopkRegMaxCols positions stay on the CTA-group plan.
 inline constexpr int kTopkRegThreads = 256;
+inline constexpr int kTopkRegWideThreads = 512;
 inline constexpr int kTopkRegSamples = 2048;
 inline constexpr int kTopkRegMaxGroup = 16;
 inline constexpr int kTopkRegMaxKeys = 32;
-inline constexpr int kTopkRegMinCols = 16384;  ///< shorter rows stay on the candidate select
+inline constexpr int kTopkRegMinCols = 16384;   ///< shorter rows stay on the candidate select
+inline constexpr int kTopkRegMaxCols = 131072;  ///< the longest rows it is measured on
 /// Its lists: each CTA's own (keys of its slice inside the bracket) and the copy of the whole group's.
 /// A 4096 budget of 128K lists about 4,200 keys in all; the copy's room is what a row of mostly equal
 /// or sorted keys would need before the exact search takes over. 96 KiB with the 24 KiB of static
 /// histograms also keeps one CTA per SM, so a group of 16 spreads over 16 SMs.
 inline constexpr int kTopkRegOwnListKeys = 8192;
 inline constexpr int kTopkRegCopyKeys = 16384;
-/// Groups of 16 packed two CTAs an SM (5-8 rows of more than 64K positions, which one CTA an SM would
-/// run in two waves) keep 80 KiB of lists: the copy shrinks, since a 4096 budget lists about 4,200
-/// keys in all, while a CTA's own list still takes a whole slice of recent tokens that rank together.
-/// Two CTAs also need their registers to fit: 119 a thread at 32 keys with CUDA 13.0 (at most 128).
-inline constexpr int kTopkRegPackedCopyKeys = 12288;
 inline constexpr std::size_t kTopkRegStaticSmem = 3 * 2048 * 4 + 512;  ///< its three histograms and scalars (about)
 
 struct TopkPlan {
@@ -173,44 +171,45 @@ inline bool topk_register_groups_exceed_sms(std::int64_t rows, int c, const Devi
 
 /// The register select's plan for `rows` rows of `cols` positions with a CTA group of `c` CTAs (0: the
 /// plan's choice: groups of 16 up to half the SMs' worth of CTAs and smaller ones up to 7/8 of the
-/// SMs, one CTA per SM; rows longer than the smaller group holds, up to one SM's worth of CTAs, in
-/// groups of 16 packed two CTAs an SM), or a plan whose kernel is not kRegisterSelect where it does
-/// not apply: keys wider than 32 bits, no clusters, rows longer than the group's c x 256 x 32 keys, or
-/// shared memory too small. The slice is 256 x 8, 16 or 32 keys, the smallest that covers the row;
-/// the group shrinks while half of it still covers the row. A grid that one CTA per SM would run in
-/// two waves gets the packed lists (kTopkRegPackedCopyKeys), which let two CTAs share an SM.
+/// SMs, one CTA per SM) and CTAs of `threads` threads (0: the plan's choice: 256 where 16 keys a
+/// thread cover the row in the group, else 512), or a plan whose kernel is not kRegisterSelect where
+/// it does not apply: keys wider than 32 bits, no clusters, rows longer than kTopkRegMaxCols or than
+/// the group's CTAs hold (256 x 16 or 512 x 32 keys each), or shared memory too small. The slice is
+/// the smallest of the CTA size's two key counts that covers the row; the group then shrinks while
+/// half of it still covers the row.
+///
+/// Where 256 threads would need 32 keys a thread, 512 threads with 16 or 32 keys are faster (H100,
+/// 2026-12-07: one to four rows of 128K in groups of 16, 20.9-21.1 us against 19.6-19.9; eight rows in
+/// groups of 8 at 512 x 32 keys, 24.2 us, against 28.0 for the 256-thread CTAs in groups of 16 packed
+/// two an SM that this replaces), and slower where 256 threads suffice (one row of 32K in groups of
+/// 16, 14.2 against 16.7). 1024-thread CTAs were slower everywhere (+4-6 us).
 template <class KeyT>
-TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFacts& device) {
+TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFacts& device, int threads = 0) {
   TopkPlan s;
   s.cols = cols;
-  s.threads = kTopkRegThreads;
   const std::size_t lists = std::size_t(kTopkRegOwnListKeys + kTopkRegCopyKeys) * sizeof(KeyT);
-  if (sizeof(KeyT) != 4 || !device.clusters || lists + kTopkRegStaticSmem > device.max_smem_optin || rows < 1)
+  if (sizeof(KeyT) != 4 || !device.clusters || lists + kTopkRegStaticSmem > device.max_smem_optin || rows < 1 ||
+      cols > kTopkRegMaxCols || (threads != 0 && threads != kTopkRegThreads && threads != kTopkRegWideThreads))
     return s;
   if (c == 0) {
     c = kTopkRegMaxGroup;
     while (c > 2 && topk_register_groups_exceed_sms(rows, c, device)) c /= 2;
     if (rows * c > device.num_sms * 7 / 8) return s;
-    // 5-8 rows of 128K: groups of 8 would need 64 keys a thread (tried: no faster than the CTA-group
-    // plan), so the rows take groups of 16 at two CTAs an SM (where two fit one SM's shared memory, the
-    // opt-in maximum plus 1 KiB, each reserving 1 KiB) instead of the CTA-group plan.
-    const std::size_t packed_lists = std::size_t(kTopkRegOwnListKeys + kTopkRegPackedCopyKeys) * sizeof(KeyT);
-    const bool two_fit = 2 * (packed_lists + kTopkRegStaticSmem + 1024) <= device.max_smem_optin + 1024;
-    if (c < kTopkRegMaxGroup && std::int64_t(c) * kTopkRegThreads * kTopkRegMaxKeys < cols &&
-        rows * kTopkRegMaxGroup <= device.num_sms && two_fit)
-      c = kTopkRegMaxGroup;
   }
-  int keys = 8;
-  while (keys < kTopkRegMaxKeys && std::int64_t(c) * kTopkRegThreads * keys < cols) keys *= 2;
-  if (std::int64_t(c) * kTopkRegThreads * keys < cols) return s;
-  while (c > 2 && std::int64_t(c / 2) * kTopkRegThreads * keys >= cols) c /= 2;
+  if (threads == 0) threads = std::int64_t(c) * kTopkRegThreads * (kTopkRegMaxKeys / 2) >= cols ? kTopkRegThreads : kTopkRegWideThreads;
+  // Two key counts a CTA size (fewer kernels to build): 8 or 16 keys at 256 threads, 16 or 32 at 512.
+  const int max_keys = threads == kTopkRegThreads ? kTopkRegMaxKeys / 2 : kTopkRegMaxKeys;
+  int keys = max_keys / 2;
+  if (std::int64_t(c) * threads * keys < cols) keys = max_keys;
+  if (std::int64_t(c) * threads * keys < cols) return s;
+  while (c > 2 && std::int64_t(c / 2) * threads * keys >= cols) c /= 2;
   s.kernel = TopkKernel::kRegisterSelect;
+  s.threads = threads;
   s.ctas_per_row = c;
-  s.slice = kTopkRegThreads * keys;
+  s.slice = threads * keys;
   s.cached = true;
   s.list_capacity = kTopkRegOwnListKeys;
-  const bool packed = topk_register_groups_exceed_sms(rows, c, device);
-  s.bracket_capacity = packed ? kTopkRegPackedCopyKeys : kTopkRegCopyKeys;
+  s.bracket_capacity = kTopkRegCopyKeys;
   s.smem_bytes = std::size_t(s.list_capacity + s.bracket_capacity) * sizeof(KeyT);
   return s;
 }

@@ -1,7 +1,7 @@
 #pragma once
 // What the two register kernels of cuda::topk share (ops/detail/topk_register_select.cuh for a few
-// long rows, ops/detail/topk_short_row_select.cuh for rows of up to 4096 positions): 256-thread CTAs
-// whose keys sit in registers, every warp owning a contiguous run of positions; block scans over
+// long rows, ops/detail/topk_short_row_select.cuh for rows of up to 4096 positions): CTAs of 256 or
+// 512 threads whose keys sit in registers, every warp owning a contiguous run of positions; block scans over
 // 2048-bin histograms that find where a rank falls; and the ordered output, which places the keys
 // above the k-th key and the lowest-positioned keys equal to it with ballot prefix sums.
 
@@ -16,9 +16,11 @@ namespace detail {
 
 inline constexpr int kTopkRegWarps = kTopkRegThreads / 32;
 inline constexpr int kTopkRegBins = 2048;                 // 11-bit digits
-inline constexpr int kTopkRegBinsPerThread = kTopkRegBins / kTopkRegThreads;  // 8, read as two int4
 inline constexpr int kTopkRegHistStride = kTopkRegBins + 4;  // + a bin that takes masked-off atomics
-static_assert(kTopkRegBinsPerThread == 8 && kTopkRegWarps == 8, "the scans below: 8 bins a thread, 8 warps");
+// The helpers below take the CTA size as a template argument (kTopkRegThreads by default, the
+// short-row select's): 256 or 512 threads (kTopkRegWideThreads), 8 or 4 of a histogram's bins a thread.
+template <int kThreads>
+inline constexpr bool kTopkRegCtaSize = kThreads == kTopkRegThreads || kThreads == kTopkRegWideThreads;
 
 // Where a 1-based descending rank falls in a histogram: its bin and the count in the bins above it.
 struct TopkRankHit {
@@ -38,19 +40,25 @@ __device__ __forceinline__ int topk_reg_warp_scan(int v) {
 }
 
 // Exclusive sum over the block in thread order, and the block's total (warp shuffles, one barrier;
-// `scratch` holds kTopkRegWarps ints, 16-byte aligned, and is free again after the next barrier).
+// `scratch` holds kThreads / 32 ints, 16-byte aligned, and is free again after the next barrier).
+template <int kThreads = kTopkRegThreads>
 __device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
+  static_assert(kTopkRegCtaSize<kThreads>, "256 or 512 threads");
+  constexpr int kWarps = kThreads / 32;
   const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32;
   const int incl = topk_reg_warp_scan(v);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
-  const int4 w0 = reinterpret_cast<const int4*>(scratch)[0], w1 = reinterpret_cast<const int4*>(scratch)[1];
-  const int w[kTopkRegWarps] = {w0.x, w0.y, w0.z, w0.w, w1.x, w1.y, w1.z, w1.w};
   int before = incl - v, all = 0;
 #pragma unroll
-  for (int i = 0; i < kTopkRegWarps; ++i) {
-    before += i < warp ? w[i] : 0;
-    all += w[i];
+  for (int q = 0; q < kWarps / 4; ++q) {  // the warps' sums as broadcast 16-byte reads
+    const int4 w4 = reinterpret_cast<const int4*>(scratch)[q];
+    const int w[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      before += 4 * q + i < warp ? w[i] : 0;
+      all += w[i];
+    }
   }
   *total = all;
   return before;
@@ -59,30 +67,36 @@ __device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
 // Finds, in descending bin order, the bin of rank ra (1-based) in histogram ha and of rank rb in hb
 // (2048 bins each; hb null: ha again), both counts packed in one int (every total stays below 2^16).
 // `ranks(total_a)` gives (ra, rb) once the first histogram's total is known; a rank outside [1, total]
-// leaves its hit as it was. Thread t scans bins [2040 - 8t, 2048 - 8t). Ends with a barrier.
-template <class Ranks>
+// leaves its hit as it was. Thread t scans the 2048 / kThreads bins just below bin 2048 - t * that
+// (one or two 16-byte reads a histogram). Ends with a barrier.
+template <int kThreads = kTopkRegThreads, class Ranks>
 __device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Ranks&& ranks, int* scratch,
                                               TopkRankHit* hits) {
-  const int base = kTopkRegBins - kTopkRegBinsPerThread * (int(threadIdx.x) + 1);
-  int c[kTopkRegBinsPerThread], sum = 0;
-  {
-    const int4 a0 = reinterpret_cast<const int4*>(ha + base)[0], a1 = reinterpret_cast<const int4*>(ha + base)[1];
-    const int4 b0 = hb ? reinterpret_cast<const int4*>(hb + base)[0] : a0;
-    const int4 b1 = hb ? reinterpret_cast<const int4*>(hb + base)[1] : a1;
-    // Descending: index j is bin base + 7 - j.
-    c[0] = a1.w | b1.w << 16, c[1] = a1.z | b1.z << 16, c[2] = a1.y | b1.y << 16, c[3] = a1.x | b1.x << 16;
-    c[4] = a0.w | b0.w << 16, c[5] = a0.z | b0.z << 16, c[6] = a0.y | b0.y << 16, c[7] = a0.x | b0.x << 16;
-  }
+  constexpr int kPer = kTopkRegBins / kThreads;
+  const int base = kTopkRegBins - kPer * (int(threadIdx.x) + 1);
+  static_assert(kTopkRegCtaSize<kThreads>, "256 or 512 threads");
+  int a[kPer], b[kPer];  // ascending bins base .. base + kPer - 1
 #pragma unroll
-  for (int j = 0; j < kTopkRegBinsPerThread; ++j) sum += c[j];
+  for (int q = 0; q < kPer / 4; ++q) {
+    const int4 a4 = reinterpret_cast<const int4*>(ha + base)[q];
+    const int4 b4 = hb ? reinterpret_cast<const int4*>(hb + base)[q] : a4;
+    a[4 * q] = a4.x, a[4 * q + 1] = a4.y, a[4 * q + 2] = a4.z, a[4 * q + 3] = a4.w;
+    b[4 * q] = b4.x, b[4 * q + 1] = b4.y, b[4 * q + 2] = b4.z, b[4 * q + 3] = b4.w;
+  }
+  int c[kPer], sum = 0;  // descending: index j is bin base + kPer - 1 - j
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    c[j] = a[kPer - 1 - j] | b[kPer - 1 - j] << 16;
+    sum += c[j];
+  }
   int total = 0;
-  int p = topk_reg_scan(sum, scratch, &total);
+  int p = topk_reg_scan<kThreads>(sum, scratch, &total);
   const int2 r = ranks(total & 0xffff);
 #pragma unroll
-  for (int j = 0; j < kTopkRegBinsPerThread; ++j) {
+  for (int j = 0; j < kPer; ++j) {
     const int pa = p & 0xffff, pb = p >> 16, ca = c[j] & 0xffff, cb = c[j] >> 16;
-    if (pa < r.x && pa + ca >= r.x) hits[0] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pa};
-    if (pb < r.y && pb + cb >= r.y) hits[1] = TopkRankHit{base + kTopkRegBinsPerThread - 1 - j, pb};
+    if (pa < r.x && pa + ca >= r.x) hits[0] = TopkRankHit{base + kPer - 1 - j, pa};
+    if (pb < r.y && pb + cb >= r.y) hits[1] = TopkRankHit{base + kPer - 1 - j, pb};
     p += c[j];
   }
   __syncthreads();
@@ -156,8 +170,8 @@ __device__ __forceinline__ void topk_reg_emit_region(const TopKRowPlan& plan, in
 // `ties` how many keys equal to it the row takes (the lowest-positioned), `gt_lower` / `eq_lower` the
 // keys above / equal to kth at lower positions in other CTAs of the row, `first` the output offset of
 // the row's first selected key (after the forced sink). emit(offset, position) writes one entry.
-// Holds one block barrier; s_warp_gt / s_warp_eq hold kTopkRegWarps ints each.
-template <int kKeys, int kPerVector, class K, class Mask, class Emit>
+// Holds one block barrier; s_warp_gt / s_warp_eq hold kThreads / 32 ints each.
+template <int kKeys, int kPerVector, int kThreads = kTopkRegThreads, class K, class Mask, class Emit>
 __device__ __forceinline__ void topk_reg_write_ordered(const K (&keys)[kKeys], Mask valid, K kth, int ties,
                                                        int gt_lower, int eq_lower, int first, int run_lo,
                                                        int* s_warp_gt, int* s_warp_eq, Emit&& emit) {
@@ -183,7 +197,7 @@ __device__ __forceinline__ void topk_reg_write_ordered(const K (&keys)[kKeys], M
   __syncthreads();
   int gt_before = 0, eq_before = 0;
 #pragma unroll
-  for (int w = 0; w < kTopkRegWarps; ++w) {
+  for (int w = 0; w < kThreads / 32; ++w) {
     gt_before += w < warp ? s_warp_gt[w] : 0;
     eq_before += w < warp ? s_warp_eq[w] : 0;
   }

@@ -6,10 +6,10 @@
 // CTA of the group, and block-wide steps over 512 threads that cost their instructions four times
 // per scheduler. This kernel keeps one group-wide exchange on ordinary rows:
 //
-// 1. Every CTA (256 threads, up to 16 per row: a non-portable cluster size on sm_90) loads its slice
-//    into registers (kKeys keys a thread) and, in the same burst, the whole row's sample itself: 256
-//    runs of 8 keys spread over the row (kTopkRegSamples keys, one 32-byte sector a run), mostly from
-//    L2. No CTA waits for a peer to publish its share of the sample.
+// 1. Every CTA (256 or 512 threads, up to 16 per row: a non-portable cluster size on sm_90) loads its
+//    slice into registers (kKeys keys a thread) and, in the same burst, the whole row's sample itself:
+//    256 runs of 8 keys spread over the row (kTopkRegSamples keys, one 32-byte sector a run, drawn by
+//    threads 0-255), mostly from L2. No CTA waits for a peer to publish its share of the sample.
 // 2. From the sample, each CTA finds the same bracket [bottom, top] (two 11-bit rounds of a radix
 //    select for the two sample ranks that end it, topk_bracket_ranks), counts its keys above the top
 //    and lists the keys inside.
@@ -42,10 +42,11 @@
 namespace kvsift {
 namespace detail {
 
-inline constexpr int kTopkRegExactBits = 8;  // the exact search's digits: one bin a thread
+inline constexpr int kTopkRegExactBits = 8;  // the exact search's digits: threads 0-255 own a bin each
 inline constexpr int kTopkRegRunKeys = 8;    // the sample: runs of 8 keys (one 32-byte sector)
-static_assert((1 << kTopkRegExactBits) == kTopkRegThreads, "the exact search gives each thread one bin of 256");
-static_assert(kTopkRegSamples == kTopkRegThreads * kTopkRegRunKeys, "one sample run per thread");
+inline constexpr int kTopkRegSampleRuns = kTopkRegSamples / kTopkRegRunKeys;  // drawn by threads 0-255
+static_assert((1 << kTopkRegExactBits) == kTopkRegSampleRuns && kTopkRegSampleRuns <= kTopkRegThreads,
+              "threads 0-255 draw a sample run and own an exact-search bin each");
 
 // The shared::cluster address of `local` (this CTA's shared memory) in the CTA of rank `rank`.
 __device__ __forceinline__ std::uint32_t topk_reg_peer_address(const void* local, int rank) {
@@ -75,8 +76,8 @@ inline constexpr bool kTopkRegHasSentinel =
     sizeof(typename Key::key_type) == 4 &&
     (Key::kBits < 32 || std::is_same_v<Key, ScoreKey<float>> || std::is_same_v<Key, FlagFirstNonNegativeKey>);
 
-template <class T, class Key, int kKeys>
-__global__ void __launch_bounds__(kTopkRegThreads, 1)
+template <class T, class Key, int kKeys, int kThreads>
+__global__ void __launch_bounds__(kThreads, 1)
     topk_register_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
                                 TopkPlan launch_plan) {
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
@@ -85,7 +86,9 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   wait_for_primary_grid();  // Exec::dependent_launch: the scores and row limits are earlier kernels' output
   using K = typename Key::key_type;
   static_assert(sizeof(K) == 4, "the register select takes 32-bit keys (the plan sends wider ones elsewhere)");
-  constexpr int kThreads = kTopkRegThreads;
+  static_assert(kTopkRegCtaSize<kThreads>, "256 or 512 threads");
+  constexpr int kWarps = kThreads / 32;
+  constexpr int kRuns = kTopkRegSampleRuns;  // sample runs, one for each of threads 0 .. kRuns - 1
   constexpr int kPerVector = 16 / int(sizeof(T));
   static_assert(kKeys % kPerVector == 0 && kPerVector <= 8 && kKeys <= 32, "whole 16-byte vectors, a 32-bit mask");
   using Mask = std::uint32_t;  // one bit per key of a thread
@@ -109,13 +112,13 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   K* const list_all = reinterpret_cast<K*>(topk_dynamic_smem);
   K* const list_own = list_all + a.plan.bracket_capacity;
   __shared__ __align__(16) int hist[3][kTopkRegHistStride];
-  __shared__ __align__(16) int s_scan[kTopkRegWarps];
+  __shared__ __align__(16) int s_scan[kWarps];
   __shared__ TopkRankHit s_hit[2];
   __shared__ int s_listed, s_above;         // published to the peers before the group barrier
   __shared__ int s_gt_local, s_eq_local;    // published by the exact search's last exchange
   __shared__ int s_offsets[kTopkRegMaxGroup + 1];          // each peer's first vector in the copy
   __shared__ std::uint32_t s_peer_list[kTopkRegMaxGroup];  // each peer's list, shared::cluster address
-  __shared__ __align__(16) int s_warp_gt[kTopkRegWarps], s_warp_eq[kTopkRegWarps];
+  __shared__ __align__(16) int s_warp_gt[kWarps], s_warp_eq[kWarps];
 
   const int group_size = a.plan.ctas_per_row;
   const int rank = int(group.block_rank());
@@ -136,14 +139,16 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   uint4 raw[kVectors];
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
-  // The sample: thread t's run of 8 keys at t * run_stride, spread over the view's columns and drawn
-  // before the length is known (samples outside the scored region are dropped). One 32-byte sector a
-  // run: a CTA's 256 runs cost it 256 sector reads, where 2048 single keys cost 2048.
-  const int run_stride = (cols + kThreads - 1) / kThreads / kTopkRegRunKeys * kTopkRegRunKeys +
-                         ((cols + kThreads - 1) / kThreads % kTopkRegRunKeys ? kTopkRegRunKeys : 0);
+  // The sample: thread t's run of 8 keys at t * run_stride (t < 256), spread over the view's columns
+  // and drawn before the length is known (samples outside the scored region are dropped). One 32-byte
+  // sector a run: a CTA's 256 runs cost it 256 sector reads, where 2048 single keys cost 2048.
+  const bool sampler = kRuns == kThreads || tid < kRuns;
+  const int run_stride = (cols + kRuns - 1) / kRuns / kTopkRegRunKeys * kTopkRegRunKeys +
+                         ((cols + kRuns - 1) / kRuns % kTopkRegRunKeys ? kTopkRegRunKeys : 0);
   uint4 sampled[kRunVectors];
 #pragma unroll
-  for (int j = 0; j < kRunVectors; ++j) sampled[j] = load_vector(tid * run_stride + j * kPerVector);
+  for (int j = 0; j < kRunVectors; ++j)
+    sampled[j] = sampler ? load_vector(tid * run_stride + j * kPerVector) : make_uint4(0, 0, 0, 0);
   {
     int4* const h4 = reinterpret_cast<int4*>(&hist[0][0]);
     for (int b = tid; b < 3 * kTopkRegHistStride / 4; b += kThreads) h4[b] = make_int4(0, 0, 0, 0);
@@ -174,7 +179,10 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   // single keys at a stride (the positions depend on the length, so these loads wait for it).
   K sample_keys[kTopkRegRunKeys];
   std::uint32_t sample_valid = 0;
-  if (plan.region() * 2 >= cols) {
+  if (!sampler) {
+#pragma unroll
+    for (int e = 0; e < kTopkRegRunKeys; ++e) sample_keys[e] = K(0);
+  } else if (plan.region() * 2 >= cols) {
 #pragma unroll
     for (int e = 0; e < kTopkRegRunKeys; ++e) {
       const int pos = tid * run_stride + e;
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
     const TopkBracketSample sample = topk_bracket_sample(plan, kTopkRegSamples);
 #pragma unroll
     for (int e = 0; e < kTopkRegRunKeys; ++e) {
-      const int j = e * kThreads + tid;
+      const int j = e * kRuns + tid;
       const int pos = sample.first + j * sample.stride;
       const bool in = j < sample.count;
       sample_valid |= std::uint32_t(in) << e;
@@ -202,13 +210,15 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       s_hit[1] = TopkRankHit{-1, 0};
     }
     __syncthreads();  // the zeroed histograms and list counters, before the first atomics
+    if (sampler) {
 #pragma unroll
-    for (int e = 0; e < kTopkRegRunKeys; ++e)
-      atomicAdd(&hist[0][sample_valid >> e & 1 ? int(sample_keys[e] >> kShift1) : kDummy], 1);
+      for (int e = 0; e < kTopkRegRunKeys; ++e)
+        atomicAdd(&hist[0][sample_valid >> e & 1 ? int(sample_keys[e] >> kShift1) : kDummy], 1);
+    }
     __syncthreads();
     // The ends' sample ranks come from the sample's size, the histogram's total (0: no end there).
     int ra = 0, rb = 0;
-    topk_reg_find(hist[0], nullptr,
+    topk_reg_find<kThreads>(hist[0], nullptr,
                   [&](int count) {
                     const TopkBracketRanks r = topk_bracket_ranks(plan.budget, plan.region(), count);
                     ra = r.above >= 1 ? r.above : 0;
@@ -222,12 +232,14 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       if (hb.bin >= 0) bottom = K(hb.bin);
     } else {
       // Second round: the next bits of the samples in each end's bin, each end its own histogram.
+      if (sampler) {
 #pragma unroll
-      for (int e = 0; e < kTopkRegRunKeys; ++e) {
-        const int bin = int(sample_keys[e] >> kShift1);
-        const int digit = int(sample_keys[e] >> kShift2) & ((1 << (kShift1 - kShift2)) - 1);
-        atomicAdd(&hist[1][(sample_valid >> e & 1) && bin == ha.bin ? digit : kDummy], 1);
-        atomicAdd(&hist[2][(sample_valid >> e & 1) && bin == hb.bin ? digit : kDummy], 1);
+        for (int e = 0; e < kTopkRegRunKeys; ++e) {
+          const int bin = int(sample_keys[e] >> kShift1);
+          const int digit = int(sample_keys[e] >> kShift2) & ((1 << (kShift1 - kShift2)) - 1);
+          atomicAdd(&hist[1][(sample_valid >> e & 1) && bin == ha.bin ? digit : kDummy], 1);
+          atomicAdd(&hist[2][(sample_valid >> e & 1) && bin == hb.bin ? digit : kDummy], 1);
+        }
       }
       __syncthreads();  // also: every thread has read s_hit before it is rewritten
       if (tid == 0) {
@@ -236,7 +248,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       }
       __syncthreads();
       const int ra2 = ha.bin >= 0 ? ra - ha.above : 0, rb2 = hb.bin >= 0 ? rb - hb.above : 0;
-      topk_reg_find(hist[1], hist[2], [&](int) { return make_int2(ra2, rb2); }, s_scan, s_hit);
+      topk_reg_find<kThreads>(hist[1], hist[2], [&](int) { return make_int2(ra2, rb2); }, s_scan, s_hit);
       const TopkRankHit ha2 = s_hit[0], hb2 = s_hit[1];
       // The top of the upper end's bin and the bottom of the lower end's, at 22-bit resolution.
       if (ha.bin >= 0 && ha2.bin >= 0) {
@@ -353,7 +365,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       }
       if (tid == 0) s_hit[0] = TopkRankHit{-1, 0};
       __syncthreads();
-      topk_reg_find(h, nullptr, [&](int) { return make_int2(r, 0); }, s_scan, s_hit);
+      topk_reg_find<kThreads>(h, nullptr, [&](int) { return make_int2(r, 0); }, s_scan, s_hit);
       const TopkRankHit found = s_hit[0];
       prefix = (prefix << (hi - shift)) | K(found.bin);
       r -= found.above;
@@ -377,7 +389,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
       }
     }
     int packed = 0;
-    topk_reg_scan(gl | el << 16, s_scan, &packed);  // under 2^16 keys: no carry
+    topk_reg_scan<kThreads>(gl | el << 16, s_scan, &packed);  // under 2^16 keys: no carry
     gt_lower = above_lower + (packed & 0xffff);
     eq_lower = packed >> 16;
   } else {
@@ -399,11 +411,12 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
         if (bin >= 0 && lane == __ffs(int(same)) - 1) atomicAdd(&h[bin], __popc(same));
       }
       group.sync();
-      // Thread t owns bin 255 - t: descending thread order is descending bin order.
+      // Thread t < 256 owns bin 255 - t: descending thread order is descending bin order.
       int count = 0;
-      for (int p = 0; p < group_size; ++p) count += group.map_shared_rank(h, p)[255 - tid];
+      if (tid < 256)
+        for (int p = 0; p < group_size; ++p) count += group.map_shared_rank(h, p)[255 - tid];
       int unused = 0;
-      const int ex = topk_reg_scan(count, s_scan, &unused);
+      const int ex = topk_reg_scan<kThreads>(count, s_scan, &unused);
       if (ex < r && ex + count >= r) s_hit[0] = TopkRankHit{255 - tid, ex};
       __syncthreads();
       const TopkRankHit found = s_hit[0];
@@ -439,7 +452,7 @@ __global__ void __launch_bounds__(kTopkRegThreads, 1)
   }
 
   // ---- ordered output: warp counts, one barrier, then each warp writes its run in order ----
-  topk_reg_write_ordered<kKeys, kPerVector>(keys, valid, kth, ties, gt_lower, eq_lower, plan.sink_end, run_lo, s_warp_gt,
+  topk_reg_write_ordered<kKeys, kPerVector, kThreads>(keys, valid, kth, ties, gt_lower, eq_lower, plan.sink_end, run_lo, s_warp_gt,
                                             s_warp_eq, emit);
   __cluster_barrier_wait();  // no CTA leaves while a peer may still read its shared memory
 #endif
