@@ -49,16 +49,17 @@ __device__ __forceinline__ int topk_reg_scan(int v, int* scratch, int* total) {
   const int incl = topk_reg_warp_scan(v);
   if (lane == 31) scratch[warp] = incl;
   __syncthreads();
+  int w[kWarps];  // the warps' sums as broadcast 16-byte reads, all issued before the first use
+#pragma unroll
+  for (int q = 0; q < kWarps / 4; ++q) {
+    const int4 w4 = reinterpret_cast<const int4*>(scratch)[q];
+    w[4 * q] = w4.x, w[4 * q + 1] = w4.y, w[4 * q + 2] = w4.z, w[4 * q + 3] = w4.w;
+  }
   int before = incl - v, all = 0;
 #pragma unroll
-  for (int q = 0; q < kWarps / 4; ++q) {  // the warps' sums as broadcast 16-byte reads
-    const int4 w4 = reinterpret_cast<const int4*>(scratch)[q];
-    const int w[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      before += 4 * q + i < warp ? w[i] : 0;
-      all += w[i];
-    }
+  for (int i = 0; i < kWarps; ++i) {
+    before += i < warp ? w[i] : 0;
+    all += w[i];
   }
   *total = all;
   return before;
@@ -75,20 +76,22 @@ __device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Rank
   constexpr int kPer = kTopkRegBins / kThreads;
   const int base = kTopkRegBins - kPer * (int(threadIdx.x) + 1);
   static_assert(kTopkRegCtaSize<kThreads>, "256 or 512 threads");
-  int a[kPer], b[kPer];  // ascending bins base .. base + kPer - 1
+  int4 a4[kPer / 4], b4[kPer / 4];  // ascending bins base .. base + kPer - 1; ha's reads first
+#pragma unroll
+  for (int q = 0; q < kPer / 4; ++q) a4[q] = reinterpret_cast<const int4*>(ha + base)[q];
+#pragma unroll
+  for (int q = 0; q < kPer / 4; ++q) b4[q] = hb ? reinterpret_cast<const int4*>(hb + base)[q] : a4[q];
+  int a[kPer], b[kPer];
 #pragma unroll
   for (int q = 0; q < kPer / 4; ++q) {
-    const int4 a4 = reinterpret_cast<const int4*>(ha + base)[q];
-    const int4 b4 = hb ? reinterpret_cast<const int4*>(hb + base)[q] : a4;
-    a[4 * q] = a4.x, a[4 * q + 1] = a4.y, a[4 * q + 2] = a4.z, a[4 * q + 3] = a4.w;
-    b[4 * q] = b4.x, b[4 * q + 1] = b4.y, b[4 * q + 2] = b4.z, b[4 * q + 3] = b4.w;
+    a[4 * q] = a4[q].x, a[4 * q + 1] = a4[q].y, a[4 * q + 2] = a4[q].z, a[4 * q + 3] = a4[q].w;
+    b[4 * q] = b4[q].x, b[4 * q + 1] = b4[q].y, b[4 * q + 2] = b4[q].z, b[4 * q + 3] = b4[q].w;
   }
   int c[kPer], sum = 0;  // descending: index j is bin base + kPer - 1 - j
 #pragma unroll
-  for (int j = 0; j < kPer; ++j) {
-    c[j] = a[kPer - 1 - j] | b[kPer - 1 - j] << 16;
-    sum += c[j];
-  }
+  for (int j = 0; j < kPer; ++j) c[j] = a[kPer - 1 - j] | b[kPer - 1 - j] << 16;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) sum += c[j];
   int total = 0;
   int p = topk_reg_scan<kThreads>(sum, scratch, &total);
   const int2 r = ranks(total & 0xffff);

@@ -413,7 +413,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       group.sync();
       // Thread t < 256 owns bin 255 - t: descending thread order is descending bin order.
       int count = 0;
-      if (tid < 256)
+      if (kThreads == 256 || tid < 256)  // folds away in 256-thread CTAs
         for (int p = 0; p < group_size; ++p) count += group.map_shared_rank(h, p)[255 - tid];
       int unused = 0;
       const int ex = topk_reg_scan<kThreads>(count, s_scan, &unused);
