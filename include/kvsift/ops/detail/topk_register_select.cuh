@@ -87,6 +87,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   using K = typename Key::key_type;
   static_assert(sizeof(K) == 4, "the register select takes 32-bit keys (the plan sends wider ones elsewhere)");
   static_assert(kTopkRegCtaSize<kThreads>, "256 or 512 threads");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+  __trap();  // the plan picks this kernel only where clusters exist (sm_90+)
+#else
+  // Declared past the sm_80 stub, which uses none of them (no unused-variable warnings there).
   constexpr int kWarps = kThreads / 32;
   constexpr int kRuns = kTopkRegSampleRuns;  // sample runs, one for each of threads 0 .. kRuns - 1
   constexpr int kPerVector = 16 / int(sizeof(T));
@@ -101,9 +105,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Pads the lists to whole 16-byte vectors; above every key the bracket can hold (top < kSentinel).
   constexpr K kSentinel = Key::kBits < 32 ? K(1) << Key::kBits : ~K(0);
   constexpr int kDummy = kTopkRegBins;  // the bin masked-off keys count into (never scanned)
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-  __trap();  // the plan picks this kernel only where clusters exist (sm_90+)
-#else
   const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};
   namespace cg = cooperative_groups;
   const cg::cluster_group group = cg::this_cluster();
