@@ -196,7 +196,8 @@ TopkPlan plan_topk_register(std::int64_t rows, int cols, int c, const DeviceFact
     while (c > 2 && topk_register_groups_exceed_sms(rows, c, device)) c /= 2;
     if (rows * c > device.num_sms * 7 / 8) return s;
   }
-  if (threads == 0) threads = std::int64_t(c) * kTopkRegThreads * (kTopkRegMaxKeys / 2) >= cols ? kTopkRegThreads : kTopkRegWideThreads;
+  if (threads == 0)
+    threads = std::int64_t(c) * kTopkRegThreads * (kTopkRegMaxKeys / 2) >= cols ? kTopkRegThreads : kTopkRegWideThreads;
   // Two key counts a CTA size (fewer kernels to build): 8 or 16 keys at 256 threads, 16 or 32 at 512.
   const int max_keys = threads == kTopkRegThreads ? kTopkRegMaxKeys / 2 : kTopkRegMaxKeys;
   int keys = max_keys / 2;
