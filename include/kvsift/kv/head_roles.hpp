@@ -103,7 +103,7 @@ class HeadRoleMask {
   }
   /// Index of the n-th set bit (from 0) of an x with more than n of them: a binary search over the
   /// popcounts of lower halves, six steps for any n. (Dropping the n lowest bits one by one compiled
-  /// to ~600 unrolled instructions in every top-k kernel's prologue.)
+  /// to ~500 unrolled instructions in every top-k kernel's prologue.)
   KVSIFT_HD static int nth_set_bit64(std::uint64_t x, int n) {
     int pos = 0;
 #if defined(__CUDA_ARCH__)
