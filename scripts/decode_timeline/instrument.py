@@ -9,35 +9,15 @@
          (the rows' weights and LSEs computed)
 A measurement build for timeline.cu beside it: the patched tree is never committed; the patterns below
 fail loudly when the kernel's text moves."""
+import os
 import sys
 
-def patch(path, subs):
-    """subs: (old, new) pairs, or lists of such pairs of which the first whose old text the file holds
-    applies (the kernel before and after the early stage)."""
-    s = open(path).read()
-    for sub in subs:
-        alts = sub if isinstance(sub, list) else [sub]
-        for old, new in alts:
-            if s.count(old) == 1:
-                s = s.replace(old, new)
-                break
-        else:
-            raise AssertionError((path, alts[0][0]))
-    open(path, 'w').write(s)
-    print('instrumented', path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'timeline_support'))
+from tl_patch import patch, prelude_patch  # noqa: E402
 
 root = sys.argv[1] + '/include/kvsift/ops/detail/'
 patch(root + 'decode_attention_common.cuh', [
-    ('namespace kvsift {\nnamespace detail {\n',
-     'namespace kvsift {\nnamespace detail {\n'
-     'constexpr int kTlSlots = 12;\n'
-     '__device__ unsigned long long* g_kvsift_tl = nullptr;\n'
-     '__device__ __forceinline__ unsigned long long tl_now() { unsigned long long t; '
-     'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n'
-     '__device__ __forceinline__ void tl_mark(int slot, unsigned long long t) {\n'
-     '  if (threadIdx.x != 0 || g_kvsift_tl == nullptr) return;\n'
-     '  const unsigned linear = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);\n'
-     '  g_kvsift_tl[(unsigned long long)kTlSlots * linear + slot] = t;\n}\n'),
+    prelude_patch(),
     ('  cluster.sync();  // every split\'s partial is written and visible to the cluster\n',
      '  cluster.sync();  // every split\'s partial is written and visible to the cluster\n  tl_mark(7, tl_now());\n'),
     ('  __shared__ float lse2[R];\n  __syncthreads();\n',

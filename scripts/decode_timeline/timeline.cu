@@ -11,16 +11,9 @@
 //   git archive HEAD | (mkdir -p .ab/tl && tar -x -C .ab/tl) && scripts/decode_timeline/instrument.py .ab/tl
 //   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a -I.ab/tl/include scripts/decode_timeline/timeline.cu -o /tmp/tl
 //   /tmp/tl 1 131072 read
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-#include <vector>
-
 #include "kvsift/kvsift.cuh"
 #include "kvsift/ops/decode_attention.cuh"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } } while (0)
+#include "../timeline_support/timeline_host.cuh"
 using BF16 = __nv_bfloat16;
 
 __global__ void fill(BF16* p, size_t n, unsigned seed) {
@@ -30,12 +23,6 @@ __global__ void fill(BF16* p, size_t n, unsigned seed) {
     p[i] = __float2bfloat16(float(h & 0xffff) / 32768.f - 1.f);
   }
 }
-__global__ void read_all(const float4* p, size_t n, float* sink) {
-  float acc = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) acc += p[i].x;
-  if (acc == 1234.5f) *sink = acc;
-}
-
 // KVSIFT_TL_SPIN=1: every SM spins ~200 us before each call's flush, so the clocks are up.
 __global__ void spin(long long cycles) {
   const long long t0 = clock64();
@@ -48,7 +35,6 @@ int main(int argc, char** argv) {
   const int gather = argc > 5 ? std::atoi(argv[5]) : 0, B = argc > 6 ? std::atoi(argv[6]) : 1;
   // memset: the benchmarks' flush (L2 left dirty); read: a clean cold L2; warm: the read flush, then a
   // 16-token call of the same kernel (its code back in L2, the data still cold); none: no flush.
-  const std::string flush = argv[3];
   const int D = 128, hq = 4 * heads;
   constexpr int kSlots = kvsift::detail::kTlSlots;
   const size_t n = size_t(B) * heads * S * D;
@@ -58,12 +44,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&len, 4 * B));
   { std::vector<int> hl(B, S); CK(cudaMemcpy(len, hl.data(), 4 * B, cudaMemcpyHostToDevice)); }
   fill<<<1024, 256>>>(k, n, 11); fill<<<1024, 256>>>(v, n, 12); fill<<<8, 256>>>(q, size_t(B) * hq * D, 13);
-  int l2 = 0; CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  const size_t flush_bytes = size_t(l2) * 2;
-  char* scratch; float* sink;
-  CK(cudaMalloc(&scratch, flush_bytes)); CK(cudaMalloc(&sink, 4));
   cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const auto exec = kvsift::cuda::Exec::for_current_device(st);
+  const TlFlush flush(argv[3], exec.device.num_sms);  // "warm" reads, as "read" does, then warms below
   const auto kv = kvsift::make_bhsd(k, v, B, heads, S, D, len);
   auto p = kvsift::make_decode_attention_params<BF16>(q, out, B, hq, D);
   int* idx = nullptr; int* counts = nullptr;
@@ -107,18 +90,16 @@ int main(int argc, char** argv) {
   for (int r = 0; r < reps + 1; ++r) {
     CK(cudaMemsetAsync(tl, 0, size_t(blocks) * kSlots * 8, st));
     if (const char* e = std::getenv("KVSIFT_TL_SPIN"); e && *e == '1') spin<<<exec.device.num_sms * 4, 32, 0, st>>>(400000);
-    if (flush == "memset") CK(cudaMemsetAsync(scratch, r & 0xff, flush_bytes, st));
-    else if (flush != "none") read_all<<<exec.device.num_sms * 8, 512, 0, st>>>(reinterpret_cast<float4*>(scratch), flush_bytes / 16, sink);
-    if (flush == "warm" && !kvsift::cuda::decode_attention(exec, kv_warm, p_warm, kvsift::Workspace{ws, ws_bytes}).ok()) return 1;
-    if (flush == "warm") CK(cudaMemsetAsync(tl, 0, size_t(blocks) * kSlots * 8, st));
+    flush.run(st, r);
+    if (flush.kind == "warm" && !kvsift::cuda::decode_attention(exec, kv_warm, p_warm, kvsift::Workspace{ws, ws_bytes}).ok()) return 1;
+    if (flush.kind == "warm") CK(cudaMemsetAsync(tl, 0, size_t(blocks) * kSlots * 8, st));
     CK(cudaEventRecord(e0, st));
     const auto s = kvsift::cuda::decode_attention(exec, kv, p, kvsift::Workspace{ws, ws_bytes});
     if (!s.ok()) { std::printf("decode_attention: %s\n", s.to_string().c_str()); return 1; }
     CK(cudaEventRecord(e1, st));
     CK(cudaStreamSynchronize(st));
     if (r == 0) continue;  // warm-up
-    std::vector<unsigned long long> h(size_t(blocks) * kSlots);
-    CK(cudaMemcpy(h.data(), tl, h.size() * 8, cudaMemcpyDeviceToHost));
+    const std::vector<unsigned long long> h = tl_read_marks(tl, blocks, kSlots);
     Rep rep; CK(cudaEventElapsedTime(&rep.ev, e0, e1));
     unsigned long long t0 = ~0ull, t3 = 0;
     for (int b = 0; b < blocks; ++b) if (h[kSlots * b + 3]) { t0 = std::min(t0, h[kSlots * b + 5]); t3 = std::max(t3, h[kSlots * b + 3]); }
@@ -127,7 +108,7 @@ int main(int argc, char** argv) {
     for (int b = 0; b < blocks; ++b) {
       const unsigned long long* x = &h[size_t(kSlots) * b];
       if (!x[3]) continue;
-      auto us = [](unsigned long long a, unsigned long long b) { return (double(a) - double(b)) * 1e-3; };
+      const auto us = tl_us;
       rep.col[kEntry].push_back(us(x[5], t0));
       rep.col[kLocate].push_back(us(x[0], x[5]));
       if (x[1]) rep.col[kFirst].push_back(us(x[1], t0));
@@ -148,14 +129,8 @@ int main(int argc, char** argv) {
   const double bytes = gather > 0 ? 2.0 * B * heads * gather * D * 2 : 2.0 * n * 2;
   std::printf("heads %d S %d B %d gather %d flush %s: %d blocks (%d x %d positions, cluster %d), event %.1f us (min %.1f), split span %.1f us, SM clock %.0f MHz; "
               "K/V bytes at 3.06 / 4.41 TB/s: %.1f / %.1f us\n",
-              heads, S, B, gather, flush.c_str(), blocks, gather > 0 ? plan.sparse_splits : plan.retrieval_splits,
+              heads, S, B, gather, flush.kind.c_str(), blocks, gather > 0 ? plan.sparse_splits : plan.retrieval_splits,
               gather > 0 ? plan.sparse_chunk : plan.chunk, plan.cluster, m.ev * 1e3, runs.front().ev * 1e3, m.span, m.mhz, bytes / 3.06e6, bytes / 4.41e6);
-  for (int c = 0; c < kCols; ++c) {
-    std::vector<double> v = m.col[c];
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::printf("    %-40s p0 %6.2f  p10 %6.2f  p50 %6.2f  p90 %6.2f  p100 %6.2f\n", names[c], v.front(), v[v.size() / 10], v[v.size() / 2],
-                v[v.size() * 9 / 10], v.back());
-  }
+  tl_print_percentiles(names, m.col, kCols, 40);
   return 0;
 }

@@ -8,33 +8,15 @@ to kvsift::detail::g_kvsift_tl[kTlSlots * blockIdx.x] (thread 0):
   9 the SM                10, 11 clock64() at entry and at exit (the SM clock the CTA ran at)
 A measurement build for timeline.cu beside it: the patched tree is never committed; the patterns below
 fail loudly when the kernel's text moves."""
+import os
 import sys
 
-def patch(path, subs):
-    s = open(path).read()
-    for old, new in subs:
-        if s.count(old) != 1:
-            raise AssertionError((path, old, s.count(old)))
-        s = s.replace(old, new)
-    open(path, 'w').write(s)
-    print('instrumented', path)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'timeline_support'))
+from tl_patch import patch, prelude_patch  # noqa: E402
 
 root = sys.argv[1] + '/include/kvsift/ops/detail/'
 mark = lambda slot, what='tl_now()': f'tl_mark({slot}, {what});\n'
-patch(root + 'topk_register_common.cuh', [
-    ('namespace kvsift {\nnamespace detail {\n',
-     'namespace kvsift {\nnamespace detail {\n'
-     'constexpr int kTlSlots = 12;\n'
-     '__device__ unsigned long long* g_kvsift_tl = nullptr;\n'
-     '__device__ __forceinline__ unsigned long long tl_now() { unsigned long long t; '
-     'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }\n'
-     '// The timer read after `dep` is computed (an input of the asm: it cannot be hoisted above it).\n'
-     '__device__ __forceinline__ unsigned long long tl_now_after(unsigned dep) { unsigned long long t; '
-     'asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t) : "r"(dep)); return t; }\n'
-     '__device__ __forceinline__ void tl_mark(int slot, unsigned long long t) {\n'
-     '  if (threadIdx.x != 0 || g_kvsift_tl == nullptr) return;\n'
-     '  g_kvsift_tl[(unsigned long long)kTlSlots * blockIdx.x + slot] = t;\n}\n'),
-])
+patch(root + 'topk_register_common.cuh', [prelude_patch()])
 patch(root + 'topk_register_select.cuh', [
     ('  const TopkLaunch<T, Key> a{scores, params, out, values, key, launch_plan};\n  namespace cg',
      '  ' + mark(0) + '  ' + mark(10, 'clock64()') +

@@ -9,15 +9,8 @@
 //   git archive HEAD | (mkdir -p .ab/tl && tar -x -C .ab/tl) && scripts/topk_timeline/instrument.py .ab/tl
 //   nvcc -O3 -DNDEBUG -std=c++17 -arch=sm_90a -I.ab/tl/include scripts/topk_timeline/timeline.cu -o /tmp/tk
 //   /tmp/tk 8 131072 4096 memset
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <string>
-#include <vector>
-
 #include "kvsift/ops/topk.cuh"
-
-#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { std::printf("%s: %s\n", #x, cudaGetErrorString(e_)); std::exit(1); } } while (0)
+#include "../timeline_support/timeline_host.cuh"
 
 __global__ void fill(float* p, size_t n, unsigned seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -26,16 +19,9 @@ __global__ void fill(float* p, size_t n, unsigned seed) {
     p[i] = float(h & 0xffffff) / 8388608.f - 1.f;
   }
 }
-__global__ void read_all(const float4* p, size_t n, float* sink) {
-  float acc = 0.f;
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) acc += p[i].x;
-  if (acc == 1234.5f) *sink = acc;
-}
-
 int main(int argc, char** argv) {
   if (argc < 5) { std::printf("timeline ROWS COLS K memset|read|none [REPS] [THREADS]\n"); return 2; }
   const int rows = std::atoi(argv[1]), cols = std::atoi(argv[2]), k = std::atoi(argv[3]);
-  const std::string flush = argv[4];
   const int reps = argc > 5 ? std::atoi(argv[5]) : 9, threads = argc > 6 ? std::atoi(argv[6]) : 0;
   constexpr int kSlots = kvsift::detail::kTlSlots;
   float* scores; int *idx, *counts, *lengths;
@@ -43,12 +29,9 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&counts, rows * 4)); CK(cudaMalloc(&lengths, rows * 4));
   fill<<<1024, 256>>>(scores, size_t(rows) * cols, 0x70c0u);
   { std::vector<int> h(rows, cols); CK(cudaMemcpy(lengths, h.data(), rows * 4, cudaMemcpyHostToDevice)); }
-  int l2 = 0; CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
-  const size_t flush_bytes = size_t(l2) * 2;
-  char* scratch; float* sink;
-  CK(cudaMalloc(&scratch, flush_bytes)); CK(cudaMalloc(&sink, 4));
   cudaStream_t st; CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const auto exec = kvsift::cuda::Exec::for_current_device(st);
+  const TlFlush flush(argv[4], exec.device.num_sms);
   kvsift::TopKParams p;
   p.k = k;
   p.lengths = lengths;
@@ -69,8 +52,7 @@ int main(int argc, char** argv) {
   std::vector<Rep> runs;
   for (int r = 0; r < reps + 1; ++r) {
     CK(cudaMemsetAsync(tl, 0, size_t(ctas) * kSlots * 8, st));
-    if (flush == "memset") CK(cudaMemsetAsync(scratch, r & 0xff, flush_bytes, st));
-    else if (flush != "none") read_all<<<exec.device.num_sms * 8, 512, 0, st>>>(reinterpret_cast<float4*>(scratch), flush_bytes / 16, sink);
+    flush.run(st, r);
     CK(cudaEventRecord(e0, st));
     const auto s = kvsift::detail::launch_topk(exec, kvsift::detail::TopkLaunch<float, kvsift::ScoreKey<float>>{
                                                          view, p, out, nullptr, kvsift::ScoreKey<float>{}, plan});
@@ -78,8 +60,7 @@ int main(int argc, char** argv) {
     CK(cudaEventRecord(e1, st));
     CK(cudaStreamSynchronize(st));
     if (r == 0) continue;  // warm-up
-    std::vector<unsigned long long> h(size_t(ctas) * kSlots);
-    CK(cudaMemcpy(h.data(), tl, h.size() * 8, cudaMemcpyDeviceToHost));
+    const std::vector<unsigned long long> h = tl_read_marks(tl, ctas, kSlots);
     Rep rep; CK(cudaEventElapsedTime(&rep.ev, e0, e1));
     unsigned long long t0 = ~0ull, t8 = 0;
     for (int b = 0; b < ctas; ++b) if (h[kSlots * b + 8]) { t0 = std::min(t0, h[kSlots * b]); t8 = std::max(t8, h[kSlots * b + 8]); }
@@ -88,7 +69,7 @@ int main(int argc, char** argv) {
     for (int b = 0; b < ctas; ++b) {
       const unsigned long long* x = &h[size_t(kSlots) * b];
       if (!x[8]) continue;
-      auto us = [](unsigned long long a, unsigned long long b) { return (double(a) - double(b)) * 1e-3; };
+      const auto us = tl_us;
       const bool copied = x[6] != 0;  // the ordinary path (a copy and a radix finish) or the exact search
       rep.col[kEntry].push_back(us(x[0], t0));
       rep.col[kKeys].push_back(us(x[1], x[0]));
@@ -109,14 +90,8 @@ int main(int argc, char** argv) {
   Rep& m = runs[runs.size() / 2];
   std::printf("%d x %d, k %d, flush %s: %d CTAs (groups of %d, %d threads, %d keys a thread), event %.1f us (min %.1f), "
               "kernel span %.1f us, SM clock %.0f MHz\n",
-              rows, cols, k, flush.c_str(), ctas, plan.ctas_per_row, plan.threads, plan.slice / plan.threads, m.ev * 1e3,
+              rows, cols, k, flush.kind.c_str(), ctas, plan.ctas_per_row, plan.threads, plan.slice / plan.threads, m.ev * 1e3,
               runs.front().ev * 1e3, m.span, m.mhz);
-  for (int c = 0; c < kCols; ++c) {
-    std::vector<double> v = m.col[c];
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    std::printf("    %-38s p0 %6.2f  p10 %6.2f  p50 %6.2f  p90 %6.2f  p100 %6.2f\n", names[c], v.front(), v[v.size() / 10],
-                v[v.size() / 2], v[v.size() * 9 / 10], v.back());
-  }
+  tl_print_percentiles(names, m.col, kCols, 38);
   return 0;
 }
