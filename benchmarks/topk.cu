@@ -241,15 +241,13 @@ void register_shapes(benchmark::internal::Benchmark* b) {
     for (int n : {32768, 131072})
       for (int k : {1024, 4096})
         for (int group : {8, 16})
-          for (int threads : {256, 512})
-            if (rows * group <= 128) b->Args({rows, n, k, 0, 0, group, 0, threads});
+          for (int threads : {256, 512})  // 256 threads cover 128K rows in no group (16 keys at most)
+            if (rows * group <= 128 && (threads == 512 || n <= 16 * 256 * 16)) b->Args({rows, n, k, 0, 0, group, 0, threads});
   for (int rows : {16, 32})
     for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0, 64 / rows * 2, 0, 0});
-  for (int threads : {256, 512}) {
-    b->Args({8, 32768, 4096, 0, 0, 8, 1, threads});  // the exact search alone
-    b->Args({4, 131072, 4096, 0, 0, 16, 1, threads});
-    b->Args({4, 131072, 4096, 128, 256, 16, 0, threads});  // LycheeDecode token mode
-  }
+  for (int threads : {256, 512}) b->Args({8, 32768, 4096, 0, 0, 8, 1, threads});  // the exact search alone
+  b->Args({4, 131072, 4096, 0, 0, 16, 1, 512});
+  b->Args({4, 131072, 4096, 128, 256, 16, 0, 512});  // LycheeDecode token mode
 }
 
 // Short rows beyond the block-score case: 16 keys a thread (4096 positions), a budget of a quarter
