@@ -577,6 +577,38 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kStreamSelect);
 }
 
+TEST_CASE("topk: float_order_key orders the floats, NaN lowest at 0, the zeros as one") {
+  // The key's whole contract against float compares, pairwise: special floats (NaN payloads of both
+  // signs, +-inf, +-0, denormals, +-FLT_MAX) and random bit patterns.
+  using kvsift::detail::bits_to_float;
+  using kvsift::detail::float_order_key;
+  auto rng = kvsift_test::make_rng(607);
+  std::vector<std::uint32_t> values = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu,
+                                       0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
+                                       0x007fffffu, 0x807fffffu, 0x00800000u, 0x80800000u, 0x7f7fffffu, 0xff7fffffu,
+                                       0x3f800000u, 0xbf800000u};
+  for (int i = 0; i < 1500; ++i) values.push_back(std::uint32_t(rng()));
+  for (std::uint32_t v : values) {
+    const float x = bits_to_float(v);
+    if (std::isnan(x)) {
+      REQUIRE(float_order_key(x) == 0u);
+    } else {
+      REQUIRE(float_order_key(x) > 0u);  // every non-NaN float ranks above NaN
+    }
+  }
+  for (std::uint32_t va : values)
+    for (std::uint32_t vb : values) {
+      const float a = bits_to_float(va), b = bits_to_float(vb);
+      if (std::isnan(a) || std::isnan(b)) continue;
+      const std::uint32_t ka = float_order_key(a), kb = float_order_key(b);
+      if ((a < b) != (ka < kb) || (a == b) != (ka == kb)) {
+        INFO("bits ", va, " and ", vb);
+        REQUIRE((a < b) == (ka < kb));
+        REQUIRE((a == b) == (ka == kb));
+      }
+    }
+}
+
 TEST_CASE("topk: float_order_threshold's float compare equals the order-key compare") {
   // Every special float (NaN payloads of both signs, +-inf, +-0, denormals, +-FLT_MAX) and random
   // bit patterns, against keys at every boundary (just below / at / above -inf's and +inf's keys, the

@@ -135,24 +135,48 @@ __device__ __forceinline__ int topk_reg_position(int run_lo, int i) {
   return run_lo + ((i / kPerVector) * 32 + int(threadIdx.x) % 32) * kPerVector + i % kPerVector;
 }
 
+// Bit i set where this lane's key i lies in the scored region [plan.sink_end, plan.recent_begin):
+// per 16-byte vector, the run of its keys inside the region from two clamps (every key's own two
+// compares, and the bit set under a predicate, cost 3-4 instructions a key).
+template <int kKeys, int kPerVector>
+__device__ __forceinline__ std::uint32_t topk_reg_valid_mask(const TopKRowPlan& plan, int run_lo) {
+  std::uint32_t valid = 0;
+#pragma unroll
+  for (int j = 0; j < kKeys / kPerVector; ++j) {
+    const int p0 = topk_reg_position<kPerVector>(run_lo, j * kPerVector);
+    const int lo = min(max(plan.sink_end - p0, 0), kPerVector), hi = min(max(plan.recent_begin - p0, 0), kPerVector);
+    valid |= (((1u << hi) - 1u) & ~((1u << lo) - 1u)) << (j * kPerVector);
+  }
+  return valid;
+}
+
 // This lane's kKeys keys from its loaded vectors, computed once (a key policy may read memory of its
-// own, such as ClusterAttn's flags); bit i of the result says key i lies in the scored region
-// [plan.sink_end, plan.recent_begin) (key 0 otherwise).
+// own, such as ClusterAttn's flags, so only positions inside the scored region are keyed); bit i of
+// the result says key i lies in the scored region [plan.sink_end, plan.recent_begin) (key 0
+// otherwise).
 template <int kKeys, class T, class Key>
 __device__ __forceinline__ std::uint32_t topk_reg_keys(const Key& key, std::int64_t row, const TopKRowPlan& plan,
                                                        const uint4* raw, int run_lo,
                                                        typename Key::key_type (&keys)[kKeys]) {
   constexpr int kPerVector = 16 / int(sizeof(T));
-  std::uint32_t valid = 0;
+  const std::uint32_t valid = topk_reg_valid_mask<kKeys, kPerVector>(plan, run_lo);
 #pragma unroll
   for (int i = 0; i < kKeys; ++i) {
     const int pos = topk_reg_position<kPerVector>(run_lo, i);
-    const bool in = pos >= plan.sink_end && pos < plan.recent_begin;
-    valid |= std::uint32_t(in) << i;
-    keys[i] = in ? key(reinterpret_cast<const T*>(&raw[i / kPerVector])[i % kPerVector], row, pos)
-                 : typename Key::key_type(0);
+    keys[i] = valid >> i & 1 ? key(reinterpret_cast<const T*>(&raw[i / kPerVector])[i % kPerVector], row, pos)
+                             : typename Key::key_type(0);
   }
   return valid;
+}
+
+// Bit i set where key i compares true: each key one compare and one predicated bit, no chain of
+// counts (a running count's add under a predicate makes every key wait for the one before).
+template <int kKeys, class K, class Pred>
+__device__ __forceinline__ std::uint32_t topk_reg_key_mask(const K (&keys)[kKeys], Pred&& pred) {
+  std::uint32_t m = 0;
+#pragma unroll
+  for (int i = 0; i < kKeys; ++i) m |= std::uint32_t(pred(keys[i])) << i;
+  return m;
 }
 
 // A budget that takes the whole scored region: every position of this lane's run inside it, at its
@@ -183,12 +207,8 @@ __device__ __forceinline__ void topk_reg_write_ordered(const K (&keys)[kKeys], M
   const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   const unsigned lanes_below = (1u << lane) - 1u;
   const int ties_here = ties - eq_lower;  // equal keys this CTA may still take (<= 0: none)
-  Mask gt_bits = 0, eq_bits = 0;
-#pragma unroll
-  for (int i = 0; i < kKeys; ++i) {
-    gt_bits |= Mask((valid >> i & 1) && keys[i] > kth) << i;
-    eq_bits |= Mask((valid >> i & 1) && keys[i] == kth) << i;
-  }
+  const Mask gt_bits = Mask(topk_reg_key_mask(keys, [&](K x) { return x > kth; })) & valid;
+  const Mask eq_bits = Mask(topk_reg_key_mask(keys, [&](K x) { return x == kth; })) & valid;
   {
     const int gt = __reduce_add_sync(0xffffffffu, __popc(gt_bits));
     const int eq = __reduce_add_sync(0xffffffffu, __popc(eq_bits));

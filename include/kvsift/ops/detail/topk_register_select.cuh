@@ -263,25 +263,23 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // ---- count above the bracket, list inside it (one shared atomic per warp) ----
   {
-    Mask inside = 0;
-    int above = 0;
-#pragma unroll
-    for (int i = 0; i < kKeys; ++i) {
-      above += (valid >> i & 1) && keys[i] > top;
-      inside |= Mask((valid >> i & 1) && keys[i] <= top && keys[i] >= bottom) << i;
-    }
+    const K span = K(top - bottom);  // inside: bottom <= key <= top, one unsigned compare
+    const Mask above_bits = topk_reg_key_mask(keys, [&](K x) { return x > top; }) & valid;
+    const Mask inside = topk_reg_key_mask(keys, [&](K x) { return K(x - bottom) <= span; }) & valid;
     const int listed = __popc(inside);
     const int incl = topk_reg_warp_scan(listed);
     int base = 0;
     if (lane == 31) base = atomicAdd(&s_listed, incl);
     base = __shfl_sync(0xffffffffu, base, 31) + incl - listed;
+    // A thread whose keys pass the capacity leaves them out: the CTA's count then says the list
+    // overflowed, and an overflowing list is never read (the exact search runs instead).
+    if (base + listed <= a.plan.list_capacity) {
+      K* out_list = list_own + base;
 #pragma unroll
-    for (int i = 0; i < kKeys; ++i)
-      if (inside >> i & 1) {
-        if (base < a.plan.list_capacity) list_own[base] = keys[i];
-        ++base;
-      }
-    const int warp_above = __reduce_add_sync(0xffffffffu, above);
+      for (int i = 0; i < kKeys; ++i)
+        if (inside >> i & 1) *out_list++ = keys[i];
+    }
+    const int warp_above = __reduce_add_sync(0xffffffffu, __popc(above_bits));
     if (lane == 0 && warp_above) atomicAdd(&s_above, warp_above);
   }
   // The finish's histograms start zeroed: the bracket's rounds are done with them (after a barrier).
