@@ -125,20 +125,14 @@ __device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, 
   const int lane = tid % 32;
   const int first_vector = (lo + kPerVector - 1) / kPerVector, end_vector = hi / kPerVector;
   const uint4* vectors = reinterpret_cast<const uint4*>(row_scores);
-  auto load_batch = [&](int base, uint4(&loaded)[kBatch]) {
+  // Trip counts are block-uniform: every lane of a warp takes part in the scan.
+  for (int base = first_vector; base < end_vector; base += kTopkThreads * kBatch) {
+    uint4 loaded[kBatch];
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
       const int v = base + u * kTopkThreads + tid;
       loaded[u] = v < end_vector ? __ldg(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
     }
-  };
-  // The next batch's loads are issued as soon as this batch's mask is built, so they are in flight
-  // through the scan, the slot atomic and the passing keys' re-reads (a thread used to issue its eight
-  // loads, wait, and then spend that whole tail with nothing in flight: the stream ran in bursts).
-  uint4 loaded[kBatch];
-  load_batch(first_vector, loaded);
-  // Trip counts are block-uniform: every lane of a warp takes part in the scan.
-  for (int base = first_vector; base < end_vector; base += kTopkThreads * kBatch) {
     Mask mask = 0;
 #pragma unroll
     for (int u = 0; u < kBatch; ++u) {
@@ -151,7 +145,6 @@ __device__ __forceinline__ void topk_stream_filter(const TopkLaunch<T, Key>& a, 
         mask |= Mask(pass) << (u * kPerVector + e);
       }
     }
-    if (base + kTopkThreads * kBatch < end_vector) load_batch(base + kTopkThreads * kBatch, loaded);
     const int count = __popc(mask);
     int inclusive = count;
 #pragma unroll
