@@ -577,17 +577,23 @@ TEST_CASE("topk plan: the kernel, CTA group and CTA size per benchmarked shape (
   CHECK(kvsift::detail::plan_topk<std::uint32_t>(32, 131072, no_clusters).kernel == TopkKernel::kStreamSelect);
 }
 
-TEST_CASE("topk: float_order_key orders the floats, NaN lowest at 0, the zeros as one") {
-  // The key's whole contract against float compares, pairwise: special floats (NaN payloads of both
-  // signs, +-inf, +-0, denormals, +-FLT_MAX) and random bit patterns.
-  using kvsift::detail::bits_to_float;
-  using kvsift::detail::float_order_key;
-  auto rng = kvsift_test::make_rng(607);
+// Special floats as bits (NaN payloads of both signs, +-inf, +-0, denormals, the smallest normals,
+// +-FLT_MAX, +-1) and `random` random bit patterns: what the order-key tests compare over.
+static std::vector<std::uint32_t> order_key_test_floats(std::uint64_t seed, int random) {
+  auto rng = kvsift_test::make_rng(seed);
   std::vector<std::uint32_t> values = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7fffffffu, 0xffffffffu,
                                        0x7f800000u, 0xff800000u, 0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u,
                                        0x007fffffu, 0x807fffffu, 0x00800000u, 0x80800000u, 0x7f7fffffu, 0xff7fffffu,
                                        0x3f800000u, 0xbf800000u};
-  for (int i = 0; i < 1500; ++i) values.push_back(std::uint32_t(rng()));
+  for (int i = 0; i < random; ++i) values.push_back(std::uint32_t(rng()));
+  return values;
+}
+
+TEST_CASE("topk: float_order_key orders the floats, NaN lowest at 0, the zeros as one") {
+  // The key's whole contract against float compares, pairwise over special floats and random bits.
+  using kvsift::detail::bits_to_float;
+  using kvsift::detail::float_order_key;
+  const std::vector<std::uint32_t> values = order_key_test_floats(607, 1500);
   for (std::uint32_t v : values) {
     const float x = bits_to_float(v);
     if (std::isnan(x)) {
@@ -616,10 +622,7 @@ TEST_CASE("topk: float_order_threshold's float compare equals the order-key comp
   using kvsift::detail::float_order_key;
   using kvsift::detail::float_order_threshold;
   auto rng = kvsift_test::make_rng(611);
-  std::vector<std::uint32_t> values = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7f800000u, 0xff800000u,
-                                       0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
-                                       0x7f7fffffu, 0xff7fffffu, 0x3f800000u, 0xbf800000u};
-  for (int i = 0; i < 3000; ++i) values.push_back(std::uint32_t(rng()));
+  const std::vector<std::uint32_t> values = order_key_test_floats(613, 3000);
   std::vector<std::uint32_t> keys = {1u, 2u, 0x007ffffeu, 0x007fffffu, 0x00800000u, 0x7ffffffeu, 0x7fffffffu,
                                      0x80000000u, 0x80000001u, 0xff7fffffu, 0xff800000u, 0xff800001u, 0xfffffffeu,
                                      0xffffffffu};
