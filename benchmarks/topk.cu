@@ -236,13 +236,16 @@ void group_shapes(benchmark::internal::Benchmark* b) {
         for (int bracket : {0, 1}) b->Args({rows, n, 4096, 0, 0, group, bracket});
 }
 
+// The longest row 256-thread register-select CTAs cover: a group of 16 at 16 keys a thread.
+constexpr int kLongest256ThreadRow =
+    kvsift::detail::kTopkRegMaxGroup * kvsift::detail::kTopkRegThreads * (kvsift::detail::kTopkRegMaxKeys / 2);
 void register_shapes(benchmark::internal::Benchmark* b) {
   for (int rows : {1, 2, 4, 8, 12})
     for (int n : {32768, 131072})
       for (int k : {1024, 4096})
         for (int group : {8, 16})
           for (int threads : {256, 512})  // 256 threads cover 128K rows in no group (16 keys at most)
-            if (rows * group <= 128 && (threads == 512 || n <= 16 * 256 * 16)) b->Args({rows, n, k, 0, 0, group, 0, threads});
+            if (rows * group <= 128 && (threads == 512 || n <= kLongest256ThreadRow)) b->Args({rows, n, k, 0, 0, group, 0, threads});
   for (int rows : {16, 32})
     for (int n : {32768, 131072}) b->Args({rows, n, 4096, 0, 0, 64 / rows * 2, 0, 0});
   for (int threads : {256, 512}) b->Args({8, 32768, 4096, 0, 0, 8, 1, threads});  // the exact search alone
