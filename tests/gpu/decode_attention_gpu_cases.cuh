@@ -321,7 +321,26 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   DeviceBuffer<QT> dout(n_out);
   DeviceBuffer<float> dlse(n_lse), dscores(n_scores);
   const auto kv = make_view(dk.get(), dv.get(), dtab.get(), dlen.get());
-  const auto p = params_for(dq.get(), dout.get(), dlse.get(), dscores.get(), didx.get(), dcnt.get());
+  auto p = params_for(dq.get(), dout.get(), dlse.get(), dscores.get(), didx.get(), dcnt.get());
+  // Per-token scores also list score candidates (ops/score_candidates.hpp): each row's threshold is
+  // one of its reference scores (or NaN, or -inf: nothing listed), the lists poisoned; checked below
+  // against the scores the pass wrote.
+  const int cand_stride = (kvsift::kScoreCandidateHeader + (M + 63) / 64 + 3) / 4 * 4;
+  std::vector<float> cand_thresholds(std::size_t(B) * H, NAN);
+  if (c.score_block == 1)
+    for (int r = 0; r < B * H; ++r) {
+      const int len = visible(r / H), pick = kvsift_test::uniform_int(rng, 0, 9);
+      if (len > 0 && pick < 8) cand_thresholds[r] = scores_ref[std::size_t(r) * (score_cols + 3) + kvsift_test::uniform_int(rng, 0, len - 1)];
+      if (pick == 9) cand_thresholds[r] = -INFINITY;
+    }
+  DeviceBuffer<float> dcand_thresholds(cand_thresholds);
+  DeviceBuffer<std::int32_t> dcand_counts(std::size_t(B) * H * cand_stride), dcand_positions(n_scores);
+  if (c.score_block == 1) {
+    p.candidates.thresholds = dcand_thresholds.get();
+    p.candidates.counts = dcand_counts.get();
+    p.candidates.positions = dcand_positions.get();
+    p.candidates.count_stride = cand_stride;
+  }
   std::size_t ws_bytes = 0;
   REQUIRE(kvsift::decode_attention_workspace_bytes(exec, kv, p, &ws_bytes).ok());
   DeviceBuffer<unsigned char> ws(ws_bytes);
@@ -329,6 +348,8 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
     dout.poison();
     dlse.poison();
     dscores.poison();
+    dcand_counts.poison();
+    dcand_positions.poison();
     ws.poison();
     kvsift_test::sync_and_check();
   };
@@ -366,6 +387,42 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
     }
   }
   CHECK(bad == 0);
+  if (c.score_block == 1) {  // the lists: exactly the positions t < len whose written score reaches the threshold
+    const auto counts_got = dcand_counts.download();
+    const auto positions_got = dcand_positions.download();
+    for (int r = 0; r < B * H && bad < 8; ++r) {
+      if (c.roles.is_sparse(r % H)) continue;
+      INFO("candidates of row " << r << ", threshold " << cand_thresholds[std::size_t(r)]);
+      const std::int32_t* h = counts_got.data() + std::size_t(r) * cand_stride;
+      REQUIRE(std::uint32_t(h[0]) == kvsift::kScoreCandidateTagLo);
+      REQUIRE(std::uint32_t(h[1]) == kvsift::kScoreCandidateTagHi);
+      const int seg = h[2], segs = h[3], len = visible(r / H);
+      REQUIRE(seg >= 64);
+      REQUIRE(segs * seg >= M);
+      const float t = cand_thresholds[std::size_t(r)];
+      std::vector<char> listed(std::size_t(score_cols), 0);
+      for (int j = 0; j < segs; ++j) {
+        const int n = h[kvsift::kScoreCandidateHeader + j];
+        REQUIRE(n >= 0);
+        REQUIRE(n <= seg);
+        for (int i = 0; i < n; ++i) {
+          const int pos = positions_got[std::size_t(r) * (score_cols + 3) + std::size_t(j) * seg + i];
+          REQUIRE(pos >= j * seg);
+          REQUIRE(pos < std::min((j + 1) * seg, len));
+          REQUIRE(!listed[std::size_t(pos)]);
+          listed[std::size_t(pos)] = 1;
+        }
+      }
+      for (int pos = 0; pos < len; ++pos) {
+        const float sc = scores[std::size_t(r) * (score_cols + 3) + pos];
+        const bool want = t > -INFINITY && sc >= t;
+        if (bool(listed[std::size_t(pos)]) != want) {
+          ++bad;
+          FAIL_CHECK("position " << pos << " (score " << sc << ") listed " << int(listed[std::size_t(pos)]));
+        }
+      }
+    }
+  }
 
   // Another run of the same call (its outputs downloaded after it): bit-identical to the direct launch.
   auto same_as_direct = [&](const char* what) {

@@ -45,6 +45,10 @@
 ///                            j < ceil(max_kv_length / score_block_size)
 /// Rows of sparse heads are not touched.
 ///
+/// Score candidates (ops/score_candidates.hpp), with per-token scores: `candidates` set, the same
+/// pass also lists, per row, the positions t < len with s_t >= candidates.thresholds[row] in segments
+/// of its split length, for a top-k that selects from them (LycheeDecode's handoff).
+///
 /// Launch geometry and the workspace depend only on host values (shapes, max_kv_length, the index
 /// set's capacity, the role mask, the Exec's device facts), never on device lengths, so a call can be
 /// captured in a CUDA graph and replayed for any lengths up to max_kv_length.
@@ -57,8 +61,14 @@
 #include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
 #include "kvsift/kv/kv_view.hpp"
+#include "kvsift/ops/score_candidates.hpp"
 
 namespace kvsift {
+
+/// The shortest segment of a candidate list: a split of a retrieval head covers whole block steps of
+/// 64 tokens (kDecodeCtaTokens, decode_attention_plan.hpp), so a row has at most
+/// ceil(max_kv_length / 64) segments.
+inline constexpr int kDecodeCandidateMinSegment = 64;
 
 /// Everything of one decode_attention call but the KV view and the Exec (see the file comment for the
 /// semantics). Build it with make_decode_attention_params, then set roles, index_set and scores.
@@ -80,6 +90,9 @@ struct DecodeAttentionParams {
   float* scores = nullptr;  ///< optional, see the header comment
   std::int64_t score_row_stride = 0;  ///< entries between score rows, >= ceil(max_kv_length / score_block_size)
   int score_block_size = 1;  ///< 1: per token; a power of two >= 16: max per block
+  /// Optional, with per-token scores: the positions at or above a threshold (see the header comment).
+  /// counts needs kScoreCandidateHeader + ceil(max_kv_length / kDecodeCandidateMinSegment) ints a row.
+  ScoreCandidates candidates;
 };
 
 /// Params for dense q/out tensors [batch, q_len, num_q_heads, head_dim] and sm_scale = 1/sqrt(d).
@@ -162,6 +175,15 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
     const int cols = ceil_div(decode_max_length(kv, p), p.score_block_size);
     KVSIFT_REQUIRE(p.score_row_stride >= cols, kInvalidArgument, "score_row_stride = ", p.score_row_stride,
                    " must be >= ceil(max_kv_length / score_block_size) = ", cols);
+  }
+  if (p.candidates.enabled()) {
+    KVSIFT_REQUIRE(p.scores != nullptr && p.score_block_size == 1, kInvalidArgument,
+                   "candidates need per-token scores (scores set, score_block_size = 1)");
+    // One segment per split of a retrieval head; a split is at least one block step of tokens.
+    KVSIFT_TRY(validate_score_candidates(p.candidates, std::int64_t(kv.batch) * kv.num_kv_heads,
+                                         ceil_div(decode_max_length(kv, p), kDecodeCandidateMinSegment), "candidates"));
+  } else {
+    KVSIFT_TRY(validate_score_candidates(p.candidates, 0, 0, "candidates"));
   }
   return check_pointers ? validate_decode_attention_rows(kv, p) : Status();
 }

@@ -33,6 +33,7 @@
 #include "kvsift/core/strided_view.hpp"
 #include "kvsift/kv/head_roles.hpp"
 #include "kvsift/kv/index_set.hpp"
+#include "kvsift/ops/score_candidates.hpp"
 
 namespace kvsift {
 
@@ -46,6 +47,12 @@ struct TopKParams {
   int recent = 0;                         ///< last `recent` positions always selected
   HeadRoleMask roles;                     ///< with num_kv_heads > 0: rows of sparse heads are skipped
   int num_kv_heads = 0;                   ///< rows per sequence for the filter; 0 = write every row
+  /// Optional, fp32 scores under ScoreKey<float> only: the positions the pass that wrote `scores`
+  /// listed at or above each row's threshold (ops/score_candidates.hpp; positions has the scores'
+  /// row stride). A speculation the result never depends on: the CUDA register select (a few long
+  /// rows) selects from a row's list when it holds the budget, and writes the row's next threshold;
+  /// other paths and the host reference ignore it. The list must be the one made with these scores.
+  ScoreCandidates candidates;
 };
 
 /// True when the row filter leaves row r untouched.
@@ -257,6 +264,10 @@ Status validate_topk(const StridedView2D<const T>& scores, const TopKParams& p, 
   KVSIFT_REQUIRE(reinterpret_cast<std::uintptr_t>(values) % alignof(T) == 0, kMisaligned, "values = ",
                  static_cast<const void*>(values), " must be aligned to ", alignof(T), " bytes");
   KVSIFT_TRY(key.validate());
+  if (p.candidates.enabled())
+    KVSIFT_REQUIRE((std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>), kInvalidArgument,
+                   "candidates need fp32 scores under ScoreKey<float> (a threshold on the score is a bound on the key)");
+  KVSIFT_TRY(validate_score_candidates(p.candidates, scores.rows, 0, "candidates"));
   return Status();
 }
 

@@ -110,6 +110,9 @@ struct LycheeDecodeScratch {
   std::int32_t* row_lengths = nullptr;  ///< [rows] entries top-k ranks per row
   std::int32_t* row_budget = nullptr;   ///< [rows] ratio mode
   std::int32_t* recent_from = nullptr;  ///< [rows] block mode
+  std::int32_t* candidate_counts = nullptr;     ///< [rows, candidate_count_stride]: score candidates' counts
+  std::int32_t* candidate_positions = nullptr;  ///< [rows, score_stride]: their positions
+  int candidate_count_stride = 0;
   Workspace selection;                  ///< top-k's
   Workspace attention;                  ///< decode_attention's: everything after the above
 };
@@ -200,8 +203,9 @@ class LycheeDecodePolicy {
     detail::LycheeDecodeScratch x;
     KVSIFT_TRY(carve_scratch(workspace, &x));
     const bool selects = retrieval_heads(layer) > 0;
-    const auto attention = detail::lycheedecode_attention_params(config_, io, 1, roles(layer), as_const(state.table),
-                                                                 selects ? x.scores : nullptr, x.score_stride);
+    auto attention = detail::lycheedecode_attention_params(config_, io, 1, roles(layer), as_const(state.table),
+                                                           selects ? x.scores : nullptr, x.score_stride);
+    if (selects && lists_candidates(exec, layer, kv.batch)) attention.candidates = candidates(state, layer, x);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention));
     advance(state, layer, kv.batch);
     if (selects) {
@@ -236,7 +240,7 @@ class LycheeDecodePolicy {
                    "): the workspace is not the one attend_layer(", layer, ") wrote its scores into");
     // Cleared only once the launches are queued: after a failed top-k the handoff stays due, so the
     // next layer call fails too (restart_step abandons the step) instead of reading a stale table.
-    KVSIFT_TRY(hand_off(exec, state, roles(layer), kv, x));
+    KVSIFT_TRY(hand_off(exec, state, layer, kv, x));
     state.handoff_layer = -1;
     state.handoff_scores = nullptr;
     return Status();
@@ -280,6 +284,14 @@ class LycheeDecodePolicy {
     x.row_lengths = ws.take<std::int32_t>(r);
     x.row_budget = ws.take<std::int32_t>(r);
     x.recent_from = ws.take<std::int32_t>(r);
+    // Score candidates (token and ratio modes): a header and a count per segment of at least
+    // kDecodeCandidateMinSegment tokens, then positions in the scores' shape.
+    if (config_.score_candidates && config_.selection != LycheeDecodeSelection::kBlock) {
+      x.candidate_count_stride =
+          (kScoreCandidateHeader + (config_.max_kv_length + kDecodeCandidateMinSegment - 1) / kDecodeCandidateMinSegment + 3) / 4 * 4;
+      x.candidate_counts = ws.take<std::int32_t>(r * std::size_t(x.candidate_count_stride));
+      x.candidate_positions = ws.take<std::int32_t>(r * std::size_t(x.score_stride));
+    }
     // topk needs no scratch today; its query is asked anyway so that a later path can use some.
     const StridedView2D<const float> shape{nullptr, std::int64_t(r), x.score_cols, x.score_stride};
     std::size_t by_score = 0, by_recent = 0;
@@ -373,9 +385,10 @@ class LycheeDecodePolicy {
   /// Top-k of this layer's retrieval rows, written in place into the index table (indices and counts;
   /// the rows of sparse heads untouched): the handoff to later layers.
   template <class Exec, class View>
-  Status hand_off(const Exec& exec, LycheeDecodeState& state, const HeadRoleMask& layer_roles, const View& kv,
+  Status hand_off(const Exec& exec, LycheeDecodeState& state, int layer, const View& kv,
                   const detail::LycheeDecodeScratch& x) const {
     const LycheeDecodeConfig& c = config_;
+    const HeadRoleMask& layer_roles = roles(layer);
     const int rows = kv.batch * c.num_kv_heads;
     const bool ratio = c.selection == LycheeDecodeSelection::kRatio, block = c.selection == LycheeDecodeSelection::kBlock;
     SelectionRowsArgs limits;
@@ -408,7 +421,28 @@ class LycheeDecodePolicy {
     select.per_row_k = ratio ? x.row_budget : nullptr;
     select.sink = c.sink;
     select.recent = c.recent;
+    if (lists_candidates(exec, layer, kv.batch)) select.candidates = candidates(state, layer, x);
     return topk(exec, scores, select, out, static_cast<float*>(nullptr), ScoreKey<float>(), x.selection);
+  }
+
+  /// Whether a layer's score pass lists candidates and its top-k reads them: the same answer in
+  /// attend_layer and hand_off_layer. Only where the top-k takes its register select (the one path
+  /// that reads a list, and writes the next threshold: elsewhere a stale threshold would make the
+  /// pass list in vain, step after step).
+  template <class Exec>
+  bool lists_candidates(const Exec& exec, int layer, int batch) const {
+    if (!config_.score_candidates || config_.selection == LycheeDecodeSelection::kBlock) return false;
+    const std::int64_t rows = std::int64_t(batch) * retrieval_heads(layer);
+    return rows > 0 &&
+           detail::plan_topk<std::uint32_t>(rows, score_cols(), exec.device).kernel == detail::TopkKernel::kRegisterSelect;
+  }
+  ScoreCandidates candidates(const LycheeDecodeState& state, int layer, const detail::LycheeDecodeScratch& x) const {
+    ScoreCandidates c;
+    c.thresholds = state.thresholds + std::size_t(layer) * std::size_t(rows());
+    c.counts = x.candidate_counts;
+    c.positions = x.candidate_positions;
+    c.count_stride = x.candidate_count_stride;
+    return c;
   }
 
   void advance(LycheeDecodeState& state, int layer, int batch) const {

@@ -84,6 +84,13 @@ struct LycheeDecodeConfig {
   int correction_interval = 0;
 
   float sm_scale = 0.f;  ///< <= 0: 1 / sqrt(head_dim)
+
+  /// kToken, kRatio on the GPU: the retrieval heads' score pass also lists the positions at or above
+  /// the threshold the last step's top-k left (ops/score_candidates.hpp), and the top-k selects from
+  /// that list when it holds the budget: the same selection, from a few thousand positions instead
+  /// of the whole row. Used where the top-k takes its register select (a few long rows: up to 14
+  /// retrieval rows a layer of 16K-128K positions on an H100 or H200). false: always the full search.
+  bool score_candidates = true;
 };
 
 namespace detail {

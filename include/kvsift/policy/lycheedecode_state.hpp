@@ -1,12 +1,16 @@
 #pragma once
 /// \file
-/// \brief LycheeDecode's state between the layers of a decode step: the index table and the layer cursor.
+/// \brief LycheeDecode's state between the layers of a decode step: the index table, the score
+/// candidates' thresholds and the layer cursor.
 ///
 /// The table holds one row per (sequence b, KV head h), row b * num_kv_heads + h, addressed by the
 /// model's ORIGINAL KV-head index (no weight reordering needed). A retrieval head h writes its row; a
 /// sparse head h at a later layer reads it, so the row carries the set of the most recent retrieval
 /// layer of head h. Layer 0 is all retrieval and rewrites every row at every step, so the table needs
-/// no initialisation and nothing in it outlives a step.
+/// no initialisation and nothing in it outlives a step. The thresholds (one float per layer and row,
+/// ops/score_candidates.hpp) do outlive a step: each is the last step's selection threshold of that
+/// retrieval head, which the next step's score pass lists candidates at. They need no initialisation
+/// either: any value, garbage included, selects the same entries (a poor one costs time for a step).
 ///
 /// The table lives in caller memory of the backend's space (device memory for cuda::Exec), sized by
 /// lycheedecode_state_bytes, and has one writer: the retrieval heads' top-k, in place. The cursor is
@@ -30,6 +34,7 @@ namespace kvsift {
 /// by make_lycheedecode_state; no step counter (the engine's).
 struct LycheeDecodeState {
   IndexSet table;          ///< rows max_batch * num_kv_heads, capacity lycheedecode_index_capacity(config)
+  float* thresholds = nullptr;  ///< [num_layers, max_batch * num_kv_heads]: the score candidates' thresholds
   int num_layers = 0;      ///< layers per step (config.num_layers)
   int next_layer = 0;      ///< the layer the next call must be for
   int step_batch = 0;      ///< kv.batch of the step in progress, fixed by its layer 0
@@ -46,11 +51,12 @@ struct LycheeDecodeState {
 
 namespace detail {
 
-inline IndexSet carve_lycheedecode_table(WorkspaceCarver& ws, const LycheeDecodeConfig& c) {
+inline IndexSet carve_lycheedecode_table(WorkspaceCarver& ws, const LycheeDecodeConfig& c, float** thresholds) {
   const int rows = c.max_batch * c.num_kv_heads;
   const int capacity = lycheedecode_index_capacity(c);
   std::int32_t* indices = ws.take<std::int32_t>(std::size_t(rows) * capacity);
   std::int32_t* counts = ws.take<std::int32_t>(std::size_t(rows));
+  *thresholds = ws.take<float>(std::size_t(c.num_layers) * std::size_t(rows));
   return make_index_set(indices, counts, rows, capacity, lycheedecode_granularity(c), lycheedecode_entry_tokens(c));
 }
 
@@ -59,7 +65,8 @@ inline IndexSet carve_lycheedecode_table(WorkspaceCarver& ws, const LycheeDecode
 /// Bytes of state memory for this configuration (needs no memory; the config must be valid).
 inline std::size_t lycheedecode_state_bytes(const LycheeDecodeConfig& config) {
   WorkspaceCarver ws(nullptr, 0);
-  detail::carve_lycheedecode_table(ws, config);
+  float* thresholds = nullptr;
+  detail::carve_lycheedecode_table(ws, config, &thresholds);
   return ws.required_bytes();
 }
 
@@ -71,11 +78,13 @@ inline Status make_lycheedecode_state(const LycheeDecodeConfig& config, void* me
   KVSIFT_REQUIRE_NOT_NULL(memory, "memory");
   KVSIFT_REQUIRE_NOT_NULL(state, "state");
   WorkspaceCarver ws(memory, bytes);
-  const IndexSet table = detail::carve_lycheedecode_table(ws, config);
+  float* thresholds = nullptr;
+  const IndexSet table = detail::carve_lycheedecode_table(ws, config, &thresholds);
   if (!ws.status().ok())
     return Status(ws.status().code(), "state memory: " + ws.status().message() + " (ask lycheedecode_state_bytes)");
   *state = LycheeDecodeState();
   state->table = table;
+  state->thresholds = thresholds;
   state->num_layers = config.num_layers;
   return Status();
 }

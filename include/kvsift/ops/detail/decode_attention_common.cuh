@@ -214,15 +214,53 @@ __device__ __forceinline__ unsigned* block_max_scratch(SplitSmem<D, R>& s) {
   return reinterpret_cast<unsigned*>(&s + 1);
 }
 
-// Scores of the split's tokens past the sequence (and of blocks nothing wrote) become -inf; for
-// block maxima, the scratch of the whole split is flushed. Called by every thread after a barrier.
+// The score candidates (ops/score_candidates.hpp) of a block's split: its segment of the row's list
+// (positions from w.base on) and the threshold the pass lists at. Without candidates, or off the score
+// tile, the threshold is NaN and nothing is ever listed (add's compare fails), so callers need no flag.
+struct CandidateSegment {
+  float threshold;
+  std::int32_t* list;
+  // Lists token t if its score reaches the threshold; `listed` counts the split's list in shared memory.
+  __device__ __forceinline__ void add(int* listed, int t, float score) const {
+    if (score >= threshold) list[atomicAdd(listed, 1)] = t;
+  }
+};
+// Read after dependent_kernel_start: the threshold is the previous step's top-k output. -inf lists
+// nothing either (-inf scores mark the positions past the length, which a list must not need).
 template <class View, class QT>
-__device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, const unsigned* scratch) {
+__device__ __forceinline__ CandidateSegment candidate_segment(const DecodeLaunch<View, QT>& a, const DecodeWork& w,
+                                                              bool score_tile) {
+  CandidateSegment c{NAN, nullptr};
+  if (score_tile && a.p.score_block_size == 1 && a.p.candidates.enabled()) {
+    const std::int64_t r = std::int64_t(w.b) * a.kv.num_kv_heads + w.h;
+    const float t = a.p.candidates.thresholds[r];
+    c.threshold = t > -INFINITY ? t : NAN;
+    c.list = a.p.candidates.positions + r * a.p.score_row_stride + w.base;
+  }
+  return c;
+}
+
+// Scores of the split's tokens past the sequence (and of blocks nothing wrote) become -inf; for
+// block maxima, the scratch of the whole split is flushed. With candidates, the split's count (and,
+// from split 0, the row's header) is published: `listed` is final, every add was before the barrier.
+// Called by every thread after a barrier.
+template <class View, class QT>
+__device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, const unsigned* scratch, int listed) {
   float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
   if (a.p.score_block_size == 1) {
     const int from = w.len > w.base ? w.len : w.base;
     const int to = min(w.base + a.plan.chunk, a.plan.score_cols);
     for (int t = from + threadIdx.x; t < to; t += blockDim.x) row[t] = -INFINITY;
+    if (a.p.candidates.enabled() && threadIdx.x == 0) {
+      std::int32_t* counts = a.p.candidates.counts + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.candidates.count_stride;
+      counts[kScoreCandidateHeader + w.split] = listed;
+      if (w.split == 0) {
+        counts[0] = std::int32_t(kScoreCandidateTagLo);
+        counts[1] = std::int32_t(kScoreCandidateTagHi);
+        counts[2] = a.plan.chunk;
+        counts[3] = a.plan.retrieval_splits;
+      }
+    }
   } else {
     const int blocks = a.plan.chunk / a.p.score_block_size;
     const int first = w.base / a.p.score_block_size;

@@ -250,6 +250,11 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
   const bool block_scores = a.p.score_block_size > 1;
   if (score_tile && block_scores)
     for (int i = tid; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
+  // Score candidates: the split's list grows by shared atomics (the first add is past the stream
+  // loop's first barrier) and its count is published after the loop (finish_scores).
+  __shared__ int s_listed;
+  const CandidateSegment cand = candidate_segment(a, w, score_tile);
+  if (tid == 0) s_listed = 0;
 
   // ---- the copy side: this thread's positions and chunks within every stage ----
   const int load_row = tid / kLoadThreadsPerRow, load_chunk = tid % kLoadThreadsPerRow;
@@ -670,6 +675,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
 #pragma unroll
         for (int q = 0; q < 4; ++q)
           if (tok[q] >= 0) row[tok[q]] = v[q];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) cand.add(&s_listed, tok[q], v[q]);  // masked tokens: -inf, never listed
       }
     }
     std::uint32_t pb[kHalves][2];
@@ -772,6 +779,8 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
         float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
         if (tok[0] >= 0) row[tok[0]] = v0;
         if (tok[1] >= 0) row[tok[1]] = v1;
+        cand.add(&s_listed, tok[0], v0);  // masked tokens: -inf, never listed
+        cand.add(&s_listed, tok[1], v1);
       }
     }
     float p[2][2];  // [row 2j + e][position g, g + 8]
@@ -887,7 +896,7 @@ __global__ void __launch_bounds__(kDecodeThreads, kDecodeCtasPerSm<D * int(sizeo
     }
   }
   finish_split(a, w, sm);
-  if (score_tile) finish_scores(a, w, scratch);
+  if (score_tile) finish_scores(a, w, scratch, s_listed);
 }
 
 }  // namespace detail

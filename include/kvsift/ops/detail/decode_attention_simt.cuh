@@ -29,6 +29,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
   unsigned* scratch = block_max_scratch(sm);
   if (score_tile && block_scores)
     for (int i = threadIdx.x; i < a.plan.chunk / a.p.score_block_size; i += blockDim.x) scratch[i] = ordered_key(-INFINITY);
+  __shared__ int s_listed;  // score candidates: the split's list (see the tensor-core kernel)
+  const CandidateSegment cand = candidate_segment(a, w, score_tile);
+  if (threadIdx.x == 0) s_listed = 0;
   __syncthreads();
 
   float q[R][kPer], o[R][kPer], m[R], l[R];
@@ -93,8 +96,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
       if (score_tile && rr == score_row && lane == 0) {
         if (block_scores)
           atomicMax(scratch + pos / a.p.score_block_size, ordered_key(dot));
-        else
+        else {
           a.p.scores[(std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride + t] = dot;
+          cand.add(&s_listed, t, dot);
+        }
       }
       if (t > limit[rr]) continue;
       const float x = dot * a.plan.scale_log2;
@@ -118,7 +123,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_split_simt_kernel(const
     for (int i = 0; i < kPer; ++i) sm.o[warp][rr][lane * kPer + i] = o[rr][i];
   }
   finish_split(a, w, sm);
-  if (score_tile) finish_scores(a, w, scratch);
+  if (score_tile) finish_scores(a, w, scratch, s_listed);
 }
 
 }  // namespace detail

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 
@@ -103,6 +104,51 @@ __device__ __forceinline__ void topk_reg_find(const int* ha, const int* hb, Rank
     p += c[j];
   }
   __syncthreads();
+}
+
+// The key of rank r (1-based, descending) among the keys of `list` (`vectors` 16-byte vectors of
+// 32-bit keys) that lie in [bottom, top]; others (the padding above top) are never counted. 11-bit
+// digits of the keys relative to bottom, one zeroed histogram of `hist` a round (three: 32 bits take
+// three rounds), block barriers only. *gt counts the list's keys in [bottom, top] above the result.
+// Used by the register select on the copy of its group's lists and on a row's score candidates.
+template <int kThreads, class K>
+__device__ __forceinline__ K topk_reg_list_kth(const uint4* list, int vectors, K bottom, K top, int r,
+                                               int (*hist)[kTopkRegHistStride], int* s_scan, TopkRankHit* s_hit,
+                                               int* gt) {
+  static_assert(sizeof(K) == 4, "32-bit keys");
+  const int tid = int(threadIdx.x);
+  K prefix = 0;
+  int hi = topk_bit_width(K(top - bottom));  // bits above hi are known (prefix)
+  int above = 0;
+  int buffer = 0;
+  while (hi > 0) {  // uniform: hi and the hits are the same in every thread
+    const int shift = hi > 11 ? hi - 11 : 0;
+    const int mask = (1 << (hi - shift)) - 1;
+    int* h = hist[buffer];
+#pragma unroll 1
+    for (int v = tid; v < vectors; v += kThreads) {
+      const uint4 q = list[v];
+      const K k4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const K rel = k4[e] - bottom;
+        const bool match = k4[e] <= top && (hi >= 32 ? K(0) : rel >> hi) == prefix;
+        atomicAdd(&h[match ? int(rel >> shift) & mask : kTopkRegBins], 1);
+      }
+    }
+    if (tid == 0) s_hit[0] = TopkRankHit{-1, 0};
+    __syncthreads();
+    topk_reg_find<kThreads>(h, nullptr, [&](int) { return make_int2(r, 0); }, s_scan, s_hit);
+    const TopkRankHit found = s_hit[0];
+    prefix = (prefix << (hi - shift)) | K(found.bin);
+    r -= found.above;
+    above += found.above;
+    hi = shift;
+    buffer = buffer == 2 ? 0 : buffer + 1;
+    __syncthreads();  // s_hit is read by everyone before the next round writes it
+  }
+  *gt = above;
+  return bottom + prefix;
 }
 
 // Exclusive prefix over the warp's lanes of a count c in [0, 2^kBits) (kBits ballots, no shuffles).

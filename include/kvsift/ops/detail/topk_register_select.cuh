@@ -26,6 +26,12 @@
 //
 // A CTA leaves only after every peer has finished reading its shared memory (a split cluster
 // barrier: arrive after the last remote read, wait at exit).
+//
+// With score candidates (ScoreKey<float> rows, ops/score_candidates.hpp), every CTA first reads the
+// row's list header and counts with its loads; where the list holds the budget, rank 0 selects from it
+// alone (ops/detail/topk_score_candidates.cuh) and the peers leave before step 2. Either way rank 0
+// writes the row's next threshold: from the list's search, or from the bracket (its bottom listed
+// about the budget and a few thousand more keys), or NaN after the exact search.
 
 #include <cooperative_groups.h>
 
@@ -36,6 +42,7 @@
 #include "kvsift/ops/detail/topk_bracket.hpp"
 #include "kvsift/ops/detail/topk_radix_select.cuh"
 #include "kvsift/ops/detail/topk_register_common.cuh"
+#include "kvsift/ops/detail/topk_score_candidates.cuh"
 #include "kvsift/ops/topk.hpp"
 #include "kvsift/ops/topk_plan.hpp"
 
@@ -120,6 +127,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int s_offsets[kTopkRegMaxGroup + 1];          // each peer's first vector in the copy
   __shared__ std::uint32_t s_peer_list[kTopkRegMaxGroup];  // each peer's list, shared::cluster address
   __shared__ __align__(16) int s_warp_gt[kWarps], s_warp_eq[kWarps];
+  __shared__ int s_listed_sums[2 * kWarps];
 
   const int group_size = a.plan.ctas_per_row;
   const int rank = int(group.block_rank());
@@ -137,6 +145,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int k_raw = a.params.per_row_k ? a.params.per_row_k[row] : a.params.k;
   const int run_lo = rank * a.plan.slice + warp * kWarpRun;  // this warp's positions [run_lo, run_lo + kWarpRun)
   auto load_vector = [&](int p0) { return topk_reg_load_vector(row_scores, cols, a.plan.vector_loads, p0); };
+  // Score candidates: the list's header and counts, and the threshold it was made with, in the burst.
+  constexpr bool kListed = std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>;
+  const ScoreCandidates& cand = a.params.candidates;
+  const bool listing = kListed && cand.enabled();
+  TopkListedLoad<kThreads> listed_load{};
+  float listed_used = NAN;
+  if (listing) {
+    listed_load = topk_listed_load<kThreads>(cand, row);
+    const float t = cand.thresholds[row];
+    listed_used = t > -INFINITY ? t : NAN;  // as the pass reads it (candidate_segment)
+  }
   uint4 raw[kVectors];
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
@@ -166,11 +185,30 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   topk_write_forced(plan, rank * kThreads + tid, group_size * kThreads, rank == 0 && tid == 0, a.out.counts + row, emit);
   // Same decision in every CTA of the group (it depends on the row only), before any group barrier.
+  // A list is never left for a later call: its tag is cleared here too (nobody reads the header then).
+  if (listing && rank == 0 && tid == 0 && (plan.budget == 0 || plan.budget == plan.region()))
+    cand.counts[row * cand.count_stride] = 0;
   if (plan.budget == 0) return;
   auto in_region = [&](int pos) { return pos >= plan.sink_end && pos < plan.recent_begin; };
   if (plan.budget == plan.region()) {  // the whole region: offsets are the positions themselves
     topk_reg_emit_region<kKeys, kPerVector>(plan, run_lo, emit);
     return;
+  }
+  if constexpr (kListed) {
+    if (listing) {
+      const int capacity = topk_listed_capacity(a.plan.smem_bytes, cols);
+      const TopkListed listed = topk_candidates_suffice<kThreads>(listed_load, cand, plan, capacity, s_listed_sums);
+      group.sync();  // every CTA has read the header before rank 0 clears its tag
+      if (listed.usable) {
+        if (rank == 0) {
+          const TopkListedKth f = topk_select_listed<kThreads, T>(
+              listed_load, listed, cand.positions + row * a.scores.row_stride, row, row_scores, a.key, plan, cols,
+              capacity, topk_dynamic_smem, hist, s_scan, s_hit, &s_listed, emit);
+          if (tid == 0) topk_candidates_next(cand, row, f.kth, listed_used, f.listed, plan.budget);
+        }
+        return;
+      }
+    }
   }
   K keys[kKeys];
   const Mask valid = topk_reg_keys<kKeys, T>(a.key, row, plan, raw, run_lo, keys);
@@ -341,39 +379,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();
     // Radix select of rank r = budget - above_total over the copy, on keys relative to the bracket's
     // bottom; the padding (kSentinel, above the top) is never counted.
-    const int bits = topk_bit_width(K(top - bottom));
-    int r = plan.budget - above_total;
-    K prefix = 0;
-    int hi = bits;  // bits above hi are known (prefix)
     int gt_in_list = 0;
-    int buffer = 0;
-    while (hi > 0) {  // uniform: bits and the hits are the same in every thread
-      const int shift = hi > 11 ? hi - 11 : 0;
-      const int mask = (1 << (hi - shift)) - 1;
-      int* h = hist[buffer];
-#pragma unroll 1
-      for (int v = tid; v < vectors_total; v += kThreads) {
-        const uint4 q = all4[v];
-        const K k4[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const K rel = k4[e] - bottom;
-          const bool match = k4[e] <= top && (hi >= 32 ? K(0) : rel >> hi) == prefix;
-          atomicAdd(&h[match ? int(rel >> shift) & mask : kDummy], 1);
-        }
-      }
-      if (tid == 0) s_hit[0] = TopkRankHit{-1, 0};
-      __syncthreads();
-      topk_reg_find<kThreads>(h, nullptr, [&](int) { return make_int2(r, 0); }, s_scan, s_hit);
-      const TopkRankHit found = s_hit[0];
-      prefix = (prefix << (hi - shift)) | K(found.bin);
-      r -= found.above;
-      gt_in_list += found.above;
-      hi = shift;
-      buffer = buffer == 2 ? 0 : buffer + 1;
-      __syncthreads();  // s_hit is read by everyone before the next round writes it
-    }
-    kth = bottom + prefix;
+    kth = topk_reg_list_kth<kThreads>(all4, vectors_total, bottom, top, plan.budget - above_total, hist, s_scan, s_hit,
+                                      &gt_in_list);
     ties = plan.budget - above_total - gt_in_list;
     // The lower ranks' keys above and at kth: their counts above the bracket and their part of the copy.
     int gl = 0, el = 0;
@@ -450,6 +458,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     __cluster_barrier_arrive();  // done reading the peers' shared memory
   }
 
+  if constexpr (kListed) {
+    // The next threshold: the bracket's bottom listed above_total + listed_total region keys (a hit);
+    // the exact search gives none (NaN: the next pass lists nothing and this search runs again).
+    if (listing && rank == 0 && tid == 0)
+      topk_candidates_next(cand, row, std::uint32_t(kth), hit ? float_order_threshold(std::uint32_t(bottom)) : NAN,
+                           above_total + listed_total, plan.budget);
+  }
   // ---- ordered output: warp counts, one barrier, then each warp writes its run in order ----
   topk_reg_write_ordered<kKeys, kPerVector, kThreads>(keys, valid, kth, ties, gt_lower, eq_lower, plan.sink_end, run_lo, s_warp_gt,
                                             s_warp_eq, emit);
