@@ -95,6 +95,8 @@ struct Case {
   double rho = 0.8;
   int block_size = 64, num_blocks = 5, sink_blocks = 1;
   int num_sms = 0;  // > 0: plan for this many SMs instead of the GPU's (other split plans, same GPU)
+  bool candidates = false;      // config.score_candidates (read only by rows of 16K-128K positions)
+  bool repeat_queries = false;  // every step reuses its layer's step-0 queries: the candidates' list holds
 
   int layers() const { return int(std::count(roles.begin(), roles.end(), '/')) + 1; }
   int hkv() const { return int(roles.find('/')); }
@@ -121,6 +123,7 @@ struct Case {
     c.block_size = block_size;
     c.num_blocks = num_blocks;
     c.sink_blocks = sink_blocks;
+    c.score_candidates = candidates;
     return c;
   }
 };
@@ -262,12 +265,14 @@ void run_case(const Case& c, std::uint64_t salt) {
   std::vector<std::int32_t> lengths = c.lengths;
   DeviceBuffer<std::int32_t> dlengths(lengths);
   DeviceBuffer<KT> dq(std::size_t(B) * Hq * D), dout(std::size_t(B) * Hq * D);
+  std::vector<std::vector<KT>> first_queries(std::size_t(c.layers()));
   for (int step = 0; step < c.steps; ++step) {
     CAPTURE(step);
     dlengths.upload(lengths);
     for (int l = 0; l < c.layers(); ++l) {
       CAPTURE(l);
-      const auto q = group_mean_queries<KT>(rng, B, H, c.group, D);
+      if (step == 0 || !c.repeat_queries) first_queries[std::size_t(l)] = group_mean_queries<KT>(rng, B, H, c.group, D);
+      const auto q = first_queries[std::size_t(l)];
       std::vector<KT> want(q.size());
       caches.with_host_view(l, lengths.data(), [&](const auto& kv) {
         const auto io = kvsift::make_query_io(q.data(), want.data(), 1, Hq, D);

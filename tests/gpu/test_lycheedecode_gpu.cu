@@ -15,6 +15,33 @@ TEST_CASE("LycheeDecode bf16: token mode, contiguous cache, mixed roles") {
   lycheedecode_test::run_case<bfloat16_t>(c, 801);
 }
 
+// Score candidates (config.score_candidates): rows of 16K-20K positions, where the top-k takes its
+// register select and reads the lists. Steps that reuse their queries keep the last step's threshold
+// right (the lists hold); new queries every step mostly miss (the full search). Both against the host.
+TEST_CASE("LycheeDecode bf16: token and ratio modes with score candidates, rows of 16K-20K positions") {
+  for (const bool repeat : {true, false}) {
+    Case c;
+    c.roles = "RR/SR/RS/SS";
+    c.cap = 20000;
+    c.lengths = {20000, 16400, 0};
+    c.budget = 600;
+    c.steps = 4;
+    c.candidates = true;
+    c.repeat_queries = repeat;
+    lycheedecode_test::run_case<bfloat16_t>(c, repeat ? 811 : 812);
+  }
+  Case r;
+  r.roles = "RR/RS/SR";
+  r.cap = 17000;
+  r.lengths = {17000, 16500};
+  r.selection = LycheeDecodeSelection::kRatio;
+  r.rho = 0.97;
+  r.steps = 3;
+  r.candidates = true;
+  r.repeat_queries = true;
+  lycheedecode_test::run_case<bfloat16_t>(r, 813);
+}
+
 TEST_CASE("LycheeDecode bf16: token mode, paged cache, few SMs (many splits per head)") {
   Case c;
   c.layout = Layout::kPagedNHD;

@@ -82,6 +82,14 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                                    : topk_register_select_kernel<T, Key, 16, kTopkRegThreads>)
                       : (keys == 16 ? topk_register_select_kernel<T, Key, 16, kTopkRegWideThreads>
                                     : topk_register_select_kernel<T, Key, 32, kTopkRegWideThreads>);
+      // Score candidates take the instantiation that reads them (validate_topk allows them only here).
+      if constexpr (std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>) {
+        if (launch.params.candidates.enabled())
+          kernel = narrow ? (keys == 8 ? topk_register_select_kernel<T, Key, 8, kTopkRegThreads, true>
+                                       : topk_register_select_kernel<T, Key, 16, kTopkRegThreads, true>)
+                          : (keys == 16 ? topk_register_select_kernel<T, Key, 16, kTopkRegWideThreads, true>
+                                        : topk_register_select_kernel<T, Key, 32, kTopkRegWideThreads, true>);
+      }
     }
   } else {
     KVSIFT_REQUIRE(plan.kernel != TopkKernel::kRegisterSelect, kInternal,
