@@ -85,8 +85,15 @@ inline constexpr bool kTopkRegHasSentinel =
 
 // kListing: the instantiation that reads score candidates (fp32 rows under ScoreKey<float> whose call
 // gives them); the others hold none of that code, which cost the full search 1.4-2.7% when compiled in.
+// KVSIFT_TOPK_LISTING_MAXNREG (a measurement build only, docs/performance.md forty-fifth session): caps
+// the listing instantiation's registers (it takes 124-128 where the others take 93-96).
+#if defined(KVSIFT_TOPK_LISTING_MAXNREG)
+#define KVSIFT_TOPK_LISTING_REGS __maxnreg__(kListing ? KVSIFT_TOPK_LISTING_MAXNREG : (kThreads == 512 ? 128 : 255))
+#else
+#define KVSIFT_TOPK_LISTING_REGS
+#endif
 template <class T, class Key, int kKeys, int kThreads, bool kListing = false>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
     topk_register_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
                                 TopkPlan launch_plan) {
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
