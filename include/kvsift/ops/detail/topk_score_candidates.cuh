@@ -31,9 +31,8 @@ namespace detail {
 /// Segment counts a CTA reads: 2048 (a row of 128K positions in the shortest segments, 64 tokens).
 inline constexpr int kTopkListedMaxSegments = 2048;
 
-/// The shared memory a row of `cols` positions needs besides its listed keys and positions: two
-/// position bitmaps. The list's capacity is what the register select's dynamic shared memory leaves.
-inline int topk_listed_bitmap_words(int cols) { return (cols + 31) / 32; }
+/// Listed positions the register select's dynamic shared memory holds for a row of `cols` positions:
+/// a key and a position each, after two position bitmaps of ceil(cols / 32) words.
 KVSIFT_HD inline int topk_listed_capacity(std::size_t smem_bytes, int cols) {
   const std::int64_t left = std::int64_t(smem_bytes) - 2 * std::int64_t((cols + 31) / 32) * 4;
   return left > 0 ? int(left / 8 / 4 * 4) : 0;  // a key and a position each, whole 16-byte vectors of keys
@@ -137,9 +136,9 @@ __device__ __forceinline__ void topk_candidates_next(const ScoreCandidates& c, s
 }
 
 /// Rank 0's selection from the list (see the file comment); every thread of the CTA calls it.
-/// `row_positions` is the row's list (the scores' row stride), `used` the threshold it was made with,
-/// `smem` the register select's dynamic shared memory (`capacity` keys, then `capacity` positions,
-/// then two bitmaps of topk_listed_bitmap_words(cols) words), `hist` its three zeroed histograms.
+/// `row_positions` is the row's list (the scores' row stride), `smem` the register select's dynamic
+/// shared memory (`capacity` keys, then `capacity` positions, then two bitmaps of ceil(cols / 32)
+/// words), `hist` its three zeroed histograms, `s_count` one int.
 template <int kThreads, class T, class Key, class Emit>
 __device__ __forceinline__ TopkListedKth topk_select_listed(const TopkListedLoad<kThreads>& l, const TopkListed& d,
                                                    const std::int32_t* row_positions, std::int64_t row,
