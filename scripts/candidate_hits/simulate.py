@@ -41,8 +41,8 @@ def load(model_dir):
     return w
 
 
-def next_threshold(kth, used, listed, budget):
-    extra = float(budget // 4 + 64)
+def next_threshold(kth, used, listed, budget, extra_fraction=0.25):
+    extra = float(int(budget * extra_fraction) + 64)
     scale = extra / float(listed - budget) if listed > budget else 8.0
     scale = min(max(scale, 0.125), 8.0)
     gap = kth - used
@@ -128,11 +128,16 @@ def main():
     ap.add_argument("--budget-fractions", default="0.03125,0.0625,0.125")
     ap.add_argument("--sink", type=int, default=8)
     ap.add_argument("--recent", type=int, default=16)
+    ap.add_argument("--variants", default="0.25:2",
+                    help="rule variants EXTRA:CAPACITY, comma-separated: the target's extra over the budget "
+                         "and the list's capacity, in budgets (the kernel today: 0.25:2)")
     args = ap.parse_args()
     cfg = json.load(open(args.model + "/config.json"))
     m = Llama(load(args.model), cfg)
     g = m.hq // m.hkv
     fractions = [float(x) for x in args.budget_fractions.split(",")]
+    variants = [tuple(float(y) for y in v.split(":")) for v in args.variants.split(",")]
+    fractions = [(f, v) for f in [float(x) for x in args.budget_fractions.split(",")] for v in variants]
     for length in [int(x) for x in args.lengths.split(",")]:
         stats = {f: [0, 0, 0.0, 0, 0] for f in fractions}  # used, selections, sum of listed / budget, short, over
         for ids in read_prompts(args.model + "/prompts_shared.txt", length, args.prompts):
@@ -147,8 +152,9 @@ def main():
                     scores = np.einsum("hd,thd->ht", qm, K)
                     n = scores.shape[1]
                     for f in fractions:
-                        budget = max(1, int(f * n) - args.sink - args.recent)
-                        capacity = 2 * budget + 64
+                        budget = max(1, int(f[0] * n) - args.sink - args.recent)
+                        extra_fraction, capacity_budgets = f[1]
+                        capacity = int(capacity_budgets * budget) + 64
                         for h in range(m.hkv):
                             region = scores[h, args.sink:n - args.recent]
                             srt = -np.sort(-region)
@@ -163,13 +169,14 @@ def main():
                                 stats[f][3] += listed < budget
                                 stats[f][4] += listed > capacity
                             if used:
-                                thresholds[f][(l, h)] = next_threshold(kth, t, listed, budget)
+                                thresholds[f][(l, h)] = next_threshold(kth, t, listed, budget, extra_fraction)
                             else:
                                 rank = min(len(srt), int(1.25 * budget) + 64)
-                                thresholds[f][(l, h)] = next_threshold(kth, float(srt[rank - 1]), rank, budget)
+                                thresholds[f][(l, h)] = next_threshold(kth, float(srt[rank - 1]), rank, budget,
+                                                                       extra_fraction)
         for f in fractions:
             u, n, s, short, over = stats[f]
-            print(f"length {length}, budget {f:.4f} of the row: list used {u}/{n} = {u / max(n, 1):.3f} "
+            print(f"length {length}, budget {f[0]:.4f} of the row, extra {f[1][0]}, capacity {f[1][1]}: list used {u}/{n} = {u / max(n, 1):.3f} "
                   f"(short {short}, over capacity {over}), mean list / budget {s / max(n, 1):.2f}", flush=True)
 
 
