@@ -40,6 +40,13 @@ TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
   return plan_topk<typename Key::key_type>(rows, cols, device, kTopkRegHasSentinel<T, Key>);
 }
 
+/// Dynamic shared memory of the register select's listing instantiation: 192 KiB where the device
+/// has it beside the static histograms (an H100 or H200), else the plan's.
+inline std::size_t device_listing_smem(const DeviceFacts& device) {
+  constexpr std::size_t kListing = std::size_t(192) << 10;
+  return kListing + kTopkRegStaticSmem + 1024 <= device.max_smem_optin ? kListing : 0;
+}
+
 /// Launches the plan's kernel for an already validated call (cuda::topk's second half). Tests and
 /// bench_topk also call it with a plan of their choosing (plan_topk_stream, or a forced CTA group) to
 /// run every kernel on the same shapes; the plan must come from topk_plan.hpp's functions.
@@ -82,8 +89,13 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
                                    : topk_register_select_kernel<T, Key, 16, kTopkRegThreads>)
                       : (keys == 16 ? topk_register_select_kernel<T, Key, 16, kTopkRegWideThreads>
                                     : topk_register_select_kernel<T, Key, 32, kTopkRegWideThreads>);
-      // Score candidates take the instantiation that reads them (validate_topk allows them only here).
+      // Score candidates take the instantiation that reads them (validate_topk allows them only here),
+      // with room for lists of up to five budgets of 4096 at 128K (topk_listed_capacity): the list's
+      // capacity, not its margin, decides how often it holds on learned attention (docs/performance.md,
+      // forty-fifth session). One CTA an SM either way.
       if constexpr (std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>) {
+        if (launch.params.candidates.enabled() && device_listing_smem(exec.device) > launch.plan.smem_bytes)
+          launch.plan.smem_bytes = device_listing_smem(exec.device);
         if (launch.params.candidates.enabled())
           kernel = narrow ? (keys == 8 ? topk_register_select_kernel<T, Key, 8, kTopkRegThreads, true>
                                        : topk_register_select_kernel<T, Key, 16, kTopkRegThreads, true>)
