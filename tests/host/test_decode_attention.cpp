@@ -479,6 +479,39 @@ TEST_CASE("decode_attention validation names the parameter") {
   st = kvsift::host::decode_attention(ex, kv, bad);
   CHECK(st.message().find("score_row_stride = 1") != std::string::npos);
 
+  // Score candidates: per-token scores only, all three pointers, a 16-byte aligned counts row of a
+  // multiple of 4 ints with room for the header and a count per 64 tokens (1 here: 4 tokens).
+  bad = p;
+  std::vector<float> sc4(4), thr(1);
+  alignas(16) std::int32_t counts[12] = {};
+  std::vector<std::int32_t> listed(4);
+  bad.scores = sc4.data();
+  bad.score_row_stride = 4;
+  bad.candidates.thresholds = thr.data();
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.code() == StatusCode::kInvalidArgument);
+  CHECK(st.message().find("counts and positions") != std::string::npos);
+  bad.candidates.counts = counts;
+  bad.candidates.positions = listed.data();
+  bad.candidates.count_stride = 4;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.message().find("candidates.count_stride = 4") != std::string::npos);
+  bad.candidates.count_stride = 6;
+  CHECK(kvsift::host::decode_attention(ex, kv, bad).code() == StatusCode::kInvalidArgument);  // not a multiple of 4
+  bad.candidates.count_stride = 8;
+  CHECK(kvsift::host::decode_attention(ex, kv, bad).ok());  // the host reference lists nothing
+  bad.candidates.counts = counts + 1;
+  CHECK(kvsift::host::decode_attention(ex, kv, bad).code() == StatusCode::kMisaligned);
+  bad.candidates.counts = counts;
+  std::vector<float> block_scores(1);
+  bad.scores = block_scores.data();
+  bad.score_row_stride = 1;
+  bad.score_block_size = 16;
+  st = kvsift::host::decode_attention(ex, kv, bad);
+  CHECK(st.message().find("candidates need per-token scores") != std::string::npos);
+  bad.scores = nullptr;
+  CHECK(kvsift::host::decode_attention(ex, kv, bad).code() == StatusCode::kInvalidArgument);
+
   bad = p;
   bad.roles = kvsift::HeadRoleMask::all_sparse(1);
   std::vector<std::int32_t> idx(4), cnt(1);

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kvsift/ops/score_candidates.hpp"
 #include "kvsift/ops/topk_reference.hpp"
 #include "support/random.hpp"
 
@@ -129,6 +130,39 @@ Case flagged_case(std::mt19937_64& rng, int trial, std::vector<std::uint8_t>* fl
 }
 
 }  // namespace
+
+// The score candidates' threshold rule (ops/score_candidates.hpp): the next threshold lists at least
+// what this step selected (never above kth), moves by the wanted extra over the listed extra within
+// 1/8 .. 8 times the gap, keeps a threshold every listed score ties at, and is NaN where the scores
+// give no finite answer (the next pass then lists nothing).
+TEST_CASE("topk host: next_candidate_threshold") {
+  using kvsift::next_candidate_threshold;
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  // budget 4096: the wanted extra is 1088; 1088 listed past the budget keep the gap.
+  CHECK(next_candidate_threshold(2.f, 1.f, 4096 + 1088, 4096) == 1.f);
+  CHECK(next_candidate_threshold(2.f, 1.f, 4096 + 2176, 4096) == 1.5f);  // twice the extra: half the gap
+  CHECK(next_candidate_threshold(2.f, 1.f, 4096 + 100000, 4096) == 2.f - 0.125f);  // at most 8 times closer
+  CHECK(next_candidate_threshold(2.f, 1.f, 4096, 4096) == 2.f - 8.f);  // nothing past the budget: 8 gaps
+  CHECK(next_candidate_threshold(2.f, 1.f, 4097, 4096) == 2.f - 8.f);  // 1088x the gap, clamped to 8
+  CHECK(next_candidate_threshold(-3.f, -3.f, 5000, 4096) == -3.f);      // every listed score ties
+  CHECK(std::isnan(next_candidate_threshold(2.f, -inf, 5000, 4096)));  // listed everything: no finite gap
+  CHECK(std::isnan(next_candidate_threshold(2.f, nan, 5000, 4096)));
+  CHECK(std::isnan(next_candidate_threshold(-inf, -inf, 5000, 4096)));
+  CHECK(std::isnan(next_candidate_threshold(-3e38f, 3e38f, 5000, 4096)));  // kth below the threshold
+  CHECK(std::isnan(next_candidate_threshold(3e38f, -3e38f, 5000, 4096)));  // the gap overflows
+  auto rng = kvsift_test::make_rng(171);
+  for (int i = 0; i < 10000; ++i) {
+    const float kth = std::uniform_real_distribution<float>(-50.f, 50.f)(rng);
+    const float used = kth - std::uniform_real_distribution<float>(0.f, 10.f)(rng);
+    const int budget = kvsift_test::uniform_int(rng, 1, 8192);
+    const int listed = budget + kvsift_test::uniform_int(rng, 0, 20000);
+    const float t = next_candidate_threshold(kth, used, listed, budget);
+    INFO(kth, " ", used, " ", listed, " ", budget);
+    REQUIRE(t <= kth);
+    // At least an eighth of the gap below kth (up to the rounding of kth - gap * scale near kth).
+    if (used < kth) REQUIRE(kth - t >= (kth - used) * 0.125f - 1e-6f * (1.f + std::fabs(kth)));
+  }
+}
 
 TEST_CASE("topk host: random rows, every dtype, ragged lengths, per-row k") {
   auto rng = kvsift_test::make_rng(301);
