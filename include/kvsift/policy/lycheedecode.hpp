@@ -205,7 +205,7 @@ class LycheeDecodePolicy {
     const bool selects = retrieval_heads(layer) > 0;
     auto attention = detail::lycheedecode_attention_params(config_, io, 1, roles(layer), as_const(state.table),
                                                            selects ? x.scores : nullptr, x.score_stride);
-    if (selects && lists_candidates(exec, layer, kv.batch)) attention.candidates = candidates(state, layer, x);
+    if (selects && lists_candidates(exec, state, layer, kv.batch)) attention.candidates = candidates(state, layer, x);
     KVSIFT_TRY(decode_attention(exec, kv, attention, x.attention));
     advance(state, layer, kv.batch);
     if (selects) {
@@ -421,17 +421,18 @@ class LycheeDecodePolicy {
     select.per_row_k = ratio ? x.row_budget : nullptr;
     select.sink = c.sink;
     select.recent = c.recent;
-    if (lists_candidates(exec, layer, kv.batch)) select.candidates = candidates(state, layer, x);
+    if (lists_candidates(exec, state, layer, kv.batch)) select.candidates = candidates(state, layer, x);
     return topk(exec, scores, select, out, static_cast<float*>(nullptr), ScoreKey<float>(), x.selection);
   }
 
   /// Whether a layer's score pass lists candidates and its top-k reads them: the same answer in
   /// attend_layer and hand_off_layer. Only where the top-k takes its register select (the one path
   /// that reads a list, and writes the next threshold: elsewhere a stale threshold would make the
-  /// pass list in vain, step after step).
+  /// pass list in vain, step after step). A state laid out by hand without thresholds lists none.
   template <class Exec>
-  bool lists_candidates(const Exec& exec, int layer, int batch) const {
-    if (!config_.score_candidates || config_.selection == LycheeDecodeSelection::kBlock) return false;
+  bool lists_candidates(const Exec& exec, const LycheeDecodeState& state, int layer, int batch) const {
+    if (!config_.score_candidates || config_.selection == LycheeDecodeSelection::kBlock || state.thresholds == nullptr)
+      return false;
     const std::int64_t rows = std::int64_t(batch) * retrieval_heads(layer);
     return rows > 0 &&
            detail::plan_topk<std::uint32_t>(rows, score_cols(), exec.device).kernel == detail::TopkKernel::kRegisterSelect;
