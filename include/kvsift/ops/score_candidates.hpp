@@ -10,7 +10,8 @@
 /// positions, it selects from the list only when the list holds at least `needed` positions of the
 /// row's scored region and is complete; then every position the full search would select is on it (a
 /// position outside scores below the threshold, hence below `needed` listed ones), and the result is
-/// the same bits. Otherwise it runs the full search. A stale, partial or foreign list costs time only.
+/// the same bits. Otherwise it runs the full search. A list already read (its tag cleared) or one that
+/// falls short costs time only; a list must come from the pass that wrote the scores it is read with.
 ///
 /// Layout (device memory; rows as the scores', row r = b * num_kv_heads + h):
 ///   thresholds[r]      float, kept between steps: the pass lists the positions t < len with
