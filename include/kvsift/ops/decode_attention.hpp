@@ -179,12 +179,10 @@ Status validate_decode_attention(const View& kv, const DecodeAttentionParams<T>&
   if (p.candidates.enabled()) {
     KVSIFT_REQUIRE(p.scores != nullptr && p.score_block_size == 1, kInvalidArgument,
                    "candidates need per-token scores (scores set, score_block_size = 1)");
-    // One segment per split of a retrieval head; a split is at least one block step of tokens.
-    KVSIFT_TRY(validate_score_candidates(p.candidates, std::int64_t(kv.batch) * kv.num_kv_heads,
-                                         ceil_div(decode_max_length(kv, p), kDecodeCandidateMinSegment), "candidates"));
-  } else {
-    KVSIFT_TRY(validate_score_candidates(p.candidates, 0, 0, "candidates"));
   }
+  // One segment per split of a retrieval head; a split is at least one block step of tokens.
+  KVSIFT_TRY(validate_score_candidates(p.candidates, ceil_div(decode_max_length(kv, p), kDecodeCandidateMinSegment),
+                                       "candidates"));
   return check_pointers ? validate_decode_attention_rows(kv, p) : Status();
 }
 

@@ -74,8 +74,8 @@ KVSIFT_HD inline float next_candidate_threshold(float kth, float used, int liste
 
 namespace detail {
 
-/// Host-side check of a ScoreCandidates for `rows` rows of `segments` segments at most.
-inline Status validate_score_candidates(const ScoreCandidates& c, std::int64_t rows, int segments, const char* name) {
+/// Host-side check of a ScoreCandidates for rows of `segments` segments at most.
+inline Status validate_score_candidates(const ScoreCandidates& c, int segments, const char* name) {
   if (!c.enabled()) {
     KVSIFT_REQUIRE(c.counts == nullptr && c.positions == nullptr, kInvalidArgument, name,
                    ": counts and positions are set but thresholds is null (all three, or none)");
@@ -88,7 +88,6 @@ inline Status validate_score_candidates(const ScoreCandidates& c, std::int64_t r
                  " + ", segments, " (the header and one count per segment)");
   KVSIFT_REQUIRE(reinterpret_cast<std::uintptr_t>(c.counts) % 16 == 0, kMisaligned, name, ".counts = ",
                  static_cast<const void*>(c.counts), " must be 16-byte aligned (read as 16-byte vectors)");
-  KVSIFT_REQUIRE(rows <= INT32_MAX, kInvalidArgument, name, ": too many rows");
   return Status();
 }
 

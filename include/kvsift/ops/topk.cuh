@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -94,13 +95,13 @@ Status launch_topk(const cuda::Exec& exec, TopkLaunch<T, Key> launch) {
       // capacity, not its margin, decides how often it holds on learned attention (docs/performance.md,
       // forty-fifth session). One CTA an SM either way.
       if constexpr (std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>) {
-        if (launch.params.candidates.enabled() && device_listing_smem(exec.device) > launch.plan.smem_bytes)
-          launch.plan.smem_bytes = device_listing_smem(exec.device);
-        if (launch.params.candidates.enabled())
+        if (launch.params.candidates.enabled()) {
+          launch.plan.smem_bytes = std::max(launch.plan.smem_bytes, device_listing_smem(exec.device));
           kernel = narrow ? (keys == 8 ? topk_register_select_kernel<T, Key, 8, kTopkRegThreads, true>
                                        : topk_register_select_kernel<T, Key, 16, kTopkRegThreads, true>)
                           : (keys == 16 ? topk_register_select_kernel<T, Key, 16, kTopkRegWideThreads, true>
                                         : topk_register_select_kernel<T, Key, 32, kTopkRegWideThreads, true>);
+        }
       }
     }
   } else {

@@ -267,7 +267,7 @@ Status validate_topk(const StridedView2D<const T>& scores, const TopKParams& p, 
   if (p.candidates.enabled())
     KVSIFT_REQUIRE((std::is_same_v<T, float> && std::is_same_v<Key, ScoreKey<float>>), kInvalidArgument,
                    "candidates need fp32 scores under ScoreKey<float> (a threshold on the score is a bound on the key)");
-  KVSIFT_TRY(validate_score_candidates(p.candidates, scores.rows, 0, "candidates"));
+  KVSIFT_TRY(validate_score_candidates(p.candidates, 0, "candidates"));
   return Status();
 }
 

@@ -53,6 +53,16 @@ struct TopkListedLoad {
   static constexpr int kPer = kTopkListedMaxSegments / kThreads;
   int4 header;
   int4 counts[kPer / 4];
+
+  // The count of this thread's i-th segment (segment t kPer + i) of `segment` positions, clamped to
+  // what its span of a row of `len` can hold (a count is never trusted further); 0 from `segments` on.
+  __device__ __forceinline__ int count(int i, int segments, int segment, int len) const {
+    const int j = int(threadIdx.x) * kPer + i;
+    const int4 q = counts[i / 4];
+    const int raw = i % 4 == 0 ? q.x : i % 4 == 1 ? q.y : i % 4 == 2 ? q.z : q.w;
+    const int span = min(segment, len - j * segment);
+    return j < segments ? min(max(raw, 0), max(span, 0)) : 0;
+  }
 };
 
 template <int kThreads>
@@ -66,12 +76,6 @@ __device__ __forceinline__ TopkListedLoad<kThreads> topk_listed_load(const Score
     l.counts[q] = first + 4 <= c.count_stride ? *reinterpret_cast<const int4*>(counts + first) : make_int4(0, 0, 0, 0);
   }
   return l;
-}
-
-// Segment j's count clamped to what its span can hold (a count is never trusted further).
-__device__ __forceinline__ int topk_listed_count(int raw, int j, int segment, int len) {
-  const int span = min(segment, len - j * segment);
-  return min(max(raw, 0), max(span, 0));
 }
 
 /// The decision, identical in every CTA (the same memory, read before anyone writes it). Holds block
@@ -91,9 +95,7 @@ __device__ __forceinline__ TopkListed topk_candidates_suffice(const TopkListedLo
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = int(threadIdx.x) * kPer + i;
-    const int4 q = l.counts[i / 4];
-    const int raw = i % 4 == 0 ? q.x : i % 4 == 1 ? q.y : i % 4 == 2 ? q.z : q.w;
-    const int n = j < segments ? topk_listed_count(raw, j, segment, plan.len) : 0;
+    const int n = l.count(i, segments, segment, plan.len);
     all += n;
     // Wholly inside the scored region: every listed position there is a region position.
     inner += (j * segment >= plan.sink_end && (j + 1) * segment <= plan.recent_begin) ? n : 0;
@@ -170,10 +172,7 @@ __device__ __forceinline__ TopkListedKth topk_select_listed(const TopkListedLoad
     int n[kPer], sum = 0;
 #pragma unroll
     for (int i = 0; i < kPer; ++i) {
-      const int j = tid * kPer + i;
-      const int4 q = l.counts[i / 4];
-      const int raw = i % 4 == 0 ? q.x : i % 4 == 1 ? q.y : i % 4 == 2 ? q.z : q.w;
-      n[i] = j < d.segments ? topk_listed_count(raw, j, d.segment, plan.len) : 0;
+      n[i] = l.count(i, d.segments, d.segment, plan.len);
       sum += n[i];
     }
     int unused = 0;
