@@ -165,19 +165,31 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
     const float t = cand.thresholds[row];
     listed_used = t > -INFINITY ? t : NAN;  // as the pass reads it (candidate_segment)
   }
-  uint4 raw[kVectors];
-#pragma unroll
-  for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
   // The sample: thread t's run of 8 keys at t * run_stride (t < 256), spread over the view's columns
   // and drawn before the length is known (samples outside the scored region are dropped). One 32-byte
   // sector a run: a CTA's 256 runs cost it 256 sector reads, where 2048 single keys cost 2048.
   const bool sampler = kRuns == kThreads || tid < kRuns;
   const int run_stride = (cols + kRuns - 1) / kRuns / kTopkRegRunKeys * kTopkRegRunKeys +
                          ((cols + kRuns - 1) / kRuns % kTopkRegRunKeys ? kTopkRegRunKeys : 0);
+  uint4 raw[kVectors];
   uint4 sampled[kRunVectors];
+  auto load_slice_and_sample = [&] {
 #pragma unroll
-  for (int j = 0; j < kRunVectors; ++j)
-    sampled[j] = sampler ? load_vector(tid * run_stride + j * kPerVector) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
+#pragma unroll
+    for (int j = 0; j < kRunVectors; ++j)
+      sampled[j] = sampler ? load_vector(tid * run_stride + j * kPerVector) : make_uint4(0, 0, 0, 0);
+  };
+  // KVSIFT_TOPK_LISTING_DECIDE_FIRST (a measurement build, docs/performance.md forty-sixth session):
+  // the listing instantiation decides from the header and counts before it loads the slice, so a
+  // used list costs no slice loads (and rank 0 no wait on them); a full search starts its loads one
+  // L2 round trip and one block reduction later.
+#if defined(KVSIFT_TOPK_LISTING_DECIDE_FIRST)
+  constexpr bool kDecideFirst = kListed;
+#else
+  constexpr bool kDecideFirst = false;
+#endif
+  if (!kDecideFirst) load_slice_and_sample();
   {
     int4* const h4 = reinterpret_cast<int4*>(&hist[0][0]);
     for (int b = tid; b < 3 * kTopkRegHistStride / 4; b += kThreads) h4[b] = make_int4(0, 0, 0, 0);
@@ -207,8 +219,8 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
     if (listing) {
       const int capacity = topk_listed_capacity(a.plan.smem_bytes, cols);
       const TopkListed listed = topk_candidates_suffice<kThreads>(listed_load, cand, plan, capacity, s_listed_sums);
-      group.sync();  // every CTA has read the header before rank 0 clears its tag
       if (listed.usable) {
+        group.sync();  // every CTA has read the header before rank 0 clears its tag
         if (rank == 0) {
           const TopkListedKth f = topk_select_listed<kThreads, T>(
               listed_load, listed, cand.positions + row * a.scores.row_stride, row, row_scores, a.key, plan, cols,
@@ -218,6 +230,7 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
         return;
       }
     }
+    if (kDecideFirst) load_slice_and_sample();
   }
   K keys[kKeys];
   const Mask valid = topk_reg_keys<kKeys, T>(a.key, row, plan, raw, run_lo, keys);
