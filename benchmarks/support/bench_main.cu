@@ -64,7 +64,34 @@ __global__ void stream_read_kernel(const float4* __restrict__ p, std::size_t n, 
   if (acc == 12345.678f) *sink = acc;  // practically never true; keeps the loads live
 }
 
+// Instruction-cache eviction: a straight line of kCodeFlushSteps distinct 16-byte instructions (the
+// immediates differ, so nothing folds), 256 KiB of code, run by one warp on every SM. Hopper's
+// per-SM instruction caches are smaller, so the kernel timed next fetches its code from L2 (or, after
+// the L2 flush, from HBM) as it does inside a step, behind kernels of other code.
+constexpr int kCodeFlushSteps = 16384;
+__global__ void code_flush_kernel(unsigned seed, unsigned* sink) {
+  // x = x * y + c_i with y known only at run time: ptxas cannot fold the chain into fewer instructions.
+  const unsigned y = seed | 1u;
+  unsigned x = seed + threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < kCodeFlushSteps; ++i) asm volatile("mad.lo.u32 %0, %0, %1, %2;" : "+r"(x) : "r"(y), "r"(unsigned(i) * 2654435761u));
+  if (x == 0x9e3779b9u) *sink = x;  // keeps the chain live
+}
+
 }  // namespace
+
+void flush_code(cudaStream_t stream) {
+  static DeviceArray<unsigned> sink(1);
+  static const int sms = [] {
+    int dev = 0, n = 0;
+    KVSIFT_BENCH_CUDA(cudaGetDevice(&dev));
+    KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return n;
+  }();
+  // Two blocks an SM's worth of grid so that every SM runs one (the scheduler fills SMs in turn).
+  code_flush_kernel<<<2 * sms, 32, 0, stream>>>(3u, sink.get());
+  KVSIFT_BENCH_CUDA(cudaGetLastError());
+}
 
 void fill_uniform(float* p, std::size_t n, float lo, float hi, std::uint64_t seed, cudaStream_t s) {
   launch_fill(n, lo, hi, seed, s, StoreF32{p});
@@ -92,6 +119,11 @@ void flush_l2(cudaStream_t stream) {
     const char* env = std::getenv("KVSIFT_BENCH_FLUSH");
     return env != nullptr && std::string(env) == "read";
   }();
+  static const bool code = [] {
+    const char* env = std::getenv("KVSIFT_BENCH_FLUSH_CODE");
+    return env != nullptr && std::string(env) == "1";
+  }();
+  if (code) flush_code(stream);  // first: its own code then leaves L2 with the rest
   if (by_reading)
     launch_stream_read(scratch->get(), scratch->bytes(), sink.get(), stream);
   else

@@ -96,6 +96,12 @@ void time_gpu(benchmark::State& state, double bytes, Launch&& launch, TimingOpti
 
 void flush_l2(cudaStream_t stream);
 
+// Evicts every SM's instruction caches (a kernel of 256 KiB of straight-line code on every SM).
+// flush_l2 runs it first when KVSIFT_BENCH_FLUSH_CODE=1: the timed kernel then starts with cold
+// instruction caches, as it does inside a decode step; by default a benchmark that replays one
+// kernel finds its code still cached from the replay before.
+void flush_code(cudaStream_t stream);
+
 // The kernel behind read_ceiling_tbps(): 16-byte loads over `bytes`, grid-stride.
 void launch_stream_read(const void* p, std::size_t bytes, float* sink, cudaStream_t stream);
 
