@@ -219,8 +219,10 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
     if (listing) {
       const int capacity = topk_listed_capacity(a.plan.smem_bytes, cols);
       const TopkListed listed = topk_candidates_suffice<kThreads>(listed_load, cand, plan, capacity, s_listed_sums);
+      // Every CTA has read the header before rank 0 clears its tag (deciding first, only a used list
+      // needs the barrier: a full search clears the tag after its own group barrier).
+      if (!kDecideFirst || listed.usable) group.sync();
       if (listed.usable) {
-        group.sync();  // every CTA has read the header before rank 0 clears its tag
         if (rank == 0) {
           const TopkListedKth f = topk_select_listed<kThreads, T>(
               listed_load, listed, cand.positions + row * a.scores.row_stride, row, row_scores, a.key, plan, cols,
