@@ -64,10 +64,10 @@ __global__ void stream_read_kernel(const float4* __restrict__ p, std::size_t n, 
   if (acc == 12345.678f) *sink = acc;  // practically never true; keeps the loads live
 }
 
-// Instruction-cache eviction: a straight line of kCodeFlushSteps distinct 16-byte instructions (the
-// immediates differ, so nothing folds), 256 KiB of code, run by one warp on every SM. Hopper's
-// per-SM instruction caches are smaller, so the kernel timed next fetches its code from L2 (or, after
-// the L2 flush, from HBM) as it does inside a step, behind kernels of other code.
+// Instruction-cache eviction: a straight line of kCodeFlushSteps 16-byte instructions, 256 KiB of code,
+// run by a warp on (practically) every SM. Hopper's per-SM instruction caches are smaller, so the
+// kernel timed next fetches its code from L2 (or, after the L2 flush, from HBM) as it does inside a
+// step, behind kernels of other code.
 constexpr int kCodeFlushSteps = 16384;
 __global__ void code_flush_kernel(unsigned seed, unsigned* sink) {
   // x = x * y + c_i with y known only at run time: ptxas cannot fold the chain into fewer instructions.
@@ -88,7 +88,7 @@ void flush_code(cudaStream_t stream) {
     KVSIFT_BENCH_CUDA(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
     return n;
   }();
-  // Two blocks an SM's worth of grid so that every SM runs one (the scheduler fills SMs in turn).
+  // Two one-warp blocks an SM: the block scheduler spreads them, so every SM runs one or two.
   code_flush_kernel<<<2 * sms, 32, 0, stream>>>(3u, sink.get());
   KVSIFT_BENCH_CUDA(cudaGetLastError());
 }
