@@ -86,7 +86,7 @@ inline constexpr bool kTopkRegHasSentinel =
 // kListing: the instantiation that reads score candidates (fp32 rows under ScoreKey<float> whose call
 // gives them); the others hold none of that code, which cost the full search 1.4-2.7% when compiled in.
 // KVSIFT_TOPK_LISTING_MAXNREG (a measurement build only, docs/performance.md forty-fifth session): caps
-// the listing instantiation's registers (it takes 124-128 where the others take 93-96).
+// the listing instantiation's registers (85-106 at 8 and 16 keys, 128 at 32; the full search's take 93-96 and 128).
 #if defined(KVSIFT_TOPK_LISTING_MAXNREG)
 #define KVSIFT_TOPK_LISTING_REGS __maxnreg__(kListing ? KVSIFT_TOPK_LISTING_MAXNREG : (kThreads == 512 ? 128 : 255))
 #else
