@@ -325,7 +325,7 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   // Per-token scores also list score candidates (ops/score_candidates.hpp): each row's threshold is
   // one of its reference scores (or NaN, or -inf: nothing listed), the lists poisoned; checked below
   // against the scores the pass wrote.
-  const int cand_stride = (kvsift::kScoreCandidateHeader + (M + 63) / 64 + 3) / 4 * 4;
+  const int cand_stride = kvsift::decode_candidate_count_stride(M);
   std::vector<float> cand_thresholds(std::size_t(B) * H, NAN);
   if (c.score_block == 1)
     for (int r = 0; r < B * H; ++r) {

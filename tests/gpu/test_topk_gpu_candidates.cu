@@ -54,7 +54,7 @@ float threshold_for(const std::vector<float>& region, int want) {
 Lists make_lists(std::mt19937_64& rng, const Case& c, const Inputs<float>& in, Listing how, int segment) {
   Lists l;
   const int segments_max = (c.cols + 63) / 64;
-  l.count_stride = (kvsift::kScoreCandidateHeader + segments_max + 3) / 4 * 4;
+  l.count_stride = kvsift::score_candidate_count_stride(segments_max);
   l.thresholds.assign(c.rows, std::numeric_limits<float>::quiet_NaN());
   l.counts.assign(std::size_t(c.rows) * l.count_stride, 0);
   l.positions.assign(std::size_t(c.rows) * in.stride, -7);

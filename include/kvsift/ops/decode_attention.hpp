@@ -70,6 +70,11 @@ namespace kvsift {
 /// ceil(max_kv_length / 64) segments.
 inline constexpr int kDecodeCandidateMinSegment = 64;
 
+/// ScoreCandidates::count_stride for decode_attention's lists over rows of up to max_kv_length tokens.
+KVSIFT_HD constexpr int decode_candidate_count_stride(int max_kv_length) {
+  return score_candidate_count_stride((max_kv_length + kDecodeCandidateMinSegment - 1) / kDecodeCandidateMinSegment);
+}
+
 /// Everything of one decode_attention call but the KV view and the Exec (see the file comment for the
 /// semantics). Build it with make_decode_attention_params, then set roles, index_set and scores.
 template <class T>

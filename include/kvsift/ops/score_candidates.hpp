@@ -55,6 +55,12 @@ inline constexpr std::uint32_t kScoreCandidateTagLo = 0x6b767366u;
 /// The tag's high 32 bits ("cand").
 inline constexpr std::uint32_t kScoreCandidateTagHi = 0x63616e64u;
 
+/// Ints a counts row needs for lists of up to `segments` segments: the header and a count per segment,
+/// in whole 16-byte vectors (the top-k reads the row as such).
+KVSIFT_HD constexpr int score_candidate_count_stride(int segments) {
+  return (kScoreCandidateHeader + segments + 3) / 4 * 4;
+}
+
 /// The threshold of the next step, from this step's: `kth` the score at the budget's rank, `used` the
 /// threshold the list was made with, `listed` the scored-region positions at or above it (>= budget)
 /// and `budget` the positions selected from them. The next list aims at budget + budget / 4 + 64

@@ -287,8 +287,7 @@ class LycheeDecodePolicy {
     // Score candidates (token and ratio modes): a header and a count per segment of at least
     // kDecodeCandidateMinSegment tokens, then positions in the scores' shape.
     if (config_.score_candidates && config_.selection != LycheeDecodeSelection::kBlock) {
-      x.candidate_count_stride =
-          (kScoreCandidateHeader + (config_.max_kv_length + kDecodeCandidateMinSegment - 1) / kDecodeCandidateMinSegment + 3) / 4 * 4;
+      x.candidate_count_stride = decode_candidate_count_stride(config_.max_kv_length);
       x.candidate_counts = ws.take<std::int32_t>(r * std::size_t(x.candidate_count_stride));
       x.candidate_positions = ws.take<std::int32_t>(r * std::size_t(x.score_stride));
     }

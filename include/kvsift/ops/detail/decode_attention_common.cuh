@@ -246,13 +246,14 @@ __device__ __forceinline__ CandidateSegment candidate_segment(const DecodeLaunch
 // Called by every thread after a barrier.
 template <class View, class QT>
 __device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork& w, const unsigned* scratch, int listed) {
-  float* row = a.p.scores + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.score_row_stride;
+  const std::int64_t r = std::int64_t(w.b) * a.kv.num_kv_heads + w.h;
+  float* row = a.p.scores + r * a.p.score_row_stride;
   if (a.p.score_block_size == 1) {
     const int from = w.len > w.base ? w.len : w.base;
     const int to = min(w.base + a.plan.chunk, a.plan.score_cols);
     for (int t = from + threadIdx.x; t < to; t += blockDim.x) row[t] = -INFINITY;
     if (a.p.candidates.enabled() && threadIdx.x == 0) {
-      std::int32_t* counts = a.p.candidates.counts + (std::int64_t(w.b) * a.kv.num_kv_heads + w.h) * a.p.candidates.count_stride;
+      std::int32_t* counts = a.p.candidates.counts + r * a.p.candidates.count_stride;
       counts[kScoreCandidateHeader + w.split] = listed;
       if (w.split == 0) {
         counts[0] = std::int32_t(kScoreCandidateTagLo);
