@@ -334,7 +334,9 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
       if (pick == 9) cand_thresholds[r] = -INFINITY;
     }
   DeviceBuffer<float> dcand_thresholds(cand_thresholds);
-  DeviceBuffer<std::int32_t> dcand_counts(std::size_t(B) * H * cand_stride), dcand_positions(n_scores);
+  // One row more than the rows: a guard that must keep its poison (a count written past a row's
+  // segments lands in the next row, or past the last one here).
+  DeviceBuffer<std::int32_t> dcand_counts(std::size_t(B) * H * cand_stride + cand_stride), dcand_positions(n_scores);
   if (c.score_block == 1) {
     p.candidates.thresholds = dcand_thresholds.get();
     p.candidates.counts = dcand_counts.get();
@@ -390,6 +392,16 @@ void run_case_with(Case c, std::mt19937_64& rng, const Cache<KT>& cache, MakeVie
   if (c.score_block == 1) {  // the lists: exactly the positions t < len whose written score reaches the threshold
     const auto counts_got = dcand_counts.download();
     const auto positions_got = dcand_positions.download();
+    // A sparse head's counts row and the guard row are never written.
+    std::int32_t poison;
+    std::memset(&poison, kvsift_test::kPoisonByte, sizeof poison);
+    for (int r = 0; r <= B * H; ++r) {
+      if (r < B * H && !c.roles.is_sparse(r % H)) continue;
+      for (int i = 0; i < cand_stride; ++i)
+        REQUIRE_MESSAGE(counts_got[std::size_t(r) * cand_stride + std::size_t(i)] == poison,
+                        "counts row " << r << (r == B * H ? " (the guard)" : " (a sparse head)") << " entry " << i
+                                      << " was written: " << counts_got[std::size_t(r) * cand_stride + std::size_t(i)]);
+    }
     for (int r = 0; r < B * H && bad < 8; ++r) {
       if (c.roles.is_sparse(r % H)) continue;
       INFO("candidates of row " << r << ", threshold " << cand_thresholds[std::size_t(r)]);
@@ -700,6 +712,32 @@ void run_many_splits(std::uint64_t salt) {
   CHECK(splits > d::kDecodeMaxSplits / 2);
   CHECK(coverage().most_merge_parts * d::kDecodeMergeBatch >= splits);
   CHECK(coverage().most_merge_parts >= (d::kDecodeMaxSplits + d::kDecodeMergeBatch - 1) / d::kDecodeMergeBatch);
+}
+
+// Score candidates in a cluster plan: every head of a cluster plan gets the larger role's split count,
+// so a short retrieval head beside long sparse rows has empty splits past its one 64-token segment,
+// and its counts row (the header and room for four counts) must hold only that segment's count (the
+// empty splits once wrote theirs into the next row's header). The retrieval head is the last one, so
+// its last row's overflow would reach the guard row the case checks.
+template <class KT, class QT>
+void run_clustered_candidates(std::uint64_t salt) {
+  coverage() = Coverage();
+  auto rng = kvsift_test::make_rng(salt);
+  Case c;
+  c.label = "candidates, cluster plan";
+  c.batch = 2;
+  c.hkv = 2;
+  c.cap = 64;
+  c.lengths = {64, 37};
+  c.roles = kvsift::HeadRoleMask::all_sparse(2);
+  c.roles.set_sparse(1, false);
+  c.gather = Gather::kToken;
+  c.idx_cap = 512;  // 512 positions a sparse row: 8 splits of 64
+  c.score_block = 1;
+  c.num_sms = 1000;
+  run_case<KT, QT>(c, rng);
+  CHECK(coverage().clustered == 1);
+  CHECK(coverage().most_splits > 4);  // more splits than the counts row has room for
 }
 
 // Backfilling grids (DecodePlan::backfill): mixed calls whose sparse splits end early, planned for 12

@@ -44,6 +44,10 @@ TEST_CASE("decode_attention bf16: heads at the most splits the plan gives, graph
   decode_test::run_many_splits<bfloat16_t, bfloat16_t>(416);
 }
 
+TEST_CASE("decode_attention bf16: score candidates in a cluster plan, a retrieval head with empty splits") {
+  decode_test::run_clustered_candidates<bfloat16_t, bfloat16_t>(417);
+}
+
 // Issue 14, "A defect to fix first", case 1: before 9b81d59 the split plan covered only the first
 // max_len = 64 positions of a sparse row (2 blocks of 32), so a row whose in-range block comes after
 // out-of-range or duplicate entries lost it: output 0 at [b 3, h 1] (row 13 = [1, -1, 0]: block 1 is

@@ -252,14 +252,19 @@ __device__ void finish_scores(const DecodeLaunch<View, QT>& a, const DecodeWork&
     const int from = w.len > w.base ? w.len : w.base;
     const int to = min(w.base + a.plan.chunk, a.plan.score_cols);
     for (int t = from + threadIdx.x; t < to; t += blockDim.x) row[t] = -INFINITY;
-    if (a.p.candidates.enabled() && threadIdx.x == 0) {
+    // The row's segments are the splits that cover its columns: a cluster plan may give a retrieval
+    // head more splits than that (the count of the sparse heads'), and those empty splits have no
+    // count slot (the row holds ceil(max_kv_length / 64) of them; a write past it would land in the
+    // next row's header).
+    const int segments = (a.plan.score_cols + a.plan.chunk - 1) / a.plan.chunk;
+    if (a.p.candidates.enabled() && threadIdx.x == 0 && w.split < segments) {
       std::int32_t* counts = a.p.candidates.counts + r * a.p.candidates.count_stride;
       counts[kScoreCandidateHeader + w.split] = listed;
       if (w.split == 0) {
         counts[0] = std::int32_t(kScoreCandidateTagLo);
         counts[1] = std::int32_t(kScoreCandidateTagHi);
         counts[2] = a.plan.chunk;
-        counts[3] = a.plan.retrieval_splits;
+        counts[3] = segments;
       }
     }
   } else {
