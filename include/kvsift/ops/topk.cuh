@@ -43,13 +43,8 @@ TopkPlan topk_plan_for(std::int64_t rows, int cols, const DeviceFacts& device) {
 
 /// Dynamic shared memory of the register select's listing instantiation: 192 KiB where the device
 /// has it beside the static histograms (an H100 or H200), else the plan's.
-/// KVSIFT_TOPK_LISTING_SMEM_KIB (a measurement build only, docs/performance.md forty-sixth session)
-/// sets that size; 0 keeps the plan's (96 KiB at 128K: lists of two budgets).
-#if !defined(KVSIFT_TOPK_LISTING_SMEM_KIB)
-#define KVSIFT_TOPK_LISTING_SMEM_KIB 192
-#endif
 inline std::size_t device_listing_smem(const DeviceFacts& device) {
-  constexpr std::size_t kListing = std::size_t(KVSIFT_TOPK_LISTING_SMEM_KIB) << 10;
+  constexpr std::size_t kListing = std::size_t(192) << 10;
   return kListing + kTopkRegStaticSmem + 1024 <= device.max_smem_optin ? kListing : 0;
 }
 

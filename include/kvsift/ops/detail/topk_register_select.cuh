@@ -85,15 +85,8 @@ inline constexpr bool kTopkRegHasSentinel =
 
 // kListing: the instantiation that reads score candidates (fp32 rows under ScoreKey<float> whose call
 // gives them); the others hold none of that code, which cost the full search 1.4-2.7% when compiled in.
-// KVSIFT_TOPK_LISTING_MAXNREG (a measurement build only, docs/performance.md forty-fifth session): caps
-// the listing instantiation's registers (85-106 at 8 and 16 keys, 128 at 32; the full search's take 93-96 and 128).
-#if defined(KVSIFT_TOPK_LISTING_MAXNREG)
-#define KVSIFT_TOPK_LISTING_REGS __maxnreg__(kListing ? KVSIFT_TOPK_LISTING_MAXNREG : (kThreads == 512 ? 128 : 255))
-#else
-#define KVSIFT_TOPK_LISTING_REGS
-#endif
 template <class T, class Key, int kKeys, int kThreads, bool kListing = false>
-__global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
+__global__ void __launch_bounds__(kThreads, 1)
     topk_register_select_kernel(StridedView2D<const T> scores, TopKParams params, IndexSet out, T* values, Key key,
                                 TopkPlan launch_plan) {
   static_assert(sizeof(scores) <= 128 && sizeof(params) <= 128 && sizeof(out) <= 128 && sizeof(key) <= 128 &&
@@ -172,24 +165,12 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
   const int run_stride = (cols + kRuns - 1) / kRuns / kTopkRegRunKeys * kTopkRegRunKeys +
                          ((cols + kRuns - 1) / kRuns % kTopkRegRunKeys ? kTopkRegRunKeys : 0);
   uint4 raw[kVectors];
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
   uint4 sampled[kRunVectors];
-  auto load_slice_and_sample = [&] {
 #pragma unroll
-    for (int j = 0; j < kVectors; ++j) raw[j] = load_vector(run_lo + (j * 32 + lane) * kPerVector);
-#pragma unroll
-    for (int j = 0; j < kRunVectors; ++j)
-      sampled[j] = sampler ? load_vector(tid * run_stride + j * kPerVector) : make_uint4(0, 0, 0, 0);
-  };
-  // KVSIFT_TOPK_LISTING_DECIDE_FIRST (a measurement build, docs/performance.md forty-sixth session):
-  // the listing instantiation decides from the header and counts before it loads the slice, so a
-  // used list costs no slice loads (and rank 0 no wait on them); a full search starts its loads one
-  // L2 round trip and one block reduction later.
-#if defined(KVSIFT_TOPK_LISTING_DECIDE_FIRST)
-  constexpr bool kDecideFirst = kListed;
-#else
-  constexpr bool kDecideFirst = false;
-#endif
-  if (!kDecideFirst) load_slice_and_sample();
+  for (int j = 0; j < kRunVectors; ++j)
+    sampled[j] = sampler ? load_vector(tid * run_stride + j * kPerVector) : make_uint4(0, 0, 0, 0);
   {
     int4* const h4 = reinterpret_cast<int4*>(&hist[0][0]);
     for (int b = tid; b < 3 * kTopkRegHistStride / 4; b += kThreads) h4[b] = make_int4(0, 0, 0, 0);
@@ -219,9 +200,7 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
     if (listing) {
       const int capacity = topk_listed_capacity(a.plan.smem_bytes, cols);
       const TopkListed listed = topk_candidates_suffice<kThreads>(listed_load, cand, plan, capacity, s_listed_sums);
-      // Every CTA has read the header before rank 0 clears its tag (deciding first, only a used list
-      // needs the barrier: a full search clears the tag after its own group barrier).
-      if (!kDecideFirst || listed.usable) group.sync();
+      group.sync();  // every CTA has read the header before rank 0 clears its tag
       if (listed.usable) {
         if (rank == 0) {
           const TopkListedKth f = topk_select_listed<kThreads, T>(
@@ -232,7 +211,6 @@ __global__ void __launch_bounds__(kThreads, 1) KVSIFT_TOPK_LISTING_REGS
         return;
       }
     }
-    if (kDecideFirst) load_slice_and_sample();
   }
   K keys[kKeys];
   const Mask valid = topk_reg_keys<kKeys, T>(a.key, row, plan, raw, run_lo, keys);
